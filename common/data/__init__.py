@@ -1,0 +1,1 @@
+"""Loaders, preprocessing and synthetic generators."""

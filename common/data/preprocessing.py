@@ -1,0 +1,59 @@
+"""Preprocessing under the rule of DESIGN.md §2: nothing computed from the whole private dataset.
+
+Per-row operations (dividing a row by its own sum, square roots, L2 normalization) are DP-clean.
+Column scaling uses *public* statistics: the target's own mean/std, which the target sends (a
+disclosure by the target, logged on its side). ``zscore_own`` exists only for the non-private
+1-NN baselines and for the target's own data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def row_normalize(x: np.ndarray) -> np.ndarray:
+    s = x.sum(axis=1, keepdims=True)
+    return x / np.where(s == 0, 1.0, s)
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    n = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(n == 0, 1.0, n)
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """Column statistics published by the target: ``(x − mean) / std`` (population std)."""
+
+    mean: np.ndarray
+    std: np.ndarray
+
+    @classmethod
+    def of(cls, x: np.ndarray) -> Scaling:
+        std = x.std(axis=0)
+        return cls(x.mean(axis=0), np.where(std == 0, 1.0, std))
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        return (x - self.mean) / self.std
+
+
+def zscore_own(x: np.ndarray) -> np.ndarray:
+    return Scaling.of(x).apply(x)
+
+
+def per_row(x: np.ndarray, representation: str) -> np.ndarray:
+    """The DP-clean per-row part of a representation."""
+    if representation == "sqrt":
+        return np.sqrt(row_normalize(np.maximum(x, 0)))
+    if representation == "rownorm":
+        return row_normalize(x)
+    if representation == "l2":
+        return l2_normalize(x)
+    if representation == "raw":
+        return x.astype(np.float64)
+    raise ValueError(f"unknown representation {representation!r}")
+
+
+DEFAULT_REPRESENTATION = {"office-caltech": "sqrt", "mnist-usps": "l2", "synthetic": "raw"}

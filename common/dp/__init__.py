@@ -1,0 +1,1 @@
+"""Differential privacy: accounting (pure math), mechanisms (noise), release specs, ledger."""

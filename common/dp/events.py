@@ -1,0 +1,155 @@
+"""Release specifications: what is released, its sensitivity and its noise, as frozen records.
+
+A *spec* is decided before any noise is drawn, from public parameters only, and turns into the
+``dp_accounting.DpEvent`` that the ledger charges. The release that follows must use exactly the
+spec's noise (tests compare the noise drawn with the spec).
+
+Format compatibility: ``event_to_json`` / ``event_from_json`` write ``{"type": <DpEvent class>,
+...fields}``. New fields may be added with defaults; a field is never renamed or reinterpreted;
+an unknown ``type`` is an error (refuse rather than under-charge).
+
+Mechanisms
+----------
+``FeatureSpec`` — Gaussian release of ``Z = X·M + Δ``, ``Δ ~ N(0, (σ·S)²)^{n×ℓ}`` with ``S`` the L2
+sensitivity of one row (``projection_sensitivity``) and ``σ`` the noise multiplier.
+
+``HistogramSpec`` — label counts ``v(y) + η``; whole-batch: ``η ~ DLap(a)``, pure ``(a·Δ₁)``-DP;
+minibatch: ``η ~ N(0, (σ_h·Δ₁)²)`` rounded (post-processing), so that a batch's two outputs form
+one Gaussian mechanism that Poisson amplification can be applied to exactly.
+
+``BatchSpec`` — a feature and a histogram release of the same rows. Whole batch: the
+composition of both events. Poisson-subsampled with rate ``p``: ``PoissonSampled(p,
+Composed(Gaussian(σ_f), Gaussian(σ_h)))``, which equals one sampled Gaussian with multiplier
+``(σ_f⁻² + σ_h⁻²)^(-1/2)`` (``accounting._gaussian_equivalent``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import attr
+from dp_accounting import dp_event
+
+from .mechanisms import Neighbouring, PrivacyUnit
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    noise_multiplier: float  # σ per unit of L2 sensitivity
+    sensitivity: float  # L2 sensitivity of one row (unit and relation folded in)
+    unit: str
+    relation: str
+
+    @property
+    def noise_std(self) -> float:
+        return self.noise_multiplier * self.sensitivity
+
+    def dp_event(self) -> dp_event.DpEvent:
+        return dp_event.GaussianDpEvent(self.noise_multiplier)
+
+
+@dataclass(frozen=True)
+class HistogramSpec:
+    mechanism: str  # "discrete_laplace" | "gaussian"
+    parameter: float  # DLap parameter a, or Gaussian noise multiplier σ_h
+    sensitivity: int  # L1 sensitivity (1, or 2 under replace-one)
+
+    def __post_init__(self) -> None:
+        if self.mechanism not in ("discrete_laplace", "gaussian"):
+            raise ValueError("unknown histogram mechanism")
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the noise on each count (for the statistical tests)."""
+        if self.mechanism == "gaussian":
+            return self.parameter * self.sensitivity
+        from .mechanisms import discrete_laplace_variance
+
+        return discrete_laplace_variance(self.parameter) ** 0.5
+
+    def dp_event(self) -> dp_event.DpEvent:
+        if self.mechanism == "discrete_laplace":
+            # DLap(a) on counts of L1 sensitivity Δ: the library takes (a, Δ) directly.
+            return dp_event.DiscreteLaplaceDpEvent(self.parameter, self.sensitivity)
+        # Gaussian on counts: L1 = L2 sensitivity for a one-hot change (and ≤ √2·... under
+        # replace-one, where L2 = √2 < Δ₁ = 2: using Δ₁ is conservative).
+        return dp_event.GaussianDpEvent(self.parameter)
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    features: FeatureSpec
+    histogram: HistogramSpec
+    sampling_rate: float | None = None  # None: the whole dataset, every row once
+
+    def __post_init__(self) -> None:
+        if self.sampling_rate is not None:
+            if not (0 < self.sampling_rate <= 1):
+                raise ValueError("sampling rate must lie in (0, 1]")
+            if self.histogram.mechanism != "gaussian":
+                raise ValueError("Poisson-sampled batches need a Gaussian histogram")
+            if self.features.relation != Neighbouring.ADD_REMOVE:
+                raise ValueError(
+                    "Poisson-sampled releases are accounted under add-remove only; "
+                    "use whole-batch releases for replace-one"
+                )
+        PrivacyUnit(self.features.unit)
+
+    def dp_event(self) -> dp_event.DpEvent:
+        joint = dp_event.ComposedDpEvent([self.features.dp_event(), self.histogram.dp_event()])
+        if self.sampling_rate is None:
+            return joint
+        return dp_event.PoissonSampledDpEvent(self.sampling_rate, joint)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- DpEvent (de)serialization
+_LEAVES: dict[str, type] = {
+    "GaussianDpEvent": dp_event.GaussianDpEvent,
+    "LaplaceDpEvent": dp_event.LaplaceDpEvent,
+    "DiscreteLaplaceDpEvent": dp_event.DiscreteLaplaceDpEvent,
+    "ZCDpEvent": dp_event.ZCDpEvent,
+}
+
+
+def event_to_json(event: dp_event.DpEvent) -> dict[str, Any]:
+    name = type(event).__name__
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return {"type": name, "events": [event_to_json(e) for e in event.events]}
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return {"type": name, "event": event_to_json(event.event), "count": event.count}
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        return {
+            "type": name,
+            "sampling_probability": event.sampling_probability,
+            "event": event_to_json(event.event),
+        }
+    if name in _LEAVES:
+        fields = {a.name: getattr(event, a.name) for a in attr.fields(type(event))}
+        return {"type": name, **fields}
+    raise ValueError(f"event type {name} is not supported by the ledger")
+
+
+def event_from_json(data: dict[str, Any]) -> dp_event.DpEvent:
+    kind = data.get("type")
+    if kind == "ComposedDpEvent":
+        return dp_event.ComposedDpEvent([event_from_json(e) for e in data["events"]])
+    if kind == "SelfComposedDpEvent":
+        return dp_event.SelfComposedDpEvent(event_from_json(data["event"]), int(data["count"]))
+    if kind == "PoissonSampledDpEvent":
+        return dp_event.PoissonSampledDpEvent(
+            float(data["sampling_probability"]), event_from_json(data["event"])
+        )
+    if kind in _LEAVES:
+        fields = {k: v for k, v in data.items() if k != "type"}
+        return _LEAVES[kind](**fields)
+    raise ValueError("unknown DpEvent type in ledger entry")
+
+
+def canonical_json(data: Any) -> str:
+    """Deterministic JSON used for hashing and signing."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)

@@ -1,0 +1,221 @@
+"""The privacy-budget ledger: check, then commit.
+
+Spend is always derived from the whole list of events of a dataset (all peers, all sessions) with
+the dataset's accountant — never a running sum. ``check`` computes the would-be spend with no side
+effect and raises ``BudgetExceeded`` before any noise can be drawn; ``append`` durably stores the
+entry (hash-chained) and only then may the caller draw noise.
+
+Entries are hash-chained: ``entry_hash = SHA-256(canonical JSON of every field but the
+signatures)`` and each entry stores its predecessor's hash, so an edited, deleted or reordered
+entry breaks ``verify_chain``. Storage is pluggable (``LedgerStore``): in-memory for the
+in-process pipeline, SQLite for the daemons (``ledger_store``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Protocol
+
+from dp_accounting import dp_event
+
+from ..errors import BudgetExceeded, LedgerCorrupt
+from .accounting import LEDGER_PLD_INTERVAL, Accountant, epsilon_of
+from .events import canonical_json, event_from_json, event_to_json
+
+GENESIS = "0" * 64
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    seq: int
+    prev_hash: str
+    time: float
+    dataset: str
+    session: str
+    peer: str
+    request_id: str
+    dp_event: dict[str, Any]
+    privacy_unit: str
+    neighbouring: str
+    params: dict[str, Any]
+    spend_after: float
+    payload_sha256: str = ""
+    source_sig: str = ""
+    target_sig: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        """Everything that is hashed and signed (signatures and payload hash excluded)."""
+        d = asdict(self)
+        for k in ("payload_sha256", "source_sig", "target_sig"):
+            d.pop(k)
+        return d
+
+    def entry_hash(self) -> str:
+        return hashlib.sha256(canonical_json(self.body()).encode()).hexdigest()
+
+    def signed_message(self) -> bytes:
+        """What both parties sign: the entry body plus the payload hash."""
+        return canonical_json({"body": self.body(), "payload": self.payload_sha256}).encode()
+
+
+class LedgerStore(Protocol):
+    def entries(self, dataset: str | None = None) -> list[LedgerEntry]: ...
+    def append(self, entry: LedgerEntry) -> None: ...
+    def update_signatures(
+        self, seq: int, payload_sha256: str, source_sig: str, target_sig: str
+    ) -> None: ...
+
+
+class MemoryLedgerStore:
+    def __init__(self) -> None:
+        self._entries: list[LedgerEntry] = []
+
+    def entries(self, dataset: str | None = None) -> list[LedgerEntry]:
+        return [e for e in self._entries if dataset is None or e.dataset == dataset]
+
+    def append(self, entry: LedgerEntry) -> None:
+        expected = self._entries[-1].entry_hash() if self._entries else GENESIS
+        if entry.prev_hash != expected or entry.seq != len(self._entries):
+            raise LedgerCorrupt("ledger head moved: append out of order")
+        self._entries.append(entry)
+
+    def update_signatures(
+        self, seq: int, payload_sha256: str, source_sig: str, target_sig: str
+    ) -> None:
+        e = self._entries[seq]
+        self._entries[seq] = replace(
+            e,
+            payload_sha256=payload_sha256 or e.payload_sha256,
+            source_sig=source_sig or e.source_sig,
+            target_sig=target_sig or e.target_sig,
+        )
+
+
+def canonical_events(events: Sequence[dp_event.DpEvent]) -> list[dp_event.DpEvent]:
+    """Group identical events into ``SelfComposedDpEvent`` (same composition, far cheaper)."""
+    counts = Counter(canonical_json(event_to_json(e)) for e in events)
+    out: list[dp_event.DpEvent] = []
+    import json
+
+    for key, n in sorted(counts.items()):
+        ev = event_from_json(json.loads(key))
+        out.append(ev if n == 1 else dp_event.SelfComposedDpEvent(ev, n))
+    return out
+
+
+@dataclass(frozen=True)
+class Budget:
+    epsilon: float
+    delta: float
+    accountant: str = Accountant.PLD.value
+
+
+class PrivacyLedger:
+    """Per-dataset budget enforcement over a ``LedgerStore``."""
+
+    def __init__(self, store: LedgerStore, budgets: dict[str, Budget]) -> None:
+        self.store = store
+        self.budgets = dict(budgets)
+
+    def _budget(self, dataset: str) -> Budget:
+        try:
+            return self.budgets[dataset]
+        except KeyError:
+            raise BudgetExceeded("no budget is configured for this dataset") from None
+
+    def spent(self, dataset: str) -> float:
+        b = self._budget(dataset)
+        events = [event_from_json(e.dp_event) for e in self.store.entries(dataset)]
+        return epsilon_of(canonical_events(events), b.delta, b.accountant, LEDGER_PLD_INTERVAL)
+
+    def would_spend(self, dataset: str, new_events: Sequence[dp_event.DpEvent]) -> float:
+        """ε of the dataset after adding ``new_events``; no side effect."""
+        b = self._budget(dataset)
+        events = [event_from_json(e.dp_event) for e in self.store.entries(dataset)]
+        return epsilon_of(
+            canonical_events([*events, *new_events]), b.delta, b.accountant, LEDGER_PLD_INTERVAL
+        )
+
+    def check(
+        self,
+        dataset: str,
+        new_events: Sequence[dp_event.DpEvent],
+        extra_caps: Sequence[tuple[str, float, Sequence[dp_event.DpEvent]]] = (),
+    ) -> float:
+        """Raise ``BudgetExceeded`` if the dataset cap (or any extra cap) would be exceeded.
+
+        ``extra_caps`` holds ``(name, epsilon_cap, prior_events)`` for per-peer or per-session
+        caps; their spend is the composition of ``prior_events`` with ``new_events``.
+        """
+        b = self._budget(dataset)
+        after = self.would_spend(dataset, new_events)
+        if after > b.epsilon + 1e-12:
+            raise BudgetExceeded("the dataset privacy budget would be exceeded")
+        for _name, cap, prior in extra_caps:
+            e = epsilon_of(
+                canonical_events([*prior, *new_events]),
+                b.delta,
+                b.accountant,
+                LEDGER_PLD_INTERVAL,
+            )
+            if e > cap + 1e-12:
+                raise BudgetExceeded("a session or peer privacy budget would be exceeded")
+        return after
+
+    def append(
+        self,
+        *,
+        dataset: str,
+        session: str,
+        peer: str,
+        request_id: str,
+        events: Sequence[dp_event.DpEvent],
+        privacy_unit: str,
+        neighbouring: str,
+        params: dict[str, Any],
+        spend_after: float,
+        now: float | None = None,
+    ) -> LedgerEntry:
+        """Append one entry (the caller has called ``check``); returns the stored entry."""
+        all_entries = self.store.entries()
+        prev = all_entries[-1].entry_hash() if all_entries else GENESIS
+        ev = events[0] if len(events) == 1 else dp_event.ComposedDpEvent(list(events))
+        entry = LedgerEntry(
+            seq=len(all_entries),
+            prev_hash=prev,
+            time=time.time() if now is None else now,
+            dataset=dataset,
+            session=session,
+            peer=peer,
+            request_id=request_id,
+            dp_event=event_to_json(ev),
+            privacy_unit=privacy_unit,
+            neighbouring=neighbouring,
+            params=params,
+            spend_after=round(spend_after, 12),
+        )
+        self.store.append(entry)
+        return entry
+
+    def charge(
+        self, *, dataset: str, events: Sequence[dp_event.DpEvent], **meta: Any
+    ) -> LedgerEntry:
+        """Check, then commit. Raises before anything is written if a cap would be exceeded."""
+        after = self.check(dataset, events, meta.pop("extra_caps", ()))
+        return self.append(dataset=dataset, events=events, spend_after=after, **meta)
+
+
+def verify_chain(entries: Sequence[LedgerEntry]) -> None:
+    """Raise ``LedgerCorrupt`` on any edited, deleted, inserted or reordered entry."""
+    prev = GENESIS
+    for i, e in enumerate(entries):
+        if e.seq != i:
+            raise LedgerCorrupt(f"entry {i}: sequence number out of order")
+        if e.prev_hash != prev:
+            raise LedgerCorrupt(f"entry {i}: hash chain broken")
+        prev = e.entry_hash()

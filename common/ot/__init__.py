@@ -1,0 +1,1 @@
+"""Regularized optimal transport: costs, solvers, barycentric mapping. No networking."""

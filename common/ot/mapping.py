@@ -1,0 +1,19 @@
+"""Barycentric mapping into the target's own raw feature space."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def barycentric_map(plan: np.ndarray, xt: np.ndarray) -> np.ndarray:
+    """``X̂s = diag(γ1)⁻¹ γ Xt``; ``plan (n, m)``, ``xt (m, d)`` → ``(n, d)``.
+
+    Rows of the plan with (numerically) no mass are mapped to the target mean rather than to 0.
+    """
+    row = plan.sum(axis=1, keepdims=True)
+    mapped = plan @ xt
+    empty = row[:, 0] <= 1e-300
+    out = mapped / np.where(empty[:, None], 1.0, row)
+    if np.any(empty):
+        out[empty] = xt.mean(axis=0)
+    return out

@@ -1,0 +1,144 @@
+"""Session terms: everything both parties agree on before a release, and the release plan.
+
+The terms are public metadata (DESIGN.md §2): the dataset name, the privacy unit and relation, the
+budget, the projection, the batch rate and every mechanism parameter. ``plan_batches`` turns terms
+plus public facts (``ns``, the projection) into the per-batch ``BatchSpec`` — a pure function both
+parties can run, so the target can recompute every charge the source makes.
+
+What the attribute unit protects: a change of one feature of one record by at most
+``feature_bound`` (in the source's declared scaling). Because Algorithm 2 sends rows sorted by
+label, labels are *not* protected under this unit beyond the noisy block boundaries: an adversary
+who knows every other record can tell which block the remaining record sits in. The record unit
+protects whole records, features and labels.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .dp.accounting import (
+    LEDGER_PLD_INTERVAL,
+    calibrate_sigma,
+    discrete_laplace_parameter,
+    max_sampled_gaussian_steps,
+)
+from .dp.events import BatchSpec, FeatureSpec, HistogramSpec
+from .dp.mechanisms import projection_sensitivity, relation_factor
+
+LABEL_CAVEAT = (
+    "attribute unit: protects feature values (one feature of one record moving by at most "
+    "feature_bound); rows are released sorted by label, so labels are protected only at the "
+    "level of the noisy class counts, not per record"
+)
+
+
+class SessionTerms(BaseModel):
+    """Terms of one session; frozen, unknown fields rejected, every error names its field."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dataset: str = Field(min_length=1, max_length=128)
+    epsilon: float = Field(gt=0, le=100, description="budget of this session (ε)")
+    delta: float = Field(gt=0, lt=1)
+    privacy_unit: Literal["attribute", "record"] = "attribute"
+    neighbouring: Literal["add-remove", "replace-one"] = "add-remove"
+    projection: Literal["jl", "target-pca"] = "target-pca"
+    projection_dim: int = Field(default=50, ge=1, le=4096)
+    batch_size: int = Field(default=0, ge=0, description="0: one whole-dataset release")
+    noise_multiplier: float = Field(default=1.1, gt=0, description="σ/w for minibatches")
+    histogram_noise_ratio: float = Field(default=2.0, gt=0)
+    steps: int = Field(default=0, ge=0, description="minibatch steps; 0: as many as ε allows")
+    max_steps: int = Field(default=64, ge=1, le=100_000)
+    calibration: Literal["theorem2", "analytic"] = "theorem2"
+    histogram_share: float = Field(default=0.5, gt=0, lt=1)
+    feature_bound: float = Field(default=1.0, gt=0)
+    clip_norm: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _minibatch_relation(self) -> SessionTerms:
+        if self.batch_size > 0 and self.neighbouring == "replace-one":
+            raise ValueError(
+                "batch_size: Poisson minibatches are accounted under add-remove only; "
+                "use batch_size = 0 (whole batch) with replace-one"
+            )
+        return self
+
+    @property
+    def caveat(self) -> str:
+        return LABEL_CAVEAT if self.privacy_unit == "attribute" else "record unit"
+
+
+class ReleasePlan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steps: int
+    sampling_rate: float | None
+    feature_noise_multiplier: float
+    feature_sensitivity: float
+    histogram_mechanism: str
+    histogram_parameter: float
+    histogram_sensitivity: int
+
+    def spec(self, terms: SessionTerms) -> BatchSpec:
+        return BatchSpec(
+            FeatureSpec(
+                self.feature_noise_multiplier,
+                self.feature_sensitivity,
+                terms.privacy_unit,
+                terms.neighbouring,
+            ),
+            HistogramSpec(
+                self.histogram_mechanism, self.histogram_parameter, self.histogram_sensitivity
+            ),
+            self.sampling_rate,
+        )
+
+
+def plan_batches(terms: SessionTerms, n_rows: int, projection: np.ndarray) -> ReleasePlan:
+    """The release plan from public facts only (both parties compute the same one)."""
+    if n_rows < 1:
+        raise ValueError("the dataset is empty")
+    sens = projection_sensitivity(
+        projection,
+        terms.privacy_unit,
+        terms.neighbouring,
+        feature_bound=terms.feature_bound,
+        clip_norm=terms.clip_norm,
+    )
+    h_sens = relation_factor(terms.neighbouring)
+    if terms.batch_size == 0:
+        eps_h = terms.epsilon * terms.histogram_share
+        eps_f = terms.epsilon - eps_h
+        return ReleasePlan(
+            steps=1,
+            sampling_rate=None,
+            feature_noise_multiplier=calibrate_sigma(eps_f, terms.delta, terms.calibration),
+            feature_sensitivity=sens,
+            histogram_mechanism="discrete_laplace",
+            histogram_parameter=discrete_laplace_parameter(eps_h, h_sens),
+            histogram_sensitivity=h_sens,
+        )
+    p = min(1.0, terms.batch_size / n_rows)
+    sf = terms.noise_multiplier
+    sh = sf * terms.histogram_noise_ratio
+    eff = 1.0 / np.sqrt(1.0 / sf**2 + 1.0 / sh**2)
+    steps = terms.steps
+    allowed = max_sampled_gaussian_steps(
+        eff, p, terms.epsilon, terms.delta, "pld", LEDGER_PLD_INTERVAL
+    )
+    if steps == 0:
+        steps = min(allowed, terms.max_steps)
+    if steps < 1 or steps > allowed:
+        raise ValueError("steps: the budget does not allow this many minibatches")
+    return ReleasePlan(
+        steps=steps,
+        sampling_rate=p,
+        feature_noise_multiplier=sf,
+        feature_sensitivity=sens,
+        histogram_mechanism="gaussian",
+        histogram_parameter=sh,
+        histogram_sensitivity=h_sens,
+    )

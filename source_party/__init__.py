@@ -1,0 +1,1 @@
+"""The source party: holds private labeled data and emits only DP releases."""

@@ -1,0 +1,106 @@
+"""The in-process pipeline (``dpda simulate``): source-only, non-private OTDA and DPDA on one
+machine, no network. The DPDA arm runs the same job code as the service, against the in-process
+``SourceReleaser`` behind a real (in-memory) ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from common.data.loaders import Domain
+from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+from common.ot.costs import dpot_cost
+from common.ot.mapping import barycentric_map
+from common.ot.solvers import sinkhorn_group_lasso, uniform
+from common.rng import make_rng
+from common.terms import SessionTerms
+from source_party.releases import SourceReleaser, prepare_features
+
+from .pipeline import AdaptConfig, DPDAResult, TargetView, run_dpda, target_view
+from .training import accuracy, fit_predict
+
+
+def source_in_target_scaling(source: Domain, view: TargetView, representation: str) -> np.ndarray:
+    from common.data.preprocessing import per_row
+
+    return view.scaling.apply(per_row(source.x, representation))
+
+
+def source_only(source: Domain, view: TargetView, representation: str, cfg: AdaptConfig) -> float:
+    xs = source_in_target_scaling(source, view, representation)
+    _, pred = fit_predict(xs, source.y, view.x, cfg.classifier, cfg.seed)
+    return accuracy(pred, view.labels)
+
+
+def otda(source: Domain, view: TargetView, representation: str, cfg: AdaptConfig) -> float:
+    """Non-private entropic + group-lasso OTDA in the target's full space (reference only)."""
+    xs = source_in_target_scaling(source, view, representation)
+    cost = dpot_cost(xs, view.x)
+    res = sinkhorn_group_lasso(
+        uniform(xs.shape[0]),
+        uniform(view.x.shape[0]),
+        cost.normalized,
+        source.y,
+        cfg.reg_e,
+        cfg.reg_g,
+        outer_iter=cfg.outer_iter,
+        inner_iter=cfg.inner_iter,
+    )
+    x_hat = barycentric_map(res.plan, view.x)
+    _, pred = fit_predict(x_hat, source.y, view.x, cfg.classifier, cfg.seed)
+    return accuracy(pred, view.labels)
+
+
+@dataclass(frozen=True)
+class SimulationOutcome:
+    source_only: float | None
+    otda: float | None
+    dpda: DPDAResult
+
+    def to_json(self, terms: SessionTerms) -> dict[str, Any]:
+        d = self.dpda
+        return {
+            "accuracy": {"source_only": self.source_only, "otda": self.otda, "dpda": d.accuracy},
+            "epsilon_spent": d.epsilon_spent,
+            "epsilon_budget": terms.epsilon,
+            "delta": d.delta,
+            "projection": terms.projection,
+            "projection_dim": d.projection_dim,
+            "sigma": d.noise_multiplier,
+            "noise_std": d.noise_std,
+            "privacy_unit": terms.privacy_unit,
+            "neighbouring": terms.neighbouring,
+            "batches": d.n_batches,
+            "rows_received": d.rows_received,
+            "w_tilde": d.w_tilde,
+            "solver_converged": d.solver_converged,
+            "caveat": terms.caveat,
+        }
+
+
+def simulate(
+    source: Domain,
+    target: Domain,
+    terms: SessionTerms,
+    representation: str,
+    cfg: AdaptConfig,
+    seed: int | None,
+    baselines: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimulationOutcome:
+    rng = make_rng(seed)
+    view = target_view(target, representation)
+    store = MemoryLedgerStore()
+    ledger = PrivacyLedger(store, {terms.dataset: Budget(terms.epsilon, terms.delta)})
+    releaser = SourceReleaser(source, terms.dataset, ledger, rng, representation)
+    res = run_dpda(releaser, view, terms, cfg, lambda: ledger.spent(terms.dataset), progress)
+    so = source_only(source, view, representation, cfg) if baselines else None
+    ot_acc = otda(source, view, representation, cfg) if baselines else None
+    return SimulationOutcome(so, ot_acc, res)
+
+
+__all__ = ["simulate", "SimulationOutcome", "prepare_features"]

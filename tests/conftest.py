@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.data.loaders import default_data_dir
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    d = default_data_dir()
+    if d is None or not (d / "office-caltech10-surf").is_dir():
+        pytest.skip(
+            "benchmark data not found: set DPDA_DATA or place ../shared/data beside the checkout"
+        )
+    return d

@@ -1,0 +1,122 @@
+"""Accounting against DESIGN.md §8 (dp-accounting 0.6.0, add-or-remove-one)."""
+
+from __future__ import annotations
+
+import dp_accounting
+import pytest
+from dp_accounting import dp_event
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.dp.accounting import (
+    epsilon_of,
+    max_sampled_gaussian_steps,
+    sampled_gaussian_epsilon,
+    sigma_analytic,
+    sigma_theorem2,
+)
+
+DELTA = 1 / (1.2 * 4365)
+P = 128 / 4365
+
+
+def sig3(x: float) -> str:
+    return f"{x:.3g}"
+
+
+@pytest.mark.parametrize("eps,expected", [(4, 1.2181), (5, 1.0147), (10, 0.5978)])
+def test_theorem2_sigma(eps: float, expected: float) -> None:
+    assert sigma_theorem2(eps, DELTA) == pytest.approx(expected, abs=5e-5)
+
+
+@pytest.mark.parametrize("eps,expected", [(4, 0.9221), (5, 0.7673), (10, 0.4420)])
+def test_analytic_sigma(eps: float, expected: float) -> None:
+    assert sigma_analytic(eps, DELTA) == pytest.approx(expected, abs=5e-5)
+
+
+# (sigma, accountant, eps) → max steps; checked as ε(T) ≤ target < ε(T+1), which is exactly
+# what "max steps = T" means and costs two accountant calls instead of a search.
+STEPS = [
+    (1.0, "rdp", 3, 302),
+    (1.0, "rdp", 5, 838),
+    (1.0, "rdp", 7, 1548),
+    (1.0, "pld", 3, 407),
+    (1.0, "pld", 5, 1044),
+    (1.0, "pld", 7, 1870),
+    (0.7, "rdp", 3, 17),
+    (0.7, "rdp", 5, 120),
+    (0.7, "rdp", 7, 287),
+    (0.7, "pld", 3, 53),
+    (0.7, "pld", 5, 200),
+    (0.7, "pld", 7, 413),
+]
+
+
+@pytest.mark.parametrize("sigma,acc,eps,steps", STEPS)
+def test_sampled_gaussian_max_steps(sigma: float, acc: str, eps: float, steps: int) -> None:
+    assert sampled_gaussian_epsilon(sigma, P, steps, DELTA, acc) <= eps
+    assert sampled_gaussian_epsilon(sigma, P, steps + 1, DELTA, acc) > eps
+
+
+def test_max_steps_search_matches_table() -> None:
+    assert max_sampled_gaussian_steps(0.7, P, 3, DELTA, "pld") == 53
+    assert max_sampled_gaussian_steps(1.0, P, 3, DELTA, "rdp") == 302
+
+
+@settings(max_examples=40, deadline=None)
+@given(eps=st.floats(0.05, 30), log_delta=st.floats(-12, -2))
+def test_calibration_never_overshoots(eps: float, log_delta: float) -> None:
+    delta = 10**log_delta
+    for sigma in (sigma_analytic(eps, delta), sigma_theorem2(eps, delta)):
+        assert dp_accounting.get_epsilon_gaussian(sigma, delta) <= eps
+
+
+@settings(max_examples=10, deadline=None)
+@given(sigma=st.floats(0.6, 3), p=st.floats(0.005, 0.2), eps=st.floats(0.5, 8))
+def test_steps_never_overshoot(sigma: float, p: float, eps: float) -> None:
+    t = max_sampled_gaussian_steps(sigma, p, eps, 1e-5, "rdp")
+    if t > 0:
+        assert sampled_gaussian_epsilon(sigma, p, t, 1e-5, "rdp") <= eps
+
+
+def test_spend_is_derived_from_events_not_a_sum() -> None:
+    g = dp_event.GaussianDpEvent(1.0)
+    one = epsilon_of([g], 1e-5)
+    two = epsilon_of([g, g], 1e-5)
+    assert one < two < 2 * one  # composition is sub-additive, never a running sum
+
+
+def test_discrete_laplace_pure_epsilon_and_rdp_reduction() -> None:
+    # DLap(a) with sensitivity 1 is pure a-DP: the PLD accountant gives ε = a at tiny δ.
+    ev = dp_event.DiscreteLaplaceDpEvent(0.5, 1)
+    assert epsilon_of([ev], 1e-12, "pld") == pytest.approx(0.5, abs=1e-3)
+    # RDP has no discrete Laplace: the reduction to ρ = ε²/2 zCDP must stay ≥ the pure ε
+    # bound's (ε, δ) and ≤ the closed-form zCDP conversion ρ + 2√(ρ ln(1/δ)).
+    rho = 0.5**2 / 2
+    import math
+
+    e_rdp = epsilon_of([ev], 1e-5, "rdp")
+    assert e_rdp <= rho + 2 * math.sqrt(rho * math.log(1e5)) + 1e-9
+    assert e_rdp >= epsilon_of([ev], 1e-5, "pld") - 1e-6
+
+
+def test_poisson_composed_gaussians_equal_single_gaussian() -> None:
+    joint = dp_event.PoissonSampledDpEvent(
+        0.05,
+        dp_event.ComposedDpEvent([dp_event.GaussianDpEvent(1.0), dp_event.GaussianDpEvent(2.0)]),
+    )
+    eff = 1 / (1 + 0.25) ** 0.5
+    single = dp_event.PoissonSampledDpEvent(0.05, dp_event.GaussianDpEvent(eff))
+    for acc in ("pld", "rdp"):
+        e1 = epsilon_of([dp_event.SelfComposedDpEvent(joint, 30)], 1e-5, acc)
+        e2 = epsilon_of([dp_event.SelfComposedDpEvent(single, 30)], 1e-5, acc)
+        assert e1 == pytest.approx(e2, rel=1e-9)
+
+
+def test_bad_parameters_are_refused() -> None:
+    with pytest.raises(ValueError):
+        sigma_theorem2(-1, 1e-5)
+    with pytest.raises(ValueError):
+        sigma_analytic(1, 2.0)
+    with pytest.raises(ValueError):
+        sampled_gaussian_epsilon(1.0, 1.5, 10, 1e-5, "pld")

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from dp_accounting import dp_event
+
+from common.dp.accounting import epsilon_of
+from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger, verify_chain
+from common.errors import BudgetExceeded, LedgerCorrupt
+
+G = dp_event.GaussianDpEvent(1.5)
+L = dp_event.DiscreteLaplaceDpEvent(1.0, 1)
+
+
+def _ledger(cap: float = 10.0) -> PrivacyLedger:
+    return PrivacyLedger(MemoryLedgerStore(), {"d": Budget(cap, 1e-5)})
+
+
+def _charge(led: PrivacyLedger, rid: str, events=(G, L), **kw):
+    return led.charge(
+        dataset="d",
+        events=list(events),
+        session="s",
+        peer="p",
+        request_id=rid,
+        privacy_unit="attribute",
+        neighbouring="add-remove",
+        params={},
+        **kw,
+    )
+
+
+def test_spend_is_the_accountant_of_all_events() -> None:
+    led = _ledger()
+    for i in range(3):
+        _charge(led, str(i))
+    assert led.spent("d") == pytest.approx(epsilon_of([G, L] * 3, 1e-5), abs=2e-3)
+    assert led.store.entries()[-1].spend_after == pytest.approx(led.spent("d"))
+
+
+def test_check_then_commit_leaves_store_untouched() -> None:
+    cap = 1.5 * epsilon_of([G, L], 1e-5)  # room for exactly one charge
+    led = _ledger(cap=cap)
+    _charge(led, "a")
+    before = list(led.store.entries())
+    with pytest.raises(BudgetExceeded):
+        _charge(led, "b")
+    assert led.store.entries() == before  # nothing written by the refused charge
+    assert led.spent("d") <= cap
+
+
+def test_extra_caps_are_enforced() -> None:
+    led = _ledger(cap=100)
+    with pytest.raises(BudgetExceeded):
+        _charge(led, "a", extra_caps=[("peer", 0.5, [])])
+    assert led.store.entries() == []
+
+
+def test_unknown_dataset_refused() -> None:
+    with pytest.raises(BudgetExceeded):
+        _ledger().check("other", [G])
+
+
+@pytest.mark.parametrize("tamper", ["edit", "delete", "reorder"])
+def test_chain_detects_tampering(tamper: str) -> None:
+    led = _ledger()
+    for i in range(4):
+        _charge(led, str(i))
+    entries = led.store.entries()
+    verify_chain(entries)
+    if tamper == "edit":
+        entries[1] = dataclasses.replace(entries[1], spend_after=0.0)
+    elif tamper == "delete":
+        del entries[1]
+    else:
+        entries[1], entries[2] = entries[2], entries[1]
+    with pytest.raises(LedgerCorrupt):
+        verify_chain(entries)

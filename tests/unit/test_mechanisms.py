@@ -1,0 +1,172 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.data.loaders import Domain
+from common.data.preprocessing import Scaling
+from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+from common.dp.mechanisms import (
+    clip_rows,
+    counts_to_labels,
+    discrete_laplace_noise,
+    discrete_laplace_variance,
+    jl_matrix,
+    projection_sensitivity,
+)
+from common.terms import SessionTerms
+from source_party.releases import SourceReleaser, TargetDisclosure
+
+from .noise_checks import std_matches
+
+
+def test_jl_matrix_scale(rng: np.random.Generator) -> None:
+    m = jl_matrix(400, 50, rng)
+    assert m.shape == (400, 50)
+    assert std_matches(m, 1 / np.sqrt(50))
+
+
+def test_sensitivities(rng: np.random.Generator) -> None:
+    m = jl_matrix(30, 5, rng)
+    w = np.linalg.norm(m, axis=1).max()
+    spec = np.linalg.norm(m, 2)
+    assert projection_sensitivity(m, "attribute", "add-remove", feature_bound=2.0) == pytest.approx(
+        2 * w
+    )
+    assert projection_sensitivity(
+        m, "attribute", "replace-one", feature_bound=2.0
+    ) == pytest.approx(4 * w)
+    assert projection_sensitivity(m, "record", "add-remove", clip_norm=3.0) == pytest.approx(
+        3 * spec
+    )
+    assert projection_sensitivity(m, "record", "replace-one", clip_norm=3.0) == pytest.approx(
+        6 * spec
+    )
+
+
+def test_record_sensitivity_bounds_actual_row_change(rng: np.random.Generator) -> None:
+    m = jl_matrix(30, 5, rng)
+    x = clip_rows(rng.normal(size=(200, 30)) * 5, 1.0)
+    assert np.all(np.linalg.norm(x, axis=1) <= 1.0 + 1e-12)
+    s = projection_sensitivity(m, "record", "add-remove", clip_norm=1.0)
+    assert np.all(np.linalg.norm(x @ m, axis=1) <= s + 1e-9)
+
+
+def test_discrete_laplace_distribution(rng: np.random.Generator) -> None:
+    a = 0.7
+    x = discrete_laplace_noise((200_000,), a, rng)
+    assert x.dtype == np.int64
+    assert std_matches(x, np.sqrt(discrete_laplace_variance(a)))
+    assert np.mean(x == 0) == pytest.approx(np.tanh(a / 2), abs=0.005)
+    assert not std_matches(x * 1.3, np.sqrt(discrete_laplace_variance(a)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    counts=st.lists(st.integers(-50, 500), min_size=1, max_size=12),
+    n=st.integers(0, 2000),
+)
+def test_counts_to_labels_properties(counts: list[int], n: int) -> None:
+    labels = counts_to_labels(np.array(counts), n)
+    assert labels.size == n
+    assert np.all(labels >= 0) and np.all(labels < len(counts))
+    assert np.all(np.diff(labels) >= 0)  # contiguous blocks in class order
+    clipped = np.clip(counts, 0, None)
+    if clipped.sum() > 0:
+        assert np.all(np.bincount(labels, minlength=len(counts))[clipped == 0] == 0)
+
+
+def _zero_source(n: int, k: int, q: int) -> Domain:
+    """All-zero features: every released value is pure noise, so the noise can be measured."""
+    y = np.arange(n) % q
+    return Domain("zeros", np.zeros((n, k)), y.astype(np.int64), q)
+
+
+@pytest.mark.parametrize("unit", ["attribute", "record"])
+def test_release_noise_matches_ledger_claim(unit: str) -> None:
+    n, k, q, ell = 2000, 40, 4, 10
+    src = _zero_source(n, k, q)
+    terms = SessionTerms(
+        dataset="z", epsilon=4, delta=1e-5, projection="jl", projection_dim=ell, privacy_unit=unit
+    )
+    ledger = PrivacyLedger(MemoryLedgerStore(), {"z": Budget(100, 1e-5)})
+    rel = SourceReleaser(src, "z", ledger, np.random.default_rng(1))
+    info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(k), np.ones(k))))
+    batch = rel.release(info.session_id, 0)
+    entry = ledger.store.entries()[-1]
+    spec = entry.params["spec"]
+    claimed = spec["features"]["noise_multiplier"] * spec["features"]["sensitivity"]
+    # the ledger's sensitivity is the one the projection implies
+    m = info.projection
+    expected_sens = np.linalg.norm(m, axis=1).max() if unit == "attribute" else np.linalg.norm(m, 2)
+    assert spec["features"]["sensitivity"] == pytest.approx(expected_sens)
+    assert std_matches(batch.z, claimed)
+    assert not std_matches(batch.z, claimed * 0.7)  # a mechanism with 30% less noise is caught
+    assert not std_matches(batch.z, claimed * 1.3)
+    assert entry.payload_sha256 == batch.sha256()
+
+
+def test_histogram_noise_matches_ledger_claim() -> None:
+    n, k, q = 24_000, 3, 12_000  # one release, 12,000 noisy counts
+    src = _zero_source(n, k, q)
+    truth = np.bincount(src.y, minlength=q)
+    terms = SessionTerms(dataset="z", epsilon=2, delta=1e-5, projection="jl", projection_dim=2)
+    ledger = PrivacyLedger(MemoryLedgerStore(), {"z": Budget(10, 1e-5)})
+    rel = SourceReleaser(src, "z", ledger, np.random.default_rng(2))
+    info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(k), np.ones(k))))
+    noise = rel.release(info.session_id, 0).noisy_counts - truth
+    a = ledger.store.entries()[-1].params["spec"]["histogram"]["parameter"]
+    assert a == pytest.approx(1.0)  # ε_h = 2 · 0.5, sensitivity 1
+    claimed = np.sqrt(discrete_laplace_variance(a))
+    assert std_matches(noise, claimed)
+    assert not std_matches(noise, claimed * 0.7)
+    assert not std_matches(noise, claimed * 1.3)
+
+
+def test_minibatch_sizes_vary_and_noise_matches() -> None:
+    n, k, q = 3000, 20, 5
+    src = _zero_source(n, k, q)
+    terms = SessionTerms(
+        dataset="z",
+        epsilon=8,
+        delta=1e-5,
+        projection="jl",
+        projection_dim=8,
+        batch_size=300,
+        steps=20,
+    )
+    ledger = PrivacyLedger(MemoryLedgerStore(), {"z": Budget(8, 1e-5)})
+    rel = SourceReleaser(src, "z", ledger, np.random.default_rng(3))
+    info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(k), np.ones(k))))
+    assert info.plan.sampling_rate == pytest.approx(0.1)
+    sizes, zs = [], []
+    for i in range(info.plan.steps):
+        b = rel.release(info.session_id, i)
+        sizes.append(b.z.shape[0])
+        zs.append(b.z)
+    assert len(set(sizes)) > 1  # Poisson sampling: batch sizes vary
+    assert 250 < np.mean(sizes) < 350
+    spec = info.plan.spec(terms)
+    assert std_matches(np.vstack(zs), spec.features.noise_std)
+    assert ledger.spent("z") <= 8
+
+
+def test_budget_exceeded_before_noise(rng: np.random.Generator) -> None:
+    src = _zero_source(100, 5, 2)
+    terms = SessionTerms(dataset="z", epsilon=4, delta=1e-5, projection="jl", projection_dim=2)
+    ledger = PrivacyLedger(MemoryLedgerStore(), {"z": Budget(5, 1e-5)})
+    gen = np.random.default_rng(0)
+    rel = SourceReleaser(src, "z", ledger, gen)
+    disc = TargetDisclosure(Scaling(np.zeros(5), np.ones(5)))
+    info = rel.open_session(terms, disc)
+    rel.release(info.session_id, 0)
+    info2 = rel.open_session(terms, disc)
+    before = gen.bit_generator.state
+    from common.errors import BudgetExceeded
+
+    with pytest.raises(BudgetExceeded):
+        rel.release(info2.session_id, 0)
+    assert gen.bit_generator.state == before  # no noise drawn
+    assert len(ledger.store.entries()) == 1  # nothing written

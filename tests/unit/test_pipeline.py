@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from common.cli import main
+from common.data.synthetic import two_domains
+from common.terms import SessionTerms
+from target_party.pipeline import AdaptConfig
+from target_party.simulate import simulate
+
+
+def _terms(**kw) -> SessionTerms:
+    base = dict(dataset="syn", epsilon=4.0, delta=1 / 720, projection_dim=10)
+    base.update(kw)
+    return SessionTerms(**base)
+
+
+def test_dpda_beats_source_only_on_synthetic() -> None:
+    s, t = two_domains()
+    out = simulate(s, t, _terms(), "raw", AdaptConfig(), seed=0)
+    assert out.dpda.solver_converged
+    assert out.dpda.epsilon_spent <= 4.0
+    assert out.dpda.accuracy > out.source_only + 10
+    assert out.otda >= out.dpda.accuracy - 15
+
+
+def test_same_seed_same_numbers() -> None:
+    s, t = two_domains(n_source=200, n_target=150)
+    a = simulate(s, t, _terms(), "raw", AdaptConfig(), seed=7).to_json(_terms())
+    b = simulate(s, t, _terms(), "raw", AdaptConfig(), seed=7).to_json(_terms())
+    c = simulate(s, t, _terms(), "raw", AdaptConfig(), seed=8).to_json(_terms())
+    assert a == b
+    assert a["w_tilde"] != c["w_tilde"]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(projection="jl", projection_dim=20),
+        dict(batch_size=100, steps=4),
+        dict(privacy_unit="record", clip_norm=5.0),
+        dict(neighbouring="replace-one", calibration="analytic"),
+    ],
+)
+def test_pipeline_variants_run_within_budget(kw) -> None:
+    s, t = two_domains(n_source=300, n_target=200)
+    terms = _terms(**kw)
+    out = simulate(s, t, terms, "raw", AdaptConfig(), seed=1, baselines=False)
+    assert 0 <= out.dpda.accuracy <= 100
+    assert out.dpda.epsilon_spent <= terms.epsilon
+    assert out.dpda.rows_received > 0
+
+
+def test_minibatch_with_replace_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        _terms(batch_size=64, neighbouring="replace-one")
+
+
+def test_cli_privacy_json(capsys) -> None:
+    assert (
+        main(
+            [
+                "privacy",
+                "sigma",
+                "--epsilon",
+                "5",
+                "--delta",
+                str(1 / (1.2 * 4365)),
+                "--method",
+                "analytic",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["sigma"] == pytest.approx(0.7673, abs=5e-5)
+    assert (
+        main(
+            [
+                "privacy",
+                "steps",
+                "--sigma",
+                "0.7",
+                "--sampling-rate",
+                str(128 / 4365),
+                "--epsilon",
+                "3",
+                "--delta",
+                str(1 / (1.2 * 4365)),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["steps"] == 53
+    assert (
+        main(
+            [
+                "privacy",
+                "epsilon",
+                "--sigma",
+                "1",
+                "--sampling-rate",
+                str(128 / 4365),
+                "--steps",
+                "302",
+                "--delta",
+                str(1 / (1.2 * 4365)),
+                "--accountant",
+                "rdp",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["epsilon"] <= 3
+
+
+def test_cli_bad_input_names_the_problem(capsys) -> None:
+    assert main(["privacy", "sigma", "--epsilon", "-1", "--delta", "1e-5"]) == 2
+    assert "epsilon" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "privacy",
+                "steps",
+                "--sigma",
+                "1",
+                "--sampling-rate",
+                "0.1",
+                "--epsilon",
+                "3",
+                "--delta",
+                "1e-5",
+                "--neighbouring",
+                "replace-one",
+            ]
+        )
+        == 2
+    )
+    assert "replace-one" in capsys.readouterr().err
+
+
+@pytest.mark.data
+def test_simulate_office_caltech_pair(data_dir, tmp_path) -> None:
+    out = tmp_path / "r.json"
+    assert (
+        main(
+            [
+                "simulate",
+                "--data-dir",
+                str(data_dir),
+                "--dataset",
+                "office-caltech",
+                "--source",
+                "C",
+                "--target",
+                "A",
+                "--seed",
+                "0",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    r = json.loads(out.read_text())
+    assert r["epsilon_spent"] <= 8.0
+    assert r["accuracy"]["dpda"] > r["accuracy"]["source_only"] + 8
+    assert r["projection_dim"] == 50 and r["sigma"] > 0
+    assert np.isfinite(r["w_tilde"])
