@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from common.data.loaders import Domain
 from common.data.preprocessing import Scaling, per_row
-from common.dp.events import BatchSpec
+from common.dp.events import BatchSpec, event_from_json
 from common.dp.ledger import LedgerEntry, PrivacyLedger
 from common.dp.mechanisms import (
     check_projection,
@@ -106,6 +107,9 @@ class SourceReleaser:
     ) -> SessionInfo:
         if terms.dataset != self.dataset:
             raise InvalidInput("unknown dataset")
+        budget = self.ledger.budgets.get(self.dataset)
+        if budget is None or terms.delta != budget.delta:
+            raise InvalidInput("terms.delta differs from the dataset's delta")
         k = self.domain.x.shape[1]
         if terms.projection == "target-pca":
             if disclosure.basis is None:
@@ -132,15 +136,50 @@ class SourceReleaser:
         self._sessions[sid] = (terms, info, x)
         return info
 
-    def release(self, session_id: str, index: int, peer: str = "in-process") -> BatchRelease:
-        """Release batch ``index`` of a session: charge first, then sample and draw noise."""
+    def session(self, session_id: str) -> tuple[SessionTerms, SessionInfo]:
         try:
-            terms, info, x = self._sessions[session_id]
+            terms, info, _ = self._sessions[session_id]
         except KeyError:
             raise InvalidInput("unknown or closed session") from None
+        return terms, info
+
+    def restore_session(
+        self,
+        session_id: str,
+        terms: SessionTerms,
+        projection: np.ndarray,
+        disclosure: TargetDisclosure,
+    ) -> SessionInfo:
+        """Rebuild a session after a restart from its stored terms, projection and disclosure."""
+        x = prepare_features(self.domain.x, self.representation, terms, disclosure.scaling)
+        plan = plan_batches(terms, self.domain.x.shape[0], projection)
+        info = SessionInfo(
+            session_id, x.shape[0], x.shape[1], self.domain.n_classes, projection, plan
+        )
+        self._sessions[session_id] = (terms, info, x)
+        return info
+
+    def release(
+        self,
+        session_id: str,
+        index: int,
+        peer: str = "in-process",
+        extra_caps: Sequence[tuple[str, float, Sequence[Any]]] = (),
+    ) -> BatchRelease:
+        """Release batch ``index`` of a session: charge first, then sample and draw noise.
+
+        The session's own budget (``terms.epsilon``) is always a cap, besides the dataset's and
+        any ``extra_caps`` (per-peer caps of the daemon).
+        """
+        terms, info = self.session(session_id)
         if not (0 <= index < info.plan.steps):
             raise InvalidInput("batch index out of range")
         spec = info.plan.spec(terms)
+        prior = [
+            event_from_json(e.dp_event)
+            for e in self.ledger.store.entries(self.dataset)
+            if e.session == session_id
+        ]
         entry = self.ledger.charge(
             dataset=self.dataset,
             events=[spec.dp_event()],
@@ -149,10 +188,21 @@ class SourceReleaser:
             request_id=f"{session_id}/{index}",
             privacy_unit=terms.privacy_unit,
             neighbouring=terms.neighbouring,
-            params={"batch": index, "spec": spec.to_json()},
+            params={
+                "batch": index,
+                "spec": spec.to_json(),
+                "delta": self.ledger.budgets[self.dataset].delta,
+            },
+            extra_caps=[("session", terms.epsilon, prior), *extra_caps],
         )
-        rel = self._draw(x, spec, info, index, entry)
-        self.ledger.store.update_signatures(entry.seq, rel.sha256(), "", "")
+        return self.draw(session_id, index, entry)
+
+    def draw(self, session_id: str, index: int, entry: LedgerEntry) -> BatchRelease:
+        """Sample and add noise for an entry that is already durably in the ledger."""
+        terms, info = self.session(session_id)
+        x = self._sessions[session_id][2]
+        rel = self._draw(x, info.plan.spec(terms), info, index, entry)
+        self.ledger.store.update_signatures(self.dataset, entry.seq, rel.sha256(), "", "")
         return rel
 
     def _draw(

@@ -5,10 +5,13 @@ the dataset's accountant — never a running sum. ``check`` computes the would-b
 effect and raises ``BudgetExceeded`` before any noise can be drawn; ``append`` durably stores the
 entry (hash-chained) and only then may the caller draw noise.
 
-Entries are hash-chained: ``entry_hash = SHA-256(canonical JSON of every field but the
-signatures)`` and each entry stores its predecessor's hash, so an edited, deleted or reordered
-entry breaks ``verify_chain``. Storage is pluggable (``LedgerStore``): in-memory for the
-in-process pipeline, SQLite for the daemons (``ledger_store``).
+Entries are hash-chained per dataset: ``entry_hash = SHA-256(canonical JSON of every field but
+the payload hash and signatures)`` and each entry stores its predecessor's hash (``seq`` counts
+within the dataset), so an edited, deleted or reordered entry breaks ``verify_chain``. The
+payload hash and the two signatures are added after the entry is durably stored (the entry is
+written *before* noise is drawn) and are covered by the signatures instead. Storage is
+pluggable (``LedgerStore``): in-memory for the in-process pipeline, SQLite for the daemons
+(``ledger_store``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,15 @@ class LedgerEntry:
     target_sig: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def to_json(self) -> str:
+        return canonical_json(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> LedgerEntry:
+        import json
+
+        return cls(**json.loads(text))
+
     def body(self) -> dict[str, Any]:
         """Everything that is hashed and signed (signatures and payload hash excluded)."""
         d = asdict(self)
@@ -67,8 +79,12 @@ class LedgerStore(Protocol):
     def entries(self, dataset: str | None = None) -> list[LedgerEntry]: ...
     def append(self, entry: LedgerEntry) -> None: ...
     def update_signatures(
-        self, seq: int, payload_sha256: str, source_sig: str, target_sig: str
+        self, dataset: str, seq: int, payload_sha256: str, source_sig: str, target_sig: str
     ) -> None: ...
+
+
+def head_hash(entries: Sequence[LedgerEntry]) -> str:
+    return entries[-1].entry_hash() if entries else GENESIS
 
 
 class MemoryLedgerStore:
@@ -79,16 +95,17 @@ class MemoryLedgerStore:
         return [e for e in self._entries if dataset is None or e.dataset == dataset]
 
     def append(self, entry: LedgerEntry) -> None:
-        expected = self._entries[-1].entry_hash() if self._entries else GENESIS
-        if entry.prev_hash != expected or entry.seq != len(self._entries):
+        mine = self.entries(entry.dataset)
+        if entry.prev_hash != head_hash(mine) or entry.seq != len(mine):
             raise LedgerCorrupt("ledger head moved: append out of order")
         self._entries.append(entry)
 
     def update_signatures(
-        self, seq: int, payload_sha256: str, source_sig: str, target_sig: str
+        self, dataset: str, seq: int, payload_sha256: str, source_sig: str, target_sig: str
     ) -> None:
-        e = self._entries[seq]
-        self._entries[seq] = replace(
+        i = next(i for i, e in enumerate(self._entries) if e.dataset == dataset and e.seq == seq)
+        e = self._entries[i]
+        self._entries[i] = replace(
             e,
             payload_sha256=payload_sha256 or e.payload_sha256,
             source_sig=source_sig or e.source_sig,
@@ -182,12 +199,11 @@ class PrivacyLedger:
         now: float | None = None,
     ) -> LedgerEntry:
         """Append one entry (the caller has called ``check``); returns the stored entry."""
-        all_entries = self.store.entries()
-        prev = all_entries[-1].entry_hash() if all_entries else GENESIS
+        mine = self.store.entries(dataset)
         ev = events[0] if len(events) == 1 else dp_event.ComposedDpEvent(list(events))
         entry = LedgerEntry(
-            seq=len(all_entries),
-            prev_hash=prev,
+            seq=len(mine),
+            prev_hash=head_hash(mine),
             time=time.time() if now is None else now,
             dataset=dataset,
             session=session,
@@ -211,7 +227,10 @@ class PrivacyLedger:
 
 
 def verify_chain(entries: Sequence[LedgerEntry]) -> None:
-    """Raise ``LedgerCorrupt`` on any edited, deleted, inserted or reordered entry."""
+    """Raise ``LedgerCorrupt`` on any edited, deleted, inserted or reordered entry.
+
+    ``entries`` are one dataset's entries in stored order.
+    """
     prev = GENESIS
     for i, e in enumerate(entries):
         if e.seq != i:

@@ -1,0 +1,280 @@
+"""The payload audit log: every gRPC message both ways, hash-chained, optionally retained.
+
+A record is built by a chain of small steps: *describe* (method, direction, peer, size) →
+*digest* (SHA-256 of the serialized message; for a release, the payload hash and the ledger entry
+it belongs to) → *chain* (``prev_hash``, ``record_hash``) → *store* (SQLite, same durable
+settings as the ledger). ``verify`` re-walks the chain and checks that every source→target release
+is covered by a ledger entry whose payload hash matches; ``report`` sums what left, by mechanism,
+bytes and ε.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from .dp.events import canonical_json
+from .errors import LedgerCorrupt
+
+GENESIS = "0" * 64
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY,
+    record_json TEXT NOT NULL,
+    payload BLOB
+);
+"""
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    seq: int
+    prev_hash: str
+    time: float
+    side: str  # "source" | "target": whose log this is
+    direction: str  # "in" | "out" (relative to this side)
+    method: str
+    peer: str  # peer certificate fingerprint (or pinned identity on the client side)
+    request_id: str
+    size: int
+    sha256: str  # of the serialized message
+    payload_sha256: str = ""  # for releases: the hash the ledger entry records
+    dataset: str = ""
+    ledger_seq: int = -1
+
+    def record_hash(self) -> str:
+        return hashlib.sha256(canonical_json(asdict(self)).encode()).hexdigest()
+
+
+class AuditLog:
+    def __init__(self, conn: sqlite3.Connection, side: str, retain_payloads: bool = False) -> None:
+        self.conn = conn
+        self.conn.executescript(_SCHEMA)
+        self.side = side
+        self.retain = retain_payloads
+        self.lock = threading.RLock()
+
+    def records(self) -> list[tuple[AuditRecord, bytes | None]]:
+        with self.lock:
+            rows = self.conn.execute(
+                "SELECT record_json, payload FROM audit ORDER BY seq"
+            ).fetchall()
+        return [(AuditRecord(**json.loads(r[0])), r[1]) for r in rows]
+
+    def append(
+        self,
+        direction: str,
+        method: str,
+        peer: str,
+        message: bytes,
+        request_id: str = "",
+        payload_sha256: str = "",
+        dataset: str = "",
+        ledger_seq: int = -1,
+    ) -> AuditRecord:
+        with self.lock:
+            last = self.conn.execute(
+                "SELECT seq, record_json FROM audit ORDER BY seq DESC LIMIT 1"
+            ).fetchone()
+            seq = 0 if last is None else last[0] + 1
+            prev = GENESIS if last is None else AuditRecord(**json.loads(last[1])).record_hash()
+            rec = AuditRecord(
+                seq=seq,
+                prev_hash=prev,
+                time=time.time(),
+                side=self.side,
+                direction=direction,
+                method=method,
+                peer=peer,
+                request_id=request_id,
+                size=len(message),
+                sha256=hashlib.sha256(message).hexdigest(),
+                payload_sha256=payload_sha256,
+                dataset=dataset,
+                ledger_seq=ledger_seq,
+            )
+            self.conn.execute(
+                "INSERT INTO audit VALUES (?, ?, ?)",
+                (seq, canonical_json(asdict(rec)), message if self.retain else None),
+            )
+        return rec
+
+
+def _release_fields(msg: Any) -> dict[str, Any]:
+    """Ledger linkage of a BatchRelease message (empty for other messages)."""
+    entry_json = getattr(msg, "entry_json", "")
+    if not entry_json:
+        return {}
+    entry = json.loads(entry_json)
+    return {
+        "payload_sha256": msg.payload_sha256,
+        "dataset": entry["dataset"],
+        "ledger_seq": int(entry["seq"]),
+        "request_id": entry.get("request_id", ""),
+    }
+
+
+def _request_id(msg: Any) -> str:
+    return getattr(msg, "request_id", "") or getattr(msg, "session_id", "")
+
+
+# ----------------------------------------------------------------------------- server side
+class ServerAuditInterceptor(grpc.ServerInterceptor):
+    """Records every request and response of the source's RPCs."""
+
+    def __init__(self, log: AuditLog, peer_of: Callable[[grpc.ServicerContext], str]) -> None:
+        self.log = log
+        self.peer_of = peer_of
+
+    def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001, ANN201
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        log, peer_of = self.log, self.peer_of
+        if handler.unary_unary:
+            inner = handler.unary_unary
+
+            def unary(request, context):  # noqa: ANN001, ANN202
+                peer = peer_of(context)
+                log.append("in", method, peer, request.SerializeToString(), _request_id(request))
+                response = inner(request, context)
+                log.append("out", method, peer, response.SerializeToString(), _request_id(request))
+                return response
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream:
+            inner_s = handler.unary_stream
+
+            def stream(request, context):  # noqa: ANN001, ANN202
+                peer = peer_of(context)
+                log.append("in", method, peer, request.SerializeToString(), _request_id(request))
+                for response in inner_s(request, context):
+                    fields = {"request_id": _request_id(request), **_release_fields(response)}
+                    log.append("out", method, peer, response.SerializeToString(), **fields)
+                    yield response
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream, handler.request_deserializer, handler.response_serializer
+            )
+        return handler
+
+
+# ----------------------------------------------------------------------------- client side
+class ClientAuditInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Records every request and response the target exchanges with the source."""
+
+    def __init__(self, log: AuditLog, peer: str) -> None:
+        self.log = log
+        self.peer = peer
+
+    def intercept_unary_unary(self, continuation, details, request):  # noqa: ANN001, ANN201
+        self.log.append(
+            "out", details.method, self.peer, request.SerializeToString(), _request_id(request)
+        )
+        call = continuation(details, request)
+        response = call.result()
+        self.log.append(
+            "in", details.method, self.peer, response.SerializeToString(), _request_id(request)
+        )
+        return call
+
+    def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001, ANN201
+        self.log.append(
+            "out", details.method, self.peer, request.SerializeToString(), _request_id(request)
+        )
+        call = continuation(details, request)
+
+        def gen() -> Iterator[Any]:
+            for response in call:
+                fields = {"request_id": _request_id(request), **_release_fields(response)}
+                self.log.append(
+                    "in", details.method, self.peer, response.SerializeToString(), **fields
+                )
+                yield response
+
+        return gen()
+
+
+# ------------------------------------------------------------------------- verify / report
+def verify(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> list[str]:
+    """Problems found (empty when all is well): chain, message hashes, ledger coverage."""
+    problems: list[str] = []
+    prev = GENESIS
+    for i, (rec, payload) in enumerate(log.records()):
+        if rec.seq != i:
+            problems.append(f"audit record {i}: sequence out of order")
+        if rec.prev_hash != prev:
+            problems.append(f"audit record {rec.seq}: hash chain broken")
+        prev = rec.record_hash()
+        if payload is not None and hashlib.sha256(payload).hexdigest() != rec.sha256:
+            problems.append(f"audit record {rec.seq}: retained payload does not match its hash")
+        released = rec.method.endswith("/ReleaseBatches") and rec.ledger_seq >= 0
+        if released and ((rec.side == "source") == (rec.direction == "out")):
+            entry = ledger_entries.get((rec.dataset, rec.ledger_seq))
+            if entry is None:
+                problems.append(f"audit record {rec.seq}: release without a ledger entry")
+            elif entry.payload_sha256 != rec.payload_sha256:
+                problems.append(f"audit record {rec.seq}: payload hash differs from the ledger")
+            if payload is not None:
+                from .pb import dpda_pb2 as pb
+
+                msg = pb.BatchRelease.FromString(payload)
+                digest = hashlib.sha256(msg.z.data + msg.noisy_counts.data).hexdigest()
+                if digest != rec.payload_sha256:
+                    problems.append(f"audit record {rec.seq}: payload bytes differ from hash")
+    return problems
+
+
+def report(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> dict[str, Any]:
+    """What left this organization: messages and bytes by method, releases and ε by dataset."""
+    records = [r for r, _ in log.records()]
+    side = records[0].side if records else ""
+    outgoing = [r for r in records if r.direction == "out"]
+    by_method: dict[str, dict[str, int]] = {}
+    for r in outgoing:
+        m = by_method.setdefault(r.method.rsplit("/", 1)[-1], {"messages": 0, "bytes": 0})
+        m["messages"] += 1
+        m["bytes"] += r.size
+    releases: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r.ledger_seq < 0 or r.method.split("/")[-1] != "ReleaseBatches":
+            continue
+        entry = ledger_entries.get((r.dataset, r.ledger_seq))
+        mech = "gaussian-features+histogram"
+        d = releases.setdefault(
+            r.dataset, {"releases": 0, "bytes": 0, "epsilon": 0.0, "mechanism": mech}
+        )
+        d["releases"] += 1
+        d["bytes"] += r.size
+        if entry is not None:
+            d["epsilon"] = max(d["epsilon"], entry.spend_after)
+    return {
+        "side": side,
+        "records": len(records),
+        "outgoing_by_method": by_method,
+        "releases_by_dataset": releases,
+    }
+
+
+def open_log(path: Path, side: str, retain_payloads: bool = False) -> AuditLog:
+    from .dp.ledger_store import connect
+
+    return AuditLog(connect(path), side, retain_payloads)
+
+
+def raise_if(problems: list[str]) -> None:
+    if problems:
+        raise LedgerCorrupt("; ".join(problems[:5]))

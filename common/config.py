@@ -1,0 +1,139 @@
+"""TOML configuration for both daemons, validated by pydantic (frozen, unknown keys rejected).
+
+Every validation error is reported as ``<file>: <dotted.field>: <problem>``. Relative paths are
+resolved against the directory of the config file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TlsConfig(_Strict):
+    cert: Path
+    key: Path
+    peer_ca: Path = Field(description="CA that signed the peer's certificate")
+
+
+class SourceDataset(_Strict):
+    name: str = Field(min_length=1, max_length=128)
+    kind: Literal["office-caltech", "mnist-usps", "table", "synthetic"]
+    path: Path | None = Field(default=None, description="data dir, or the .npy/.csv table")
+    domain: str = ""
+    representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
+    epsilon: float = Field(gt=0, le=100, description="dataset cap, all peers and sessions")
+    delta: float = Field(gt=0, lt=1)
+    accountant: Literal["pld", "rdp"] = "pld"
+
+
+class Peer(_Strict):
+    name: str
+    cert_fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    signing_public_key: Path
+    epsilon_cap: float = Field(gt=0, description="cap for this peer on each dataset")
+
+
+class SourceConfig(_Strict):
+    state_dir: Path
+    listen: str = "127.0.0.1:0"
+    tls: TlsConfig
+    signing_key: Path
+    datasets: list[SourceDataset] = Field(min_length=1)
+    peers: list[Peer] = Field(default_factory=list)
+    retain_payloads: bool = False
+    max_batches_per_request: int = Field(default=1000, ge=1)
+    seed: int | None = Field(default=None, description="testing only: fixes all noise")
+
+
+class TargetJob(_Strict):
+    dataset: str = Field(description="the source's dataset name")
+    data_kind: Literal["office-caltech", "mnist-usps", "table", "synthetic"]
+    data_path: Path | None = None
+    domain: str = ""
+    representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
+    epsilon: float = Field(gt=0, le=100)
+    delta: float = Field(gt=0, lt=1)
+    privacy_unit: Literal["attribute", "record"] = "attribute"
+    neighbouring: Literal["add-remove", "replace-one"] = "add-remove"
+    projection: Literal["jl", "target-pca"] = "target-pca"
+    projection_dim: int = Field(default=50, ge=1)
+    batch_size: int = Field(default=0, ge=0)
+    steps: int = Field(default=0, ge=0)
+    calibration: Literal["theorem2", "analytic"] = "theorem2"
+    feature_bound: float = Field(default=1.0, gt=0)
+    clip_norm: float = Field(default=1.0, gt=0)
+    reg_e: float = Field(default=0.02, gt=0)
+    reg_g: float = Field(default=0.5, ge=0)
+    classifier: Literal["1nn", "logistic", "mlp"] = "1nn"
+
+
+class TargetConfig(_Strict):
+    state_dir: Path
+    source_address: str
+    source_fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    source_signing_public_key: Path
+    tls: TlsConfig
+    signing_key: Path
+    budget_epsilon: float = Field(gt=0, description="the target's own cap for the dataset")
+    job: TargetJob
+    retain_payloads: bool = False
+    timeout_s: float = Field(default=120.0, gt=0)
+
+
+def _resolve(data: object, base: Path) -> object:
+    if isinstance(data, dict):
+        out = {}
+        for k, v in data.items():
+            is_path = isinstance(v, str) and (
+                k
+                in {
+                    "cert",
+                    "key",
+                    "peer_ca",
+                    "signing_key",
+                    "signing_public_key",
+                    "state_dir",
+                    "path",
+                    "data_path",
+                    "source_signing_public_key",
+                }
+            )
+            out[k] = str((base / v).resolve()) if is_path else _resolve(v, base)
+        return out
+    if isinstance(data, list):
+        return [_resolve(v, base) for v in data]
+    return data
+
+
+def load(path: str | Path, model: type[_Strict]) -> _Strict:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    try:
+        return model.model_validate(_resolve(raw, path.parent))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise ConfigError(f"{path}: {field}: {err['msg']}") from None
+
+
+def load_source(path: str | Path) -> SourceConfig:
+    return load(path, SourceConfig)  # type: ignore[return-value]
+
+
+def load_target(path: str | Path) -> TargetConfig:
+    return load(path, TargetConfig)  # type: ignore[return-value]

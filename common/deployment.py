@@ -1,0 +1,170 @@
+"""Throw-away two-party deployments on loopback: keys, configs, daemon processes.
+
+Used by ``dpda demo``, the integration tests and ``dpda bench service``. Everything is written
+under one work directory (never inside a git checkout): ``keys/``, ``source/`` and ``target/``
+state directories and the two TOML configs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .tls import PartyKeys, init_party
+
+
+@dataclass(frozen=True)
+class Deployment:
+    workdir: Path
+    source_keys: PartyKeys
+    target_keys: PartyKeys
+    source_config: Path
+    target_config: Path
+
+    @property
+    def source_state(self) -> Path:
+        return self.workdir / "source"
+
+    @property
+    def target_state(self) -> Path:
+        return self.workdir / "target"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _table(name: str, values: dict[str, Any], array: bool = False) -> str:
+    head = f"[[{name}]]" if array else f"[{name}]"
+    return head + "\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()) + "\n"
+
+
+def make_deployment(
+    workdir: Path,
+    *,
+    dataset: dict[str, Any],
+    job: dict[str, Any],
+    source_extra: dict[str, Any] | None = None,
+    peer_cap: float = 100.0,
+    target_budget: float = 100.0,
+    address: str = "",
+) -> Deployment:
+    """Keys for both parties (one throw-away CA), and ``source.toml`` / ``target.toml``."""
+    workdir = workdir.resolve()
+    keys = workdir / "keys"
+    sk = init_party(keys, "source-org")
+    tk = init_party(keys, "target-org", ca_dir=keys / "ca")
+    src = {
+        "state_dir": str(workdir / "source"),
+        "listen": "127.0.0.1:0",
+        "signing_key": str(sk.signing_key),
+        **(source_extra or {}),
+    }
+    text = "".join(f"{k} = {_toml_value(v)}\n" for k, v in src.items()) + "\n"
+    text += _table("tls", {"cert": sk.cert, "key": sk.key, "peer_ca": sk.ca})
+    text += _table("datasets", dataset, array=True)
+    text += _table(
+        "peers",
+        {
+            "name": "target-org",
+            "cert_fingerprint": tk.fingerprint,
+            "signing_public_key": tk.signing_pub,
+            "epsilon_cap": peer_cap,
+        },
+        array=True,
+    )
+    source_cfg = workdir / "source.toml"
+    source_cfg.write_text(text)
+    tgt = {
+        "state_dir": str(workdir / "target"),
+        "source_address": address or "127.0.0.1:0",
+        "source_fingerprint": sk.fingerprint,
+        "source_signing_public_key": str(sk.signing_pub),
+        "signing_key": str(tk.signing_key),
+        "budget_epsilon": target_budget,
+    }
+    text = "".join(f"{k} = {_toml_value(v)}\n" for k, v in tgt.items()) + "\n"
+    text += _table("tls", {"cert": tk.cert, "key": tk.key, "peer_ca": tk.ca})
+    text += _table("job", job)
+    target_cfg = workdir / "target.toml"
+    target_cfg.write_text(text)
+    return Deployment(workdir, sk, tk, source_cfg, target_cfg)
+
+
+def set_source_address(dep: Deployment, address: str) -> None:
+    text = dep.target_config.read_text()
+    lines = [
+        f"source_address = {_toml_value(address)}" if ln.startswith("source_address") else ln
+        for ln in text.splitlines()
+    ]
+    dep.target_config.write_text("\n".join(lines) + "\n")
+
+
+def dpda_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "common.cli", *args]
+
+
+class SourceProcess:
+    """``dpda source serve`` as a real child process; ``port`` once it listens."""
+
+    def __init__(self, dep: Deployment, log_path: Path | None = None) -> None:
+        self.dep = dep
+        port_file = dep.source_state / "port"
+        port_file.unlink(missing_ok=True)
+        self.log_path = log_path or dep.workdir / "source.log"
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            dpda_command("source", "serve", "--config", str(dep.source_config)),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        deadline = time.monotonic() + 60
+        while not port_file.is_file():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"source exited early; see {self.log_path}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError("source did not start within 60 s")
+            time.sleep(0.05)
+        self.port = int(port_file.read_text())
+        set_source_address(dep, f"127.0.0.1:{self.port}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no graceful shutdown (fault tests)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self._log.close()
+
+
+def run_target(dep: Deployment, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        dpda_command("target", "run", "--config", str(dep.target_config), "--quiet", *extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )

@@ -1,0 +1,56 @@
+"""Ed25519 signatures over ledger entries and session terms (``cryptography``)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+
+def new_key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+def save_key(key: Ed25519PrivateKey, private_path: Path, public_path: Path) -> None:
+    private_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    private_path.chmod(0o600)
+    public_path.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+
+
+def load_private(path: str | Path) -> Ed25519PrivateKey:
+    key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{path}: not an Ed25519 private key")
+    return key
+
+
+def load_public(path: str | Path) -> Ed25519PublicKey:
+    key = serialization.load_pem_public_key(Path(path).read_bytes())
+    if not isinstance(key, Ed25519PublicKey):
+        raise ValueError(f"{path}: not an Ed25519 public key")
+    return key
+
+
+def sign(key: Ed25519PrivateKey, message: bytes) -> str:
+    return base64.b64encode(key.sign(message)).decode()
+
+
+def verify(key: Ed25519PublicKey, message: bytes, signature: str) -> bool:
+    try:
+        key.verify(base64.b64decode(signature.encode(), validate=True), message)
+        return True
+    except (InvalidSignature, ValueError):
+        return False

@@ -1,0 +1,153 @@
+"""Certificates for mTLS (``dpda keys init``), pinning by fingerprint, gRPC credentials."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from . import signing
+from .errors import ConfigError
+
+
+def fingerprint(cert_pem: bytes) -> str:
+    """``sha256:<hex>`` of the certificate's DER encoding: the identity peers are pinned by."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    return "sha256:" + hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def make_ca(out: Path, cn: str) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(_name(cn))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=825))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ca.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(key, out / "ca.key")
+    return out / "ca.pem", out / "ca.key"
+
+
+@dataclass(frozen=True)
+class PartyKeys:
+    cert: Path
+    key: Path
+    ca: Path
+    signing_key: Path
+    signing_pub: Path
+    fingerprint: str
+
+
+def _inside_git_checkout(path: Path) -> bool:
+    p = path.resolve()
+    for parent in (p, *p.parents):
+        if (parent / ".git").exists():
+            return True
+    return False
+
+
+def init_party(
+    out: Path, org: str, ca_dir: Path | None = None, hosts: tuple[str, ...] = ("localhost",)
+) -> PartyKeys:
+    """Write a CA-signed TLS key pair and an Ed25519 signing key for ``org`` under ``out``.
+
+    Without ``ca_dir`` a new CA is made in ``out/ca``. Refuses to write inside a git checkout:
+    no key is ever committed.
+    """
+    if _inside_git_checkout(out):
+        raise ConfigError(f"--out {out}: refusing to write keys inside a git checkout")
+    out.mkdir(parents=True, exist_ok=True)
+    if ca_dir is None:
+        ca_pem, ca_key_path = make_ca(out / "ca", f"{org} CA")
+    else:
+        ca_pem, ca_key_path = ca_dir / "ca.pem", ca_dir / "ca.key"
+    ca_cert = x509.load_pem_x509_certificate(ca_pem.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = []
+    for h in (*hosts, "127.0.0.1"):
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(org))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=397))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    (out / f"{org}.pem").write_bytes(cert_pem)
+    _write_key(key, out / f"{org}.key")
+    skey = signing.new_key()
+    signing.save_key(skey, out / f"{org}.signing.key", out / f"{org}.signing.pub")
+    return PartyKeys(
+        cert=out / f"{org}.pem",
+        key=out / f"{org}.key",
+        ca=ca_pem,
+        signing_key=out / f"{org}.signing.key",
+        signing_pub=out / f"{org}.signing.pub",
+        fingerprint=fingerprint(cert_pem),
+    )
+
+
+def server_credentials(cert: Path, key: Path, client_ca: Path) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials(
+        [(key.read_bytes(), cert.read_bytes())],
+        root_certificates=client_ca.read_bytes(),
+        require_client_auth=True,
+    )
+
+
+def channel_credentials(cert: Path, key: Path, server_ca: Path) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        root_certificates=server_ca.read_bytes(),
+        private_key=key.read_bytes(),
+        certificate_chain=cert.read_bytes(),
+    )
+
+
+def peer_fingerprint(context: grpc.ServicerContext) -> str | None:
+    """Fingerprint of the authenticated client certificate, or None."""
+    certs = context.auth_context().get("x509_pem_cert")
+    if not certs:
+        return None
+    return fingerprint(certs[0])

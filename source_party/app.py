@@ -1,0 +1,126 @@
+"""Composition root of the source daemon: config → stores, ledger, RNG → servicer → server."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from common import serde, signing
+from common.audit import AuditLog, ServerAuditInterceptor
+from common.auth import AuthInterceptor
+from common.config import SourceConfig, SourceDataset
+from common.data.loaders import Domain, load_domain, load_table
+from common.data.synthetic import two_domains
+from common.dp.ledger import Budget, PrivacyLedger
+from common.dp.ledger_store import SqliteLedgerStore, connect
+from common.errors import ConfigError
+from common.pb import dpda_pb2_grpc as pb_grpc
+from common.rng import make_rng
+from common.tls import peer_fingerprint, server_credentials
+
+from .handlers import SourceHandlers
+from .releases import SourceReleaser
+from .servicer import SourceServicer
+
+log = logging.getLogger("dpda.source")
+
+
+def load_dataset(ds: SourceDataset) -> Domain:
+    if ds.kind == "synthetic":
+        return two_domains()[0]
+    if ds.path is None:
+        raise ConfigError(f"datasets.{ds.name}.path: required for kind {ds.kind}")
+    if ds.kind == "table":
+        return load_table(ds.path)
+    return load_domain(ds.path, ds.kind, ds.domain)
+
+
+@dataclass
+class RunningSource:
+    server: grpc.Server
+    port: int
+    handlers: SourceHandlers
+    audit: AuditLog
+
+
+def build(cfg: SourceConfig) -> RunningSource:
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    conn = connect(cfg.state_dir / "state.sqlite")
+    store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
+    budgets = {d.name: Budget(d.epsilon, d.delta, d.accountant) for d in cfg.datasets}
+    ledger = PrivacyLedger(store, budgets)
+    rng = make_rng(cfg.seed)
+    releasers = {
+        d.name: SourceReleaser(load_dataset(d), d.name, ledger, rng, d.representation)
+        for d in cfg.datasets
+    }
+    peers = {p.cert_fingerprint: p for p in cfg.peers}
+    handlers = SourceHandlers(
+        conn,
+        ledger,
+        releasers,
+        signing.load_private(cfg.signing_key),
+        peers,
+        cfg.max_batches_per_request,
+    )
+    audit = AuditLog(conn, "source", cfg.retain_payloads)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=8),
+        interceptors=[
+            AuthInterceptor(set(peers)),
+            ServerAuditInterceptor(audit, lambda ctx: peer_fingerprint(ctx) or "anonymous"),
+        ],
+        options=[
+            ("grpc.max_receive_message_length", serde.MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", serde.MAX_MESSAGE_BYTES),
+        ],
+    )
+    pb_grpc.add_SourceServiceServicer_to_server(SourceServicer(handlers), server)
+    hs = health.HealthServicer()
+    hs.set("", health_pb2.HealthCheckResponse.SERVING)
+    hs.set("dpda.v1.SourceService", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    creds = server_credentials(cfg.tls.cert, cfg.tls.key, cfg.tls.peer_ca)
+    port = server.add_secure_port(cfg.listen, creds)
+    if port == 0:
+        raise ConfigError(f"listen: cannot bind {cfg.listen}")
+    return RunningSource(server, port, handlers, audit)
+
+
+@contextmanager
+def run_server(cfg: SourceConfig) -> Iterator[RunningSource]:
+    """Start the source on its (possibly 0) port; yields the running server with its port."""
+    rs = build(cfg)
+    rs.server.start()
+    try:
+        yield rs
+    finally:
+        rs.server.stop(grace=2).wait()
+
+
+def serve(cfg: SourceConfig) -> int:
+    """Run until SIGTERM/SIGINT. Writes the bound port to ``state_dir/port`` once listening."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with run_server(cfg) as rs:
+        port_file = cfg.state_dir / "port"
+        tmp = Path(f"{port_file}.tmp")
+        tmp.write_text(str(rs.port))
+        os.replace(tmp, port_file)
+        host = cfg.listen.rsplit(":", 1)[0]
+        log.info("source listening on %s:%d (mTLS, %d peers)", host, rs.port, len(cfg.peers))
+        print(f"dpda source listening on {host}:{rs.port}", flush=True)
+        stop.wait()
+        log.info("source shutting down")
+    return 0

@@ -1,0 +1,127 @@
+"""Thin gRPC servicer: decode (serde) → handler → encode. No math, no policy."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from common import serde
+from common.data.preprocessing import Scaling
+from common.errors import DpdaError, public_message
+from common.pb import dpda_pb2 as pb
+from common.pb import dpda_pb2_grpc as pb_grpc
+from common.tls import peer_fingerprint
+
+from .handlers import SourceHandlers
+
+log = logging.getLogger("dpda.source")
+
+STATUS = {
+    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+    "BUDGET_EXCEEDED": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "LEDGER_CORRUPT": grpc.StatusCode.FAILED_PRECONDITION,
+    "PEER_MISBEHAVED": grpc.StatusCode.PERMISSION_DENIED,
+    "CONFIG_INVALID": grpc.StatusCode.FAILED_PRECONDITION,
+    "SOLVER_FAILED": grpc.StatusCode.INTERNAL,
+    "INTERNAL": grpc.StatusCode.INTERNAL,
+}
+
+
+def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+    code, message = public_message(exc)
+    if not isinstance(exc, DpdaError):
+        log.exception("internal error")
+    else:
+        log.warning("refused: %s (%s)", code, exc)
+    context.abort(STATUS[code], f"{code}: {message}")
+
+
+def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(self: SourceServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return fn(self, request, context)
+        except Exception as exc:  # noqa: BLE001 - every error goes through the catalog
+            _abort(context, exc)
+
+    return wrapper
+
+
+class SourceServicer(pb_grpc.SourceServiceServicer):
+    def __init__(self, handlers: SourceHandlers) -> None:
+        self.h = handlers
+
+    @staticmethod
+    def _peer(context: grpc.ServicerContext) -> str:
+        return peer_fingerprint(context) or ""
+
+    @_guard
+    def OpenSession(self, request: pb.OpenSessionRequest, context: Any) -> pb.OpenSessionResponse:
+        scaling = None
+        if request.HasField("scaling_mean"):
+            scaling = Scaling(
+                serde.from_pb(request.scaling_mean, dtype="<f8", ndim=1),
+                serde.from_pb(request.scaling_std, dtype="<f8", ndim=1),
+            )
+        basis = (
+            serde.from_pb(request.basis, dtype="<f8", ndim=2) if request.HasField("basis") else None
+        )
+        info, plan_json, sig = self.h.open_session(
+            self._peer(context), request.terms_json, scaling, basis, request.session_id
+        )
+        return pb.OpenSessionResponse(
+            session_id=info.session_id,
+            n_rows=info.n_rows,
+            n_features=info.n_features,
+            n_classes=info.n_classes,
+            plan_json=plan_json,
+            source_sig=sig,
+        )
+
+    @_guard
+    def GetProjection(
+        self, request: pb.GetProjectionRequest, context: Any
+    ) -> pb.GetProjectionResponse:
+        m = self.h.projection(self._peer(context), request.session_id)
+        return pb.GetProjectionResponse(projection=serde.to_pb(m))
+
+    def ReleaseBatches(
+        self, request: pb.ReleaseBatchesRequest, context: Any
+    ) -> Iterator[pb.BatchRelease]:
+        try:
+            for sr in self.h.release_batches(
+                self._peer(context),
+                request.session_id,
+                request.start,
+                request.count,
+                request.ledger_head,
+            ):
+                yield pb.BatchRelease(
+                    index=sr.release.index,
+                    z=serde.to_pb(sr.release.z),
+                    noisy_counts=serde.to_pb(sr.release.noisy_counts),
+                    entry_json=sr.entry.to_json(),
+                    payload_sha256=sr.entry.payload_sha256,
+                    source_sig=sr.source_sig,
+                )
+        except Exception as exc:  # noqa: BLE001
+            _abort(context, exc)
+
+    @_guard
+    def Countersign(self, request: pb.CountersignRequest, context: Any) -> pb.CountersignResponse:
+        self.h.countersign(self._peer(context), request.dataset, request.seq, request.target_sig)
+        return pb.CountersignResponse()
+
+    @_guard
+    def GetLedger(self, request: pb.GetLedgerRequest, context: Any) -> pb.GetLedgerResponse:
+        entries = self.h.ledger_entries(self._peer(context), request.dataset, request.since_seq)
+        return pb.GetLedgerResponse(entries_json=entries)
+
+    @_guard
+    def CloseSession(
+        self, request: pb.CloseSessionRequest, context: Any
+    ) -> pb.CloseSessionResponse:
+        self.h.close_session(self._peer(context), request.session_id)
+        return pb.CloseSessionResponse()

@@ -1,0 +1,103 @@
+"""Composition root of the target: config → its own ledger and audit log → gRPC peer → the
+DPDA job → results on disk (``state_dir/results.json``, ``state_dir/model.pkl``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+from typing import Any
+
+from common.audit import AuditLog
+from common.config import TargetConfig
+from common.data.loaders import Domain, load_domain, load_table
+from common.data.synthetic import two_domains
+from common.dp.ledger import Budget, PrivacyLedger
+from common.dp.ledger_store import SqliteLedgerStore, connect
+from common.errors import ConfigError
+from common.progress import Progress
+from common.terms import SessionTerms
+
+from .client import GrpcReleaseSource
+from .pipeline import AdaptConfig, run_dpda, target_view
+from .training import fit_predict
+
+log = logging.getLogger("dpda.target")
+
+
+def load_target_data(cfg: TargetConfig) -> Domain:
+    job = cfg.job
+    if job.data_kind == "synthetic":
+        return two_domains()[1]
+    if job.data_path is None:
+        raise ConfigError("job.data_path: required for this data_kind")
+    if job.data_kind == "table":
+        return load_table(job.data_path)
+    return load_domain(job.data_path, job.data_kind, job.domain)
+
+
+def job_terms(cfg: TargetConfig) -> SessionTerms:
+    j = cfg.job
+    return SessionTerms(
+        dataset=j.dataset,
+        epsilon=j.epsilon,
+        delta=j.delta,
+        privacy_unit=j.privacy_unit,
+        neighbouring=j.neighbouring,
+        projection=j.projection,
+        projection_dim=j.projection_dim,
+        batch_size=j.batch_size,
+        steps=j.steps,
+        calibration=j.calibration,
+        feature_bound=j.feature_bound,
+        clip_norm=j.clip_norm,
+    )
+
+
+def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    conn = connect(cfg.state_dir / "state.sqlite")
+    store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
+    ledger = PrivacyLedger(store, {cfg.job.dataset: Budget(cfg.budget_epsilon, cfg.job.delta)})
+    return ledger, AuditLog(conn, "target", cfg.retain_payloads)
+
+
+def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, Any]:
+    ledger, audit = open_state(cfg)
+    target = load_target_data(cfg)
+    view = target_view(target, cfg.job.representation)
+    terms = job_terms(cfg)
+    acfg = AdaptConfig(
+        reg_e=cfg.job.reg_e, reg_g=cfg.job.reg_g, classifier=cfg.job.classifier, seed=seed
+    )
+    source = GrpcReleaseSource(cfg, ledger, audit)
+    try:
+        res = run_dpda(
+            source,
+            view,
+            terms,
+            acfg,
+            lambda: ledger.spent(cfg.job.dataset),
+            Progress("releases", enabled=None if progress else False),
+        )
+    finally:
+        source.close()
+    model, _ = fit_predict(res.mapped, res.mapped_labels, view.x[:1], acfg.classifier, seed)
+    (cfg.state_dir / "model.pkl").write_bytes(pickle.dumps(model))
+    out = {
+        "accuracy": res.accuracy,
+        "epsilon_spent": res.epsilon_spent,
+        "delta": res.delta,
+        "sigma": res.noise_multiplier,
+        "noise_std": res.noise_std,
+        "projection": terms.projection,
+        "projection_dim": res.projection_dim,
+        "batches": res.n_batches,
+        "rows_received": res.rows_received,
+        "w_tilde": res.w_tilde,
+        "solver_converged": res.solver_converged,
+        "caveat": terms.caveat,
+        "predictions_sha256": __import__("hashlib").sha256(res.predictions.tobytes()).hexdigest(),
+    }
+    (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))
+    return out

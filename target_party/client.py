@@ -1,0 +1,219 @@
+"""The target's typed peer: a ``ReleaseSource`` over gRPC that verifies everything it receives.
+
+Release protocol, target side (DESIGN.md §3): (1) check the target's own ledger copy — if the
+release would exceed the target's budget, do not ask; (2) send the request with the ledger head;
+(4) on receipt verify the payload hash, the source's signature, the hash chain and that the
+charge equals the target's own recomputation from public parameters; append the entry durably and
+countersign. Any mismatch raises ``PeerMisbehaved`` and the job stops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from common import serde, signing
+from common.audit import AuditLog, ClientAuditInterceptor
+from common.config import TargetConfig
+from common.dp.events import event_to_json
+from common.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
+from common.errors import (
+    BudgetExceeded,
+    DpdaError,
+    InvalidInput,
+    LedgerCorrupt,
+    PeerMisbehaved,
+)
+from common.pb import dpda_pb2 as pb
+from common.pb import dpda_pb2_grpc as pb_grpc
+from common.terms import ReleasePlan, SessionTerms, plan_batches
+from common.tls import channel_credentials
+from source_party.releases import BatchRelease, SessionInfo, TargetDisclosure
+
+_CODES = {
+    grpc.StatusCode.RESOURCE_EXHAUSTED: BudgetExceeded,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidInput,
+    grpc.StatusCode.FAILED_PRECONDITION: LedgerCorrupt,
+    grpc.StatusCode.PERMISSION_DENIED: PeerMisbehaved,
+}
+
+
+def _translate(exc: grpc.RpcError) -> DpdaError:
+    code = exc.code() if hasattr(exc, "code") else None
+    cls = _CODES.get(code, DpdaError)
+    detail = exc.details() if hasattr(exc, "details") else ""
+    return cls(f"source refused: {detail}" if cls is not DpdaError else f"source error: {code}")
+
+
+class GrpcReleaseSource:
+    def __init__(self, cfg: TargetConfig, ledger: PrivacyLedger, audit: AuditLog) -> None:
+        self.cfg = cfg
+        self.ledger = ledger
+        self.dataset = cfg.job.dataset
+        self.key = signing.load_private(cfg.signing_key)
+        self.source_pub = signing.load_public(cfg.source_signing_public_key)
+        creds = channel_credentials(cfg.tls.cert, cfg.tls.key, cfg.tls.peer_ca)
+        channel = grpc.secure_channel(
+            cfg.source_address,
+            creds,
+            options=[
+                ("grpc.max_receive_message_length", serde.MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", serde.MAX_MESSAGE_BYTES),
+            ],
+        )
+        self.channel = grpc.intercept_channel(
+            channel, ClientAuditInterceptor(audit, cfg.source_fingerprint)
+        )
+        self.stub = pb_grpc.SourceServiceStub(self.channel)
+        self._sessions: dict[str, tuple[SessionTerms, SessionInfo]] = {}
+        self.job_file = cfg.state_dir / "job.json"
+
+    def close(self) -> None:
+        self.channel.close()
+
+    # ------------------------------------------------------------------------ ledger sync
+    def sync_ledger(self) -> None:
+        mine = self.ledger.store.entries(self.dataset)
+        try:
+            resp = self.stub.GetLedger(
+                pb.GetLedgerRequest(dataset=self.dataset, since_seq=len(mine)),
+                timeout=self.cfg.timeout_s,
+            )
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+        for text in resp.entries_json:
+            entry = LedgerEntry.from_json(text)
+            if entry.source_sig and not signing.verify(
+                self.source_pub, entry.signed_message(), entry.source_sig
+            ):
+                raise PeerMisbehaved("a synced ledger entry has a bad source signature")
+            self.ledger.store.append(entry)  # raises LedgerCorrupt if the chain does not link
+
+    # -------------------------------------------------------------------------- sessions
+    def _saved_session(self, terms: SessionTerms) -> str:
+        if self.job_file.is_file():
+            saved = json.loads(self.job_file.read_text())
+            if saved.get("terms") == terms.model_dump_json():
+                return str(saved["session_id"])
+        return ""
+
+    def open_session(
+        self, terms: SessionTerms, disclosure: TargetDisclosure, session_id: str | None = None
+    ) -> SessionInfo:
+        self.sync_ledger()
+        req = pb.OpenSessionRequest(
+            request_id=hashlib.sha256(terms.model_dump_json().encode()).hexdigest()[:32],
+            terms_json=terms.model_dump_json(),
+            session_id=session_id or self._saved_session(terms),
+            target_sig=signing.sign(self.key, terms.model_dump_json().encode()),
+        )
+        if disclosure.scaling is not None:
+            req.scaling_mean.CopyFrom(serde.to_pb(disclosure.scaling.mean))
+            req.scaling_std.CopyFrom(serde.to_pb(disclosure.scaling.std))
+        if disclosure.basis is not None:
+            req.basis.CopyFrom(serde.to_pb(disclosure.basis))
+        try:
+            resp = self.stub.OpenSession(req, timeout=self.cfg.timeout_s)
+            proj = self.stub.GetProjection(
+                pb.GetProjectionRequest(session_id=resp.session_id), timeout=self.cfg.timeout_s
+            )
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+        if not signing.verify(
+            self.source_pub, (terms.model_dump_json() + resp.plan_json).encode(), resp.source_sig
+        ):
+            raise PeerMisbehaved("session terms are not signed by the pinned source key")
+        m = serde.from_pb(proj.projection, dtype="<f8", ndim=2)
+        if disclosure.basis is not None and not np.array_equal(m, disclosure.basis):
+            raise PeerMisbehaved("the source uses a projection other than the target's basis")
+        plan = ReleasePlan.model_validate_json(resp.plan_json)
+        if plan != plan_batches(terms, int(resp.n_rows), m):
+            raise PeerMisbehaved("the source's release plan differs from the recomputed one")
+        info = SessionInfo(
+            resp.session_id, int(resp.n_rows), int(resp.n_features), int(resp.n_classes), m, plan
+        )
+        self._sessions[info.session_id] = (terms, info)
+        self.job_file.write_text(
+            json.dumps({"session_id": info.session_id, "terms": terms.model_dump_json()})
+        )
+        return info
+
+    def close_session(self, session_id: str) -> None:
+        try:
+            self.stub.CloseSession(
+                pb.CloseSessionRequest(session_id=session_id), timeout=self.cfg.timeout_s
+            )
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+        self.job_file.unlink(missing_ok=True)
+
+    # -------------------------------------------------------------------------- releases
+    def release(self, session_id: str, index: int, peer: str = "") -> BatchRelease:
+        terms, info = self._sessions[session_id]
+        spec = info.plan.spec(terms)
+        rid = f"{session_id}/{index}"
+        mine = self.ledger.store.entries(self.dataset)
+        known = next((e for e in mine if e.request_id == rid), None)
+        if known is None:
+            self.ledger.check(self.dataset, [spec.dp_event()])  # (1) do not ask if over budget
+        req = pb.ReleaseBatchesRequest(
+            session_id=session_id, start=index, count=1, ledger_head=head_hash(mine)
+        )
+        try:
+            msgs = list(self.stub.ReleaseBatches(req, timeout=self.cfg.timeout_s))
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+        if len(msgs) != 1:
+            raise PeerMisbehaved("the source sent the wrong number of batches")
+        return self._accept(msgs[0], terms, info, index, rid, known)
+
+    def _accept(
+        self,
+        msg: pb.BatchRelease,
+        terms: SessionTerms,
+        info: SessionInfo,
+        index: int,
+        rid: str,
+        known: LedgerEntry | None,
+    ) -> BatchRelease:
+        spec = info.plan.spec(terms)
+        z = serde.from_pb(msg.z, dtype="<f8", ndim=2, shape=(None, info.projection.shape[1]))
+        counts = serde.from_pb(msg.noisy_counts, dtype="<i8", ndim=1, shape=(info.n_classes,))
+        digest = hashlib.sha256(msg.z.data + msg.noisy_counts.data).hexdigest()
+        entry = LedgerEntry.from_json(msg.entry_json)
+        if digest != msg.payload_sha256 or entry.payload_sha256 != digest:
+            raise PeerMisbehaved("payload hash does not match")
+        if not signing.verify(self.source_pub, entry.signed_message(), entry.source_sig):
+            raise PeerMisbehaved("ledger entry is not signed by the pinned source key")
+        if entry.request_id != rid or entry.dataset != self.dataset or int(msg.index) != index:
+            raise PeerMisbehaved("ledger entry is for another request")
+        if entry.dp_event != event_to_json(spec.dp_event()):
+            raise PeerMisbehaved("the charged event differs from the agreed mechanism")
+        if known is not None:
+            if known.body() != entry.body():
+                raise PeerMisbehaved("a retried release came back with a different entry")
+        else:
+            expected = self.ledger.would_spend(self.dataset, [spec.dp_event()])
+            if abs(expected - entry.spend_after) > 1e-9:
+                raise PeerMisbehaved("the charge differs from the target's recomputation")
+            self.ledger.store.append(entry)
+        target_sig = signing.sign(self.key, entry.signed_message())
+        self.ledger.store.update_signatures(
+            self.dataset, entry.seq, entry.payload_sha256, entry.source_sig, target_sig
+        )
+        try:
+            self.stub.Countersign(
+                pb.CountersignRequest(dataset=self.dataset, seq=entry.seq, target_sig=target_sig),
+                timeout=self.cfg.timeout_s,
+            )
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+        return BatchRelease(index, z, counts, spec, entry.seq)
+
+
+def state_paths(state_dir: Path) -> dict[str, Path]:
+    return {"db": state_dir / "state.sqlite", "results": state_dir / "results.json"}
