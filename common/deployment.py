@@ -122,14 +122,14 @@ class SourceProcess:
         port_file = dep.source_state / "port"
         port_file.unlink(missing_ok=True)
         self.log_path = log_path or dep.workdir / "source.log"
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            dpda_command("source", "serve", "--config", str(dep.source_config)),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                dpda_command("source", "serve", "--config", str(dep.source_config)),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         deadline = time.monotonic() + 60
         while not port_file.is_file():
             if self.proc.poll() is not None:
@@ -149,7 +149,6 @@ class SourceProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._log.close()
         return self.proc.returncode
 
     def kill(self) -> None:
@@ -157,7 +156,6 @@ class SourceProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
-        self._log.close()
 
 
 def run_target(dep: Deployment, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:

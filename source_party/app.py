@@ -53,7 +53,8 @@ class RunningSource:
     audit: AuditLog
 
 
-def build(cfg: SourceConfig) -> RunningSource:
+def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers) -> RunningSource:
+    """Wire the daemon; ``handlers_cls`` lets tests play a misbehaving source."""
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     conn = connect(cfg.state_dir / "state.sqlite")
     store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
@@ -65,7 +66,7 @@ def build(cfg: SourceConfig) -> RunningSource:
         for d in cfg.datasets
     }
     peers = {p.cert_fingerprint: p for p in cfg.peers}
-    handlers = SourceHandlers(
+    handlers = handlers_cls(
         conn,
         ledger,
         releasers,
@@ -98,9 +99,11 @@ def build(cfg: SourceConfig) -> RunningSource:
 
 
 @contextmanager
-def run_server(cfg: SourceConfig) -> Iterator[RunningSource]:
+def run_server(
+    cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
+) -> Iterator[RunningSource]:
     """Start the source on its (possibly 0) port; yields the running server with its port."""
-    rs = build(cfg)
+    rs = build(cfg, handlers_cls)
     rs.server.start()
     try:
         yield rs

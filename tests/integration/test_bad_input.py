@@ -1,0 +1,156 @@
+"""Bad input from a peer: a fixed error code and message, no crash, ledger unchanged."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from common import serde
+from common.config import load_source
+from common.errors import PUBLIC_CATALOG
+from common.pb import dpda_pb2 as pb
+from common.pb import dpda_pb2_grpc as pb_grpc
+from common.terms import SessionTerms
+from common.tls import channel_credentials
+from source_party.app import run_server
+
+from .helpers import DELTA, synthetic_deployment
+
+K = 40  # features of the synthetic source
+
+
+@pytest.fixture(scope="module")
+def peer(tmp_path_factory):
+    dep = synthetic_deployment(tmp_path_factory.mktemp("bad"))
+    with run_server(load_source(dep.source_config)) as rs:
+        k = dep.target_keys
+        with grpc.secure_channel(
+            f"127.0.0.1:{rs.port}", channel_credentials(k.cert, k.key, k.ca)
+        ) as ch:
+            yield ch, pb_grpc.SourceServiceStub(ch), rs
+
+
+def _terms(**kw) -> str:
+    base = dict(dataset="synthetic", epsilon=4.0, delta=DELTA, projection="jl", projection_dim=5)
+    base.update(kw)
+    return SessionTerms(**base).model_dump_json()
+
+
+def _expect(code: grpc.StatusCode, fn, *args) -> None:  # noqa: ANN001
+    with pytest.raises(grpc.RpcError) as e:
+        r = fn(*args, timeout=10)
+        if hasattr(r, "__iter__") and not isinstance(r, pb.GetLedgerResponse):
+            list(r)
+    assert e.value.code() == code
+    detail = e.value.details()
+    name, _, message = detail.partition(": ")
+    assert PUBLIC_CATALOG.get(name) == message, detail  # a fixed catalog text, no values
+
+
+def _open(stub, **kw) -> pb.OpenSessionResponse:  # noqa: ANN001
+    return stub.OpenSession(pb.OpenSessionRequest(terms_json=_terms(**kw)), timeout=10)
+
+
+BAD_OPEN = {
+    "terms not JSON": pb.OpenSessionRequest(terms_json="{not json"),
+    "unknown term": pb.OpenSessionRequest(
+        terms_json='{"dataset":"synthetic","epsilon":1,"delta":0.001,"bogus":1}'
+    ),
+    "unknown dataset": pb.OpenSessionRequest(terms_json=_terms(dataset="nope")),
+    "wrong delta": pb.OpenSessionRequest(terms_json=_terms(delta=0.01)),
+    "basis wrong shape": pb.OpenSessionRequest(
+        terms_json=_terms(projection="target-pca"), basis=serde.to_pb(np.eye(K)[:, :3][:20])
+    ),
+    "basis not orthonormal": pb.OpenSessionRequest(
+        terms_json=_terms(projection="target-pca"), basis=serde.to_pb(np.ones((K, 5)))
+    ),
+    "basis NaN": pb.OpenSessionRequest(
+        terms_json=_terms(projection="target-pca"), basis=serde.to_pb(np.full((K, 5), np.nan))
+    ),
+    "basis wrong dtype": pb.OpenSessionRequest(
+        terms_json=_terms(projection="target-pca"),
+        basis=pb.NDArray(dtype="<f4", shape=[K, 5], data=b"\0" * (K * 5 * 4)),
+    ),
+    "size lies about shape": pb.OpenSessionRequest(
+        terms_json=_terms(projection="target-pca"),
+        basis=pb.NDArray(dtype="<f8", shape=[10**6, 10**4], data=b"\0" * 64),
+    ),
+    "scaling wrong length": pb.OpenSessionRequest(
+        terms_json=_terms(),
+        scaling_mean=serde.to_pb(np.zeros(3)),
+        scaling_std=serde.to_pb(np.ones(3)),
+    ),
+    "unknown session to resume": pb.OpenSessionRequest(terms_json=_terms(), session_id="x" * 32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_OPEN))
+def test_bad_open_session(peer, case: str) -> None:
+    _, stub, rs = peer
+    before = rs.handlers.ledger.store.entries()
+    _expect(grpc.StatusCode.INVALID_ARGUMENT, stub.OpenSession, BAD_OPEN[case])
+    assert rs.handlers.ledger.store.entries() == before
+
+
+def test_bad_release_requests(peer) -> None:
+    _, stub, rs = peer
+    before = rs.handlers.ledger.store.entries()
+    sid = _open(stub).session_id
+    head = "0" * 64
+    inv = grpc.StatusCode.INVALID_ARGUMENT
+    _expect(
+        inv,
+        stub.ReleaseBatches,
+        pb.ReleaseBatchesRequest(session_id="nope", count=1, ledger_head=head),
+    )
+    _expect(
+        inv,
+        stub.ReleaseBatches,
+        pb.ReleaseBatchesRequest(session_id=sid, count=0, ledger_head=head),
+    )
+    _expect(
+        inv,
+        stub.ReleaseBatches,
+        pb.ReleaseBatchesRequest(session_id=sid, start=5, count=1, ledger_head=head),
+    )
+    _expect(
+        inv,
+        stub.ReleaseBatches,
+        pb.ReleaseBatchesRequest(session_id=sid, count=10**9, ledger_head=head),
+    )
+    _expect(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        stub.ReleaseBatches,
+        pb.ReleaseBatchesRequest(session_id=sid, count=1, ledger_head="f" * 64),
+    )
+    _expect(inv, stub.GetProjection, pb.GetProjectionRequest(session_id="nope"))
+    _expect(
+        inv, stub.Countersign, pb.CountersignRequest(dataset="synthetic", seq=99, target_sig="x")
+    )
+    _expect(inv, stub.GetLedger, pb.GetLedgerRequest(dataset="nope"))
+    # a replayed session id with altered terms
+    _expect(
+        inv, stub.OpenSession, pb.OpenSessionRequest(terms_json=_terms(epsilon=3.0), session_id=sid)
+    )
+    stub.CloseSession(pb.CloseSessionRequest(session_id=sid), timeout=10)
+    _expect(
+        inv,
+        stub.ReleaseBatches,
+        pb.ReleaseBatchesRequest(session_id=sid, count=1, ledger_head=head),
+    )
+    assert rs.handlers.ledger.store.entries() == before
+
+
+def test_malformed_bytes_do_not_crash_the_server(peer) -> None:
+    ch, stub, rs = peer
+    raw = ch.unary_unary("/dpda.v1.SourceService/OpenSession")
+    with pytest.raises(grpc.RpcError) as e:
+        raw(b"\xff\xff\xff\xff\x0f", timeout=10)
+    assert e.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+    assert "\xff" not in (e.value.details() or "")
+    # still serving
+    assert (
+        list(stub.GetLedger(pb.GetLedgerRequest(dataset="synthetic"), timeout=10).entries_json)
+        == []
+    )

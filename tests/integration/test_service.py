@@ -1,0 +1,118 @@
+"""The two parties over real gRPC + mTLS on port 0, with SQLite ledgers on both sides."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from common.config import load_source, load_target
+from common.data.synthetic import two_domains
+from common.deployment import set_source_address
+from common.dp.ledger import LedgerEntry
+from common.errors import BudgetExceeded, PeerMisbehaved
+from common.terms import SessionTerms
+from source_party.app import run_server
+from source_party.handlers import SignedRelease, SourceHandlers
+from target_party.app import open_state, run
+from target_party.pipeline import AdaptConfig
+from target_party.simulate import simulate
+
+from .helpers import DELTA, synthetic_deployment
+
+
+def _run_target(dep, port):  # noqa: ANN001, ANN202
+    set_source_address(dep, f"127.0.0.1:{port}")
+    return run(load_target(dep.target_config), progress=False)
+
+
+def test_job_completes_and_both_ledgers_are_identical(tmp_path) -> None:
+    dep = synthetic_deployment(tmp_path, job={"batch_size": 120, "steps": 5})
+    with run_server(load_source(dep.source_config)) as rs:
+        out = _run_target(dep, rs.port)
+        source_entries = rs.handlers.ledger.store.entries("synthetic")
+    target_ledger, _ = open_state(load_target(dep.target_config))
+    target_entries = target_ledger.store.entries("synthetic")
+    assert len(source_entries) == 5
+    assert [e.to_json() for e in source_entries] == [e.to_json() for e in target_entries]
+    assert all(e.source_sig and e.target_sig for e in target_entries)
+    assert out["epsilon_spent"] == pytest.approx(source_entries[-1].spend_after)
+    assert out["batches"] == 5 and out["accuracy"] > 50
+
+
+def test_source_refuses_over_cap_even_when_target_check_is_bypassed(tmp_path) -> None:
+    # the target believes it has budget 100; the source's per-peer cap is 2
+    dep = synthetic_deployment(tmp_path, peer_cap=2.0, target_budget=100.0)
+    with run_server(load_source(dep.source_config)) as rs:
+        with pytest.raises(BudgetExceeded, match="source refused"):
+            _run_target(dep, rs.port)
+        assert rs.handlers.ledger.store.entries("synthetic") == []
+    target_ledger, _ = open_state(load_target(dep.target_config))
+    assert target_ledger.store.entries("synthetic") == []
+
+
+def test_target_does_not_ask_beyond_its_own_budget(tmp_path) -> None:
+    dep = synthetic_deployment(tmp_path, target_budget=1.0)
+    with run_server(load_source(dep.source_config)) as rs:
+        with pytest.raises(BudgetExceeded):
+            _run_target(dep, rs.port)
+        # no release was even requested: the audit log holds no ReleaseBatches record
+        methods = {r.method.rsplit("/", 1)[-1] for r, _ in rs.audit.records()}
+        assert "ReleaseBatches" not in methods
+        assert rs.handlers.ledger.store.entries("synthetic") == []
+
+
+class _Tamper(SourceHandlers):
+    mode = ""
+
+    def _sign(self, dataset: str, rel, seq: int) -> SignedRelease:  # noqa: ANN001
+        sr = super()._sign(dataset, rel, seq)
+        if self.mode == "payload":
+            z = rel.z.copy()
+            z[0, 0] += 1.0
+            sr = dataclasses.replace(sr, release=dataclasses.replace(rel, z=z))
+        elif self.mode == "signature":
+            sig = "A" * len(sr.entry.source_sig[:-2]) + "=="
+            sr = dataclasses.replace(sr, entry=dataclasses.replace(sr.entry, source_sig=sig))
+        elif self.mode == "charge":
+            d = json.loads(sr.entry.to_json())
+            d["dp_event"]["events"][0]["noise_multiplier"] *= 2  # claims more noise than drawn
+            entry = LedgerEntry(**d)
+            from common import signing
+
+            entry = dataclasses.replace(
+                entry, source_sig=signing.sign(self.key, entry.signed_message())
+            )
+            sr = dataclasses.replace(sr, entry=entry, source_sig=entry.source_sig)
+        return sr
+
+
+@pytest.mark.parametrize("mode", ["payload", "signature", "charge"])
+def test_target_detects_a_misbehaving_source(tmp_path, mode: str) -> None:
+    dep = synthetic_deployment(tmp_path)
+    cls = type(f"Tamper_{mode}", (_Tamper,), {"mode": mode})
+    with run_server(load_source(dep.source_config), cls) as rs:
+        with pytest.raises(PeerMisbehaved):
+            _run_target(dep, rs.port)
+    target_ledger, _ = open_state(load_target(dep.target_config))
+    assert target_ledger.store.entries("synthetic") == []  # nothing accepted
+
+
+def test_service_equals_simulate_for_a_fixed_seed(tmp_path) -> None:
+    dep = synthetic_deployment(tmp_path, seed=123, job={"batch_size": 150, "steps": 3})
+    with run_server(load_source(dep.source_config)) as rs:
+        out = _run_target(dep, rs.port)
+    src, tgt = two_domains()
+    terms = SessionTerms(
+        dataset="synthetic", epsilon=4.0, delta=DELTA, projection_dim=10, batch_size=150, steps=3
+    )
+    sim = simulate(src, tgt, terms, "raw", AdaptConfig(), seed=123, baselines=False)
+    assert out["accuracy"] == sim.dpda.accuracy
+    assert out["w_tilde"] == sim.dpda.w_tilde
+    assert out["epsilon_spent"] == pytest.approx(sim.dpda.epsilon_spent, abs=1e-12)
+    import hashlib
+
+    assert out["predictions_sha256"] == hashlib.sha256(sim.dpda.predictions.tobytes()).hexdigest()
+    assert np.isfinite(out["w_tilde"])
