@@ -91,7 +91,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from target_party.simulate import simulate
 
     from .data.loaders import default_data_dir, load_domain
-    from .data.preprocessing import DEFAULT_REPRESENTATION
+    from .data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
     from .errors import ConfigError
     from .progress import Progress
 
@@ -109,7 +109,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         seed=args.seed if args.seed is not None else 0,
     )
     rep = DEFAULT_REPRESENTATION[args.dataset]
-    out = simulate(src, tgt, terms, rep, cfg, args.seed, progress=Progress("releases"))
+    out = simulate(
+        src,
+        tgt,
+        terms,
+        rep,
+        cfg,
+        args.seed,
+        progress=Progress("releases"),
+        scaling_mode=DEFAULT_SCALING[args.dataset],
+    )
     data = out.to_json(terms)
     data.update(
         {"dataset": args.dataset, "source": args.source, "target": args.target, "seed": args.seed}

@@ -61,6 +61,7 @@ class TargetJob(_Strict):
     data_path: Path | None = None
     domain: str = ""
     representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
+    scaling: Literal["zscore", "uniform"] = "zscore"
     epsilon: float = Field(gt=0, le=100)
     delta: float = Field(gt=0, lt=1)
     privacy_unit: Literal["attribute", "record"] = "attribute"

@@ -65,7 +65,7 @@ def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
 def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, Any]:
     ledger, audit = open_state(cfg)
     target = load_target_data(cfg)
-    view = target_view(target, cfg.job.representation)
+    view = target_view(target, cfg.job.representation, scaling_mode=cfg.job.scaling)
     terms = job_terms(cfg)
     acfg = AdaptConfig(
         reg_e=cfg.job.reg_e, reg_g=cfg.job.reg_g, classifier=cfg.job.classifier, seed=seed

@@ -54,9 +54,14 @@ class TargetView:
     known: np.ndarray  # (m,) −1 or a label the target knows (semi-supervised)
 
 
-def target_view(target: Domain, representation: str, known: np.ndarray | None = None) -> TargetView:
+def target_view(
+    target: Domain,
+    representation: str,
+    known: np.ndarray | None = None,
+    scaling_mode: str = "zscore",
+) -> TargetView:
     rep = per_row(target.x, representation)
-    scaling = Scaling.of(rep)
+    scaling = Scaling.of(rep, scaling_mode)
     kn = np.full(rep.shape[0], -1, dtype=np.int64) if known is None else known
     return TargetView(scaling.apply(rep), scaling, target.y, kn)
 

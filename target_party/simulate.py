@@ -91,9 +91,10 @@ def simulate(
     seed: int | None,
     baselines: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    scaling_mode: str = "zscore",
 ) -> SimulationOutcome:
     rng = make_rng(seed)
-    view = target_view(target, representation)
+    view = target_view(target, representation, scaling_mode=scaling_mode)
     store = MemoryLedgerStore()
     ledger = PrivacyLedger(store, {terms.dataset: Budget(terms.epsilon, terms.delta)})
     releaser = SourceReleaser(source, terms.dataset, ledger, rng, representation)

@@ -31,9 +31,22 @@ class Scaling:
     std: np.ndarray
 
     @classmethod
-    def of(cls, x: np.ndarray) -> Scaling:
+    def of(cls, x: np.ndarray, mode: str = "zscore", floor: float = 0.1) -> Scaling:
+        """Column means and a scale per column computed on the target's own data.
+
+        ``zscore``: population std per column, floored at ``floor`` × the mean std (a feature
+        that is almost constant on the target would otherwise blow up any source row that is not
+        constant there). ``uniform``: one scale for all columns, the root mean square of the
+        column stds — better when features share units (pixels: the empty MNIST borders).
+        """
         std = x.std(axis=0)
-        return cls(x.mean(axis=0), np.where(std == 0, 1.0, std))
+        if mode == "uniform":
+            rms = float(np.sqrt(np.mean(std**2))) if std.size else 1.0
+            return cls(x.mean(axis=0), np.full_like(std, rms if rms > 0 else 1.0))
+        if mode != "zscore":
+            raise ValueError(f"unknown scaling mode {mode!r}")
+        lo = floor * float(std.mean()) if std.size and std.mean() > 0 else 1.0
+        return cls(x.mean(axis=0), np.maximum(std, lo))
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         return (x - self.mean) / self.std
@@ -57,3 +70,5 @@ def per_row(x: np.ndarray, representation: str) -> np.ndarray:
 
 
 DEFAULT_REPRESENTATION = {"office-caltech": "sqrt", "mnist-usps": "l2", "synthetic": "raw"}
+# How the target scales its own columns (and so the scale the source's rows are expressed in).
+DEFAULT_SCALING = {"office-caltech": "zscore", "mnist-usps": "uniform", "synthetic": "zscore"}
