@@ -228,11 +228,16 @@ def verify(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> list[st
                 problems.append(f"audit record {rec.seq}: release without a ledger entry")
             elif entry.payload_sha256 != rec.payload_sha256:
                 problems.append(f"audit record {rec.seq}: payload hash differs from the ledger")
-            if payload is not None:
+            if payload is not None and hashlib.sha256(payload).hexdigest() == rec.sha256:
+                from google.protobuf.message import DecodeError
+
                 from .pb import dpda_pb2 as pb
 
-                msg = pb.BatchRelease.FromString(payload)
-                digest = hashlib.sha256(msg.z.data + msg.noisy_counts.data).hexdigest()
+                try:
+                    msg = pb.BatchRelease.FromString(payload)
+                    digest = hashlib.sha256(msg.z.data + msg.noisy_counts.data).hexdigest()
+                except DecodeError:
+                    digest = ""
                 if digest != rec.payload_sha256:
                     problems.append(f"audit record {rec.seq}: payload bytes differ from hash")
     return problems

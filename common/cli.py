@@ -255,9 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dm.set_defaults(func=_cmd_demo)
 
-    from . import cli_service
+    from . import bench, cli_service
 
     cli_service.register(sub)
+    bench.register(sub)
     return parser
 
 

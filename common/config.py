@@ -34,6 +34,9 @@ class SourceDataset(_Strict):
     epsilon: float = Field(gt=0, le=100, description="dataset cap, all peers and sessions")
     delta: float = Field(gt=0, lt=1)
     accountant: Literal["pld", "rdp"] = "pld"
+    synthetic_rows: tuple[int, int] = Field(
+        default=(600, 500), description="kind synthetic: (source rows, target rows)"
+    )
 
 
 class Peer(_Strict):
@@ -62,6 +65,9 @@ class TargetJob(_Strict):
     domain: str = ""
     representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
     scaling: Literal["zscore", "uniform"] = "zscore"
+    synthetic_rows: tuple[int, int] = Field(
+        default=(600, 500), description="data_kind synthetic: (source rows, target rows)"
+    )
     epsilon: float = Field(gt=0, le=100)
     delta: float = Field(gt=0, lt=1)
     privacy_unit: Literal["attribute", "record"] = "attribute"

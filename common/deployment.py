@@ -39,6 +39,8 @@ class Deployment:
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, int | float):
         return repr(v)
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -37,7 +37,7 @@ log = logging.getLogger("dpda.source")
 
 def load_dataset(ds: SourceDataset) -> Domain:
     if ds.kind == "synthetic":
-        return two_domains()[0]
+        return two_domains(*ds.synthetic_rows)[0]
     if ds.path is None:
         raise ConfigError(f"datasets.{ds.name}.path: required for kind {ds.kind}")
     if ds.kind == "table":

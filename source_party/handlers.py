@@ -175,8 +175,9 @@ class SourceHandlers:
 
                 raise LedgerCorrupt("ledger heads differ: sync the ledger first")
         for index in range(start, start + count):
-            with self.lock:
-                yield self._release_one(peer, releaser, session_id, index)
+            with self.lock:  # charge, draw and store atomically; send outside the lock
+                signed = self._release_one(peer, releaser, session_id, index)
+            yield signed
 
     def _release_one(
         self, peer: str, releaser: SourceReleaser, session_id: str, index: int

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import time
 from typing import Any
 
 from common.audit import AuditLog
@@ -28,7 +29,7 @@ log = logging.getLogger("dpda.target")
 def load_target_data(cfg: TargetConfig) -> Domain:
     job = cfg.job
     if job.data_kind == "synthetic":
-        return two_domains()[1]
+        return two_domains(*job.synthetic_rows)[1]
     if job.data_path is None:
         raise ConfigError("job.data_path: required for this data_kind")
     if job.data_kind == "table":
@@ -71,6 +72,7 @@ def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, An
         reg_e=cfg.job.reg_e, reg_g=cfg.job.reg_g, classifier=cfg.job.classifier, seed=seed
     )
     source = GrpcReleaseSource(cfg, ledger, audit)
+    t0 = time.perf_counter()
     try:
         res = run_dpda(
             source,
@@ -82,6 +84,7 @@ def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, An
         )
     finally:
         source.close()
+    job_seconds = time.perf_counter() - t0
     model, _ = fit_predict(res.mapped, res.mapped_labels, view.x[:1], acfg.classifier, seed)
     (cfg.state_dir / "model.pkl").write_bytes(pickle.dumps(model))
     out = {
@@ -97,6 +100,7 @@ def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, An
         "w_tilde": res.w_tilde,
         "solver_converged": res.solver_converged,
         "caveat": terms.caveat,
+        "job_seconds": job_seconds,
         "predictions_sha256": __import__("hashlib").sha256(res.predictions.tobytes()).hexdigest(),
     }
     (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))

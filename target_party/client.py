@@ -19,7 +19,7 @@ import numpy as np
 from common import serde, signing
 from common.audit import AuditLog, ClientAuditInterceptor
 from common.config import TargetConfig
-from common.dp.events import event_to_json
+from common.dp.events import event_from_json, event_to_json
 from common.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
 from common.errors import (
     BudgetExceeded,
@@ -85,12 +85,19 @@ class GrpcReleaseSource:
             )
         except grpc.RpcError as exc:
             raise _translate(exc) from None
-        for text in resp.entries_json:
-            entry = LedgerEntry.from_json(text)
+        entries = [LedgerEntry.from_json(text) for text in resp.entries_json]
+        for entry in entries:
             if entry.source_sig and not signing.verify(
                 self.source_pub, entry.signed_message(), entry.source_sig
             ):
                 raise PeerMisbehaved("a synced ledger entry has a bad source signature")
+        if entries:
+            # one composition for the whole sync: the newest entry's spend must recompute
+            # (every intermediate spend is rechecked by `dpda ledger verify`)
+            events = [event_from_json(e.dp_event) for e in entries]
+            if abs(self.ledger.would_spend(self.dataset, events) - entries[-1].spend_after) > 1e-9:
+                raise PeerMisbehaved("the synced ledger's spend does not recompute")
+        for entry in entries:
             self.ledger.store.append(entry)  # raises LedgerCorrupt if the chain does not link
 
     # -------------------------------------------------------------------------- sessions

@@ -1,0 +1,183 @@
+"""``dpda bench service``: the same DPDA job in-process and through the two daemons.
+
+Both arms run in the same invocation on the same data with the same seed: the in-process arm
+calls the job directly against ``SourceReleaser``; the service arm starts ``dpda source serve``
+as a process (mTLS, SQLite ledger, audit log on) and runs ``dpda target run`` as another. The job
+time of each (opening the session to the last batch adapted, as measured inside the job), the
+whole-process wall time of the service arm, their ratio and the bytes on the wire (from both
+audit logs) are printed and written as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _in_process(src, tgt, terms, rep: str, scaling: str, seed: int) -> dict[str, Any]:  # noqa: ANN001
+    from target_party.pipeline import AdaptConfig
+    from target_party.simulate import simulate
+
+    t0 = time.perf_counter()
+    out = simulate(
+        src, tgt, terms, rep, AdaptConfig(), seed=seed, baselines=False, scaling_mode=scaling
+    )
+    return {
+        "seconds": time.perf_counter() - t0,
+        "accuracy": out.dpda.accuracy,
+        "epsilon_spent": out.dpda.epsilon_spent,
+    }
+
+
+def _service(workdir: Path, dataset: dict, job: dict, seed: int) -> dict[str, Any]:  # noqa: ANN001
+    from .audit import AuditLog, report
+    from .deployment import SourceProcess, make_deployment, run_target
+    from .dp.ledger_store import connect
+
+    dep = make_deployment(workdir, dataset=dataset, job=job, source_extra={"seed": seed})
+    src = SourceProcess(dep)
+    t0 = time.perf_counter()
+    try:
+        res = run_target(dep, "--json", str(workdir / "result.json"), timeout=3600)
+    finally:
+        wall = time.perf_counter() - t0
+        src.stop()
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-2000:])
+    out = json.loads((workdir / "result.json").read_text())
+    wire = 0
+    for side in ("source", "target"):
+        rep = report(AuditLog(connect(workdir / side / "state.sqlite"), side), {})
+        wire += sum(m["bytes"] for m in rep["outgoing_by_method"].values())
+    return {
+        "seconds": out["job_seconds"],
+        "process_wall_seconds": wall,
+        "accuracy": out["accuracy"],
+        "epsilon_spent": out["epsilon_spent"],
+        "bytes_on_wire": wire,
+    }
+
+
+def _case(
+    name: str,
+    src,
+    tgt,
+    terms,
+    dataset: dict,
+    job: dict,
+    rep: str,
+    scaling: str,  # noqa: ANN001
+    seed: int,
+    root: Path,
+) -> dict[str, Any]:
+    print(f"[{name}] in-process …", flush=True)
+    a = _in_process(src, tgt, terms, rep, scaling, seed)
+    print(f"[{name}] service (two daemons, mTLS, ledger + audit) …", flush=True)
+    b = _service(root / name, dataset, job, seed)
+    ratio = b["seconds"] / a["seconds"]
+    print(
+        f"[{name}] in-process {a['seconds']:.2f} s | service {b['seconds']:.2f} s "
+        f"(processes {b['process_wall_seconds']:.2f} s) | ratio {ratio:.3f} | "
+        f"{b['bytes_on_wire']:,} bytes on the wire | accuracy {a['accuracy']:.2f} vs "
+        f"{b['accuracy']:.2f}",
+        flush=True,
+    )
+    return {
+        "case": name,
+        "in_process": a,
+        "service": b,
+        "ratio": ratio,
+        "same_result": a["accuracy"] == b["accuracy"],
+    }
+
+
+def run_bench_service(args: argparse.Namespace) -> int:
+    from .data.loaders import default_data_dir, load_domain
+    from .data.synthetic import two_domains
+    from .terms import SessionTerms
+
+    root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dpda-bench-"))
+    results = []
+    seed = 0
+    data_dir = args.data_dir or default_data_dir()
+    if data_dir is not None and not args.skip_office:
+        src = load_domain(data_dir, "office-caltech", "C")
+        tgt = load_domain(data_dir, "office-caltech", "A")
+        delta = 1 / (1.2 * src.x.shape[0])
+        terms = SessionTerms(dataset="C", epsilon=8.0, delta=delta)
+        dataset = {
+            "name": "C",
+            "kind": "office-caltech",
+            "path": str(data_dir),
+            "domain": "C",
+            "representation": "sqrt",
+            "epsilon": 8.0,
+            "delta": delta,
+        }
+        job = {
+            "dataset": "C",
+            "data_kind": "office-caltech",
+            "data_path": str(data_dir),
+            "domain": "A",
+            "representation": "sqrt",
+            "epsilon": 8.0,
+            "delta": delta,
+        }
+        results.append(
+            _case(
+                "office-caltech C->A", src, tgt, terms, dataset, job, "sqrt", "zscore", seed, root
+            )
+        )
+    n = args.synthetic_rows
+    src, tgt = two_domains(n, n)
+    delta = 1 / (1.2 * n)
+    terms = SessionTerms(
+        dataset="syn",
+        epsilon=8.0,
+        delta=delta,
+        projection_dim=10,
+        batch_size=args.batch_size,
+        steps=args.steps,
+    )
+    dataset = {
+        "name": "syn",
+        "kind": "synthetic",
+        "synthetic_rows": [n, n],
+        "epsilon": 8.0,
+        "delta": delta,
+    }
+    job = {
+        "dataset": "syn",
+        "data_kind": "synthetic",
+        "synthetic_rows": [n, n],
+        "epsilon": 8.0,
+        "delta": delta,
+        "projection_dim": 10,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+    }
+    results.append(
+        _case(f"synthetic {n}x{n}", src, tgt, terms, dataset, job, "raw", "zscore", seed, root)
+    )
+    out = {"benchmark": "service", "cases": results, "workdir": str(root)}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    b = sub.add_parser("bench", help="benchmarks that print numbers and write JSON")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    s = bsub.add_parser("service", help="the same DPDA job in-process and through the daemons")
+    s.add_argument("--json", default=None, metavar="OUT")
+    s.add_argument("--data-dir", default=None)
+    s.add_argument("--workdir", default=None, help="keep the deployments here")
+    s.add_argument("--skip-office", action="store_true")
+    s.add_argument("--synthetic-rows", type=int, default=20_000)
+    s.add_argument("--batch-size", type=int, default=500)
+    s.add_argument("--steps", type=int, default=4)
+    s.set_defaults(func=run_bench_service)

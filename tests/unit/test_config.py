@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from common.config import load_source, load_target
+from common.errors import ConfigError
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def test_example_configs_validate() -> None:
+    src = load_source(DEPLOY / "source.example.toml")
+    tgt = load_target(DEPLOY / "target.example.toml")
+    assert src.datasets[0].epsilon == 8.0 and src.peers[0].epsilon_cap == 8.0
+    assert tgt.job.delta == src.datasets[0].delta
+
+
+@pytest.mark.parametrize(
+    "edit,field",
+    [
+        (
+            ("epsilon = 8.0                             # cap", "epsilon = -1 # cap"),
+            "datasets.0.epsilon",
+        ),
+        (("listen =", "lisen ="), "lisen"),
+        (('kind = "office-caltech"', 'kind = "excel"'), "datasets.0.kind"),
+    ],
+)
+def test_config_errors_name_the_field(tmp_path, edit, field: str) -> None:
+    text = (DEPLOY / "source.example.toml").read_text().replace(*edit)
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_source(p)
+
+
+def test_missing_and_broken_files(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_source(tmp_path / "nope.toml")
+    (tmp_path / "b.toml").write_text("x = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_source(tmp_path / "b.toml")
