@@ -110,8 +110,11 @@ class AuditLog:
         return rec
 
 
+RELEASE_METHODS = {"ReleaseBatches": "gaussian-features+histogram", "QueryTeachers": "pate-votes"}
+
+
 def _release_fields(msg: Any) -> dict[str, Any]:
-    """Ledger linkage of a BatchRelease message (empty for other messages)."""
+    """Ledger linkage of a release message (BatchRelease, QueryTeachersResponse); else empty."""
     entry_json = getattr(msg, "entry_json", "")
     if not entry_json:
         return {}
@@ -221,14 +224,15 @@ def verify(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> list[st
         prev = rec.record_hash()
         if payload is not None and hashlib.sha256(payload).hexdigest() != rec.sha256:
             problems.append(f"audit record {rec.seq}: retained payload does not match its hash")
-        released = rec.method.endswith("/ReleaseBatches") and rec.ledger_seq >= 0
+        released = rec.method.rsplit("/", 1)[-1] in RELEASE_METHODS and rec.ledger_seq >= 0
         if released and ((rec.side == "source") == (rec.direction == "out")):
             entry = ledger_entries.get((rec.dataset, rec.ledger_seq))
             if entry is None:
                 problems.append(f"audit record {rec.seq}: release without a ledger entry")
             elif entry.payload_sha256 != rec.payload_sha256:
                 problems.append(f"audit record {rec.seq}: payload hash differs from the ledger")
-            if payload is not None and hashlib.sha256(payload).hexdigest() == rec.sha256:
+            batch = rec.method.endswith("/ReleaseBatches")
+            if batch and payload is not None and hashlib.sha256(payload).hexdigest() == rec.sha256:
                 from google.protobuf.message import DecodeError
 
                 from .pb import dpda_pb2 as pb

@@ -13,6 +13,7 @@ POLICY: dict[str, frozenset[str]] = {
     f"/{SERVICE}/OpenSession": frozenset({"target"}),
     f"/{SERVICE}/GetProjection": frozenset({"target"}),
     f"/{SERVICE}/ReleaseBatches": frozenset({"target"}),
+    f"/{SERVICE}/QueryTeachers": frozenset({"target"}),
     f"/{SERVICE}/Countersign": frozenset({"target"}),
     f"/{SERVICE}/GetLedger": frozenset({"target"}),
     f"/{SERVICE}/CloseSession": frozenset({"target"}),

@@ -75,6 +75,29 @@ def _cmd_privacy_steps(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_privacy_pate(args: argparse.Namespace) -> int:
+    from .dp.pate import pate_epsilon
+    from .errors import ConfigError
+
+    scale = args.gamma if args.aggregator == "lnmax" else args.sigma
+    if scale is None:
+        raise ConfigError(
+            "--gamma is required for lnmax"
+            if args.aggregator == "lnmax"
+            else "--sigma is required for gnmax"
+        )
+    bound = args.bound or ("moments" if args.aggregator == "lnmax" else "rdp")
+    eps = pate_epsilon(args.aggregator, scale, args.queries, args.delta, bound)
+    name = "γ" if args.aggregator == "lnmax" else "σ"
+    _emit(
+        args,
+        {"epsilon": eps, "bound": bound, "aggregator": args.aggregator},
+        f"ε = {eps:.6g} for {args.queries} {args.aggregator.upper()} answers ({name}={scale}, "
+        f"δ={args.delta:g}, {bound} bound, data-independent, one record moves one teacher)",
+    )
+    return 0
+
+
 def _no_replace_sampled(args: argparse.Namespace) -> None:
     if args.neighbouring == "replace-one":
         from .errors import ConfigError
@@ -88,7 +111,7 @@ def _no_replace_sampled(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------ simulate
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from target_party.pipeline import AdaptConfig
-    from target_party.simulate import simulate
+    from target_party.simulate import METHODS, simulate
 
     from .data.loaders import default_data_dir, load_domain
     from .data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
@@ -109,6 +132,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         seed=args.seed if args.seed is not None else 0,
     )
     rep = DEFAULT_REPRESENTATION[args.dataset]
+    methods = METHODS if args.method == "all" else (args.method,)
     out = simulate(
         src,
         tgt,
@@ -118,6 +142,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         args.seed,
         progress=Progress("releases"),
         scaling_mode=DEFAULT_SCALING[args.dataset],
+        methods=methods,
+        pate_queries=args.pate_queries,
+        pate_share=args.pate_share,
     )
     data = out.to_json(terms)
     data.update(
@@ -126,9 +153,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=2))
     a = data["accuracy"]
+    names = {"dpda": "DPDA", "pate": "PATE", "dpda_pate": "DPDA+PATE"}
+    private = "  ".join(f"{names[k]} {a[k]:.2f}" for k in names if k in a)
     print(
         f"{args.source}→{args.target}  source-only {a['source_only']:.2f}  "
-        f"OTDA {a['otda']:.2f}  DPDA {a['dpda']:.2f}  "
+        f"OTDA {a['otda']:.2f}  {private}  "
         f"ε spent {data['epsilon_spent']:.3f} of {terms.epsilon} (δ={delta:.3g})  "
         f"σ/w={data['sigma']:.4f}  ℓ={data['projection_dim']} ({terms.projection})"
     )
@@ -155,6 +184,9 @@ def _terms(args: argparse.Namespace, dataset: str, delta: float):  # noqa: ANN20
             calibration=args.calibration,
             clip_norm=args.clip_norm,
             feature_bound=args.feature_bound,
+            pate_teachers=args.pate_teachers,
+            pate_aggregator=args.pate_aggregator,
+            pate_space=args.pate_space,
         )
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -186,6 +218,27 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reg-e", type=float, default=0.02, help="entropic strength λe")
     p.add_argument("--reg-g", type=float, default=0.5, help="group-lasso strength λg")
     p.add_argument("--classifier", choices=["1nn", "logistic", "mlp"], default="1nn")
+    p.add_argument(
+        "--method",
+        choices=["dpda", "pate", "dpda+pate", "all"],
+        default="dpda",
+        help="release channels; 'all' runs each as its own session at the same ε",
+    )
+    p.add_argument("--pate-teachers", type=int, default=50, help="PATE: number of teachers T")
+    p.add_argument("--pate-queries", type=int, default=100, help="PATE: target rows to label")
+    p.add_argument("--pate-aggregator", choices=["lnmax", "gnmax"], default="gnmax")
+    p.add_argument(
+        "--pate-space",
+        choices=["projected", "raw"],
+        default="projected",
+        help="PATE queries in the projection space (default) or raw (opt-in)",
+    )
+    p.add_argument(
+        "--pate-share",
+        type=float,
+        default=0.25,
+        help="dpda+pate: fraction of ε given to PATE answers",
+    )
     p.add_argument(
         "--seed", type=int, default=None, help="fix all randomness (default: CSPRNG-seeded noise)"
     )
@@ -225,6 +278,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--epsilon", type=float, required=True)
     t.add_argument("--delta", type=float, required=True)
     t.set_defaults(func=_cmd_privacy_steps)
+    pt = psub.add_parser("pate", help="ε of PATE answers (data-independent bound)")
+    pt.add_argument("--aggregator", choices=["lnmax", "gnmax"], required=True)
+    pt.add_argument("--gamma", type=float, default=None, help="LNMax: Laplace noise 1/γ")
+    pt.add_argument("--sigma", type=float, default=None, help="GNMax: Gaussian noise σ")
+    pt.add_argument("--queries", type=int, required=True)
+    pt.add_argument("--delta", type=float, required=True)
+    pt.add_argument(
+        "--bound",
+        choices=["moments", "rdp", "pld"],
+        default=None,
+        help="default: moments for lnmax (the 2017 paper), rdp for gnmax",
+    )
+    pt.add_argument("--json", action="store_true", help="print JSON")
+    pt.set_defaults(func=_cmd_privacy_pate)
     for q in (s, e, t):
         q.add_argument(
             "--neighbouring", choices=["add-remove", "replace-one"], default="add-remove"

@@ -37,6 +37,9 @@ class SourceDataset(_Strict):
     synthetic_rows: tuple[int, int] = Field(
         default=(600, 500), description="kind synthetic: (source rows, target rows)"
     )
+    allow_raw_queries: bool = Field(
+        default=False, description="PATE: accept queries in the raw feature space (opt-in)"
+    )
 
 
 class Peer(_Strict):
@@ -82,6 +85,12 @@ class TargetJob(_Strict):
     reg_e: float = Field(default=0.02, gt=0)
     reg_g: float = Field(default=0.5, ge=0)
     classifier: Literal["1nn", "logistic", "mlp"] = "1nn"
+    method: Literal["dpda", "pate", "dpda+pate"] = "dpda"
+    pate_share: float = Field(default=0.1, gt=0, lt=1, description="dpda+pate: PATE's ε share")
+    pate_queries: int = Field(default=100, ge=1)
+    pate_teachers: int = Field(default=50, ge=1)
+    pate_aggregator: Literal["lnmax", "gnmax"] = "gnmax"
+    pate_space: Literal["projected", "raw"] = "projected"
 
 
 class TargetConfig(_Strict):

@@ -27,6 +27,7 @@ from .dp.accounting import (
 )
 from .dp.events import BatchSpec, FeatureSpec, HistogramSpec
 from .dp.mechanisms import projection_sensitivity, relation_factor
+from .dp.pate import calibrate_pate
 
 LABEL_CAVEAT = (
     "attribute unit: protects feature values (one feature of one record moving by at most "
@@ -56,6 +57,23 @@ class SessionTerms(BaseModel):
     histogram_share: float = Field(default=0.5, gt=0, lt=1)
     feature_bound: float = Field(default=1.0, gt=0)
     clip_norm: float = Field(default=1.0, gt=0)
+    # channels: the DPDA feature/histogram releases and PATE teacher votes
+    dpda: bool = Field(default=True, description="release noisy features and histograms")
+    pate_epsilon: float = Field(default=0.0, ge=0, description="share of ε for PATE answers")
+    pate_queries: int = Field(default=0, ge=0, le=100_000)
+    pate_teachers: int = Field(default=50, ge=1, le=10_000)
+    pate_aggregator: Literal["lnmax", "gnmax"] = "gnmax"
+    pate_space: Literal["projected", "raw"] = "projected"
+
+    @model_validator(mode="after")
+    def _channels(self) -> SessionTerms:
+        if (self.pate_epsilon > 0) != (self.pate_queries > 0):
+            raise ValueError("pate_queries: PATE needs both pate_epsilon > 0 and pate_queries > 0")
+        if self.pate_epsilon > self.epsilon or (self.dpda and self.pate_epsilon >= self.epsilon):
+            raise ValueError("pate_epsilon: must leave part of epsilon for the DPDA releases")
+        if not self.dpda and self.pate_epsilon == 0:
+            raise ValueError("dpda: a session needs at least one release channel")
+        return self
 
     @model_validator(mode="after")
     def _minibatch_relation(self) -> SessionTerms:
@@ -81,6 +99,8 @@ class ReleasePlan(BaseModel):
     histogram_mechanism: str
     histogram_parameter: float
     histogram_sensitivity: int
+    pate_scale: float | None = None  # γ (LNMax) or σ (GNMax), calibrated to pate_epsilon
+    pate_queries: int = 0
 
     def spec(self, terms: SessionTerms) -> BatchSpec:
         return BatchSpec(
@@ -101,6 +121,25 @@ def plan_batches(terms: SessionTerms, n_rows: int, projection: np.ndarray) -> Re
     """The release plan from public facts only (both parties compute the same one)."""
     if n_rows < 1:
         raise ValueError("the dataset is empty")
+    pate_scale = None
+    if terms.pate_epsilon > 0:
+        pate_scale = calibrate_pate(
+            terms.pate_aggregator, terms.pate_queries, terms.pate_epsilon, terms.delta
+        )
+    pate = {"pate_scale": pate_scale, "pate_queries": terms.pate_queries}
+    h_sens = relation_factor(terms.neighbouring)
+    if not terms.dpda:
+        return ReleasePlan(
+            steps=0,
+            sampling_rate=None,
+            feature_noise_multiplier=0.0,
+            feature_sensitivity=0.0,
+            histogram_mechanism="discrete_laplace",
+            histogram_parameter=0.0,
+            histogram_sensitivity=h_sens,
+            **pate,
+        )
+    eps_dpda = terms.epsilon - terms.pate_epsilon
     sens = projection_sensitivity(
         projection,
         terms.privacy_unit,
@@ -108,10 +147,9 @@ def plan_batches(terms: SessionTerms, n_rows: int, projection: np.ndarray) -> Re
         feature_bound=terms.feature_bound,
         clip_norm=terms.clip_norm,
     )
-    h_sens = relation_factor(terms.neighbouring)
     if terms.batch_size == 0:
-        eps_h = terms.epsilon * terms.histogram_share
-        eps_f = terms.epsilon - eps_h
+        eps_h = eps_dpda * terms.histogram_share
+        eps_f = eps_dpda - eps_h
         return ReleasePlan(
             steps=1,
             sampling_rate=None,
@@ -120,15 +158,14 @@ def plan_batches(terms: SessionTerms, n_rows: int, projection: np.ndarray) -> Re
             histogram_mechanism="discrete_laplace",
             histogram_parameter=discrete_laplace_parameter(eps_h, h_sens),
             histogram_sensitivity=h_sens,
+            **pate,
         )
     p = min(1.0, terms.batch_size / n_rows)
     sf = terms.noise_multiplier
     sh = sf * terms.histogram_noise_ratio
     eff = 1.0 / np.sqrt(1.0 / sf**2 + 1.0 / sh**2)
     steps = terms.steps
-    allowed = max_sampled_gaussian_steps(
-        eff, p, terms.epsilon, terms.delta, "pld", LEDGER_PLD_INTERVAL
-    )
+    allowed = max_sampled_gaussian_steps(eff, p, eps_dpda, terms.delta, "pld", LEDGER_PLD_INTERVAL)
     if steps == 0:
         steps = min(allowed, terms.max_steps)
     if steps < 1 or steps > allowed:
@@ -141,4 +178,5 @@ def plan_batches(terms: SessionTerms, n_rows: int, projection: np.ndarray) -> Re
         histogram_mechanism="gaussian",
         histogram_parameter=sh,
         histogram_sensitivity=h_sens,
+        **pate,
     )

@@ -62,7 +62,9 @@ def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
     ledger = PrivacyLedger(store, budgets)
     rng = make_rng(cfg.seed)
     releasers = {
-        d.name: SourceReleaser(load_dataset(d), d.name, ledger, rng, d.representation)
+        d.name: SourceReleaser(
+            load_dataset(d), d.name, ledger, rng, d.representation, d.allow_raw_queries
+        )
         for d in cfg.datasets
     }
     peers = {p.cert_fingerprint: p for p in cfg.peers}

@@ -28,16 +28,27 @@ from common.config import Peer
 from common.data.preprocessing import Scaling
 from common.dp.events import event_from_json
 from common.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
-from common.errors import InvalidInput, PeerMisbehaved
+from common.errors import InvalidInput, LedgerCorrupt, PeerMisbehaved
 from common.terms import SessionTerms
 
-from .releases import BatchRelease, SessionInfo, SourceReleaser, TargetDisclosure
+from .releases import (
+    BatchRelease,
+    PateAnswer,
+    SessionInfo,
+    SourceReleaser,
+    TargetDisclosure,
+    queries_digest,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY, peer TEXT NOT NULL, dataset TEXT NOT NULL,
     terms_json TEXT NOT NULL, projection BLOB NOT NULL, proj_shape TEXT NOT NULL,
     scaling_mean BLOB, scaling_std BLOB, closed INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS pate_answers (
+    dataset TEXT NOT NULL, seq INTEGER NOT NULL, request_id TEXT NOT NULL UNIQUE,
+    labels BLOB NOT NULL, PRIMARY KEY (dataset, seq)
 );
 CREATE TABLE IF NOT EXISTS payloads (
     dataset TEXT NOT NULL, seq INTEGER NOT NULL, request_id TEXT NOT NULL UNIQUE,
@@ -50,8 +61,11 @@ CREATE TABLE IF NOT EXISTS payloads (
 @dataclass(frozen=True)
 class SignedRelease:
     release: BatchRelease
-    entry: LedgerEntry
-    source_sig: str
+    entry: LedgerEntry  # signed: entry.source_sig
+
+    @property
+    def source_sig(self) -> str:
+        return self.entry.source_sig
 
 
 class SourceHandlers:
@@ -171,8 +185,6 @@ class SourceHandlers:
             if start + count > info.plan.steps:
                 raise InvalidInput("batch range out of bounds")
             if ledger_head != head_hash(self.ledger.store.entries(releaser.dataset)):
-                from common.errors import LedgerCorrupt
-
                 raise LedgerCorrupt("ledger heads differ: sync the ledger first")
         for index in range(start, start + count):
             with self.lock:  # charge, draw and store atomically; send outside the lock
@@ -188,7 +200,7 @@ class SourceHandlers:
         if existing is not None:
             stored = self._stored_payload(ds, existing, releaser, session_id, index)
             if stored is not None:
-                return self._sign(ds, stored, existing.seq)
+                return SignedRelease(stored, self._sign(ds, existing.seq))
             # Entry durable but payload never stored: it never left. Draw it now, uncharged.
             rel = releaser.draw(session_id, index, existing)
         else:
@@ -204,7 +216,7 @@ class SourceHandlers:
                 extra_caps=[("peer", self.peers[peer].epsilon_cap, prior_peer)],
             )
         self._store_payload(ds, rel, rid)
-        return self._sign(ds, rel, rel.ledger_seq)
+        return SignedRelease(rel, self._sign(ds, rel.ledger_seq))
 
     def _store_payload(self, dataset: str, rel: BatchRelease, rid: str) -> None:
         self.conn.execute(
@@ -239,13 +251,56 @@ class SourceHandlers:
             index, z, np.frombuffer(row[2], "<i8"), info.plan.spec(terms), entry.seq
         )
 
-    def _sign(self, dataset: str, rel: BatchRelease, seq: int) -> SignedRelease:
+    def _sign(self, dataset: str, seq: int) -> LedgerEntry:
+        """The entry, signed by the source (signing once; a retry gets the same signature)."""
         entry = self.ledger.store.entries(dataset)[seq]
         if not entry.source_sig:
             sig = signing.sign(self.key, entry.signed_message())
             self.ledger.store.update_signatures(dataset, seq, "", sig, "")
             entry = self.ledger.store.entries(dataset)[seq]
-        return SignedRelease(rel, entry, entry.source_sig)
+        return entry
+
+    # ------------------------------------------------------------------------------ PATE
+    def query_teachers(
+        self, peer: str, session_id: str, index: int, queries: np.ndarray, ledger_head: str
+    ) -> tuple[PateAnswer, LedgerEntry]:
+        if index < 0:
+            raise InvalidInput("query index out of bounds")
+        with self.lock:
+            releaser, _ = self._session(peer, session_id)
+            releaser.check_queries(session_id, queries)
+            ds = releaser.dataset
+            entries = self.ledger.store.entries(ds)
+            rid = f"{session_id}/pate/{index}"
+            existing = next((e for e in entries if e.request_id == rid), None)
+            if existing is not None:
+                if existing.params.get("queries_sha256") != queries_digest(queries):
+                    raise InvalidInput("a replayed request id with altered content")
+                row = self.conn.execute(
+                    "SELECT labels FROM pate_answers WHERE dataset=? AND seq=?",
+                    (ds, existing.seq),
+                ).fetchone()
+                if row is not None:
+                    ans = PateAnswer(np.frombuffer(row[0], "<i8"), existing.seq)
+                    return ans, self._sign(ds, existing.seq)
+                ans = releaser.draw_answer(session_id, queries, existing)
+            else:
+                if ledger_head != head_hash(entries):
+                    raise LedgerCorrupt("ledger heads differ: sync the ledger first")
+                name = self.peers[peer].name
+                prior = [event_from_json(e.dp_event) for e in entries if e.peer == name]
+                ans = releaser.answer(
+                    session_id,
+                    index,
+                    queries,
+                    peer=name,
+                    extra_caps=[("peer", self.peers[peer].epsilon_cap, prior)],
+                )
+            self.conn.execute(
+                "INSERT INTO pate_answers VALUES (?, ?, ?, ?)",
+                (ds, ans.ledger_seq, rid, ans.payload_bytes()),
+            )
+            return ans, self._sign(ds, ans.ledger_seq)
 
     # ------------------------------------------------------------------------ ledger sync
     def countersign(self, peer: str, dataset: str, seq: int, target_sig: str) -> None:

@@ -28,8 +28,11 @@ from common.dp.mechanisms import (
     jl_matrix,
     label_counts,
 )
-from common.errors import InvalidInput
+from common.dp.pate import answers_event, noisy_argmax
+from common.errors import BudgetExceeded, InvalidInput
 from common.terms import ReleasePlan, SessionTerms, plan_batches
+
+from .teachers import TeacherEnsemble
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,23 @@ class BatchRelease:
         return hashlib.sha256(self.payload_bytes()).hexdigest()
 
 
+@dataclass(frozen=True)
+class PateAnswer:
+    labels: np.ndarray  # (n,) int64: the noisy arg-max, nothing else
+    ledger_seq: int
+
+    def payload_bytes(self) -> bytes:
+        return np.ascontiguousarray(self.labels, dtype="<i8").tobytes()
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.payload_bytes()).hexdigest()
+
+
+def queries_digest(queries: np.ndarray) -> str:
+    """SHA-256 of the queries as sent (little-endian float64): binds a request id to its content."""
+    return hashlib.sha256(np.ascontiguousarray(queries, dtype="<f8").tobytes()).hexdigest()
+
+
 def prepare_features(
     x_raw: np.ndarray, representation: str, terms: SessionTerms, scaling: Scaling | None
 ) -> np.ndarray:
@@ -94,7 +114,10 @@ class SourceReleaser:
         ledger: PrivacyLedger,
         rng: np.random.Generator,
         representation: str = "raw",
+        allow_raw_queries: bool = False,
     ) -> None:
+        self.allow_raw_queries = allow_raw_queries
+        self._ensembles: dict[str, TeacherEnsemble] = {}
         self.domain = domain
         self.dataset = dataset
         self.ledger = ledger
@@ -227,8 +250,88 @@ class SourceReleaser:
             noisy = np.rint(counts + noise).astype(np.int64)
         return BatchRelease(index, z, noisy, spec, entry.seq)
 
+    # ------------------------------------------------------------------------------ PATE
+    def _teachers(self, session_id: str) -> TeacherEnsemble:
+        terms, info = self.session(session_id)
+        ens = self._ensembles.get(session_id)
+        if ens is None:
+            x = self._sessions[session_id][2]
+            feats = x @ info.projection if terms.pate_space == "projected" else x
+            ens = TeacherEnsemble(
+                feats, self.domain.y, terms.pate_teachers, info.n_classes, self.rng
+            )
+            self._ensembles[session_id] = ens
+        return ens
+
+    def check_queries(self, session_id: str, queries: np.ndarray) -> None:
+        terms, info = self.session(session_id)
+        if info.plan.pate_scale is None:
+            raise InvalidInput("PATE is not part of this session's terms")
+        if terms.pate_space == "raw" and not self.allow_raw_queries:
+            raise InvalidInput("this source does not accept raw-space queries")
+        dim = info.projection.shape[1] if terms.pate_space == "projected" else info.n_features
+        if queries.ndim != 2 or queries.shape[1] != dim or queries.shape[0] < 1:
+            raise InvalidInput("queries have the wrong shape")
+        if not np.all(np.isfinite(queries)):
+            raise InvalidInput("queries have non-finite values")
+        if queries.shape[0] > info.plan.pate_queries:
+            raise InvalidInput("more queries than the session's terms allow")
+
+    def answer(
+        self,
+        session_id: str,
+        index: int,
+        queries: np.ndarray,
+        peer: str = "in-process",
+        extra_caps: Sequence[tuple[str, float, Sequence[Any]]] = (),
+    ) -> PateAnswer:
+        """Answer a batch of PATE queries: charge first, then the noisy arg-max of the votes."""
+        self.check_queries(session_id, queries)
+        terms, info = self.session(session_id)
+        mine = [e for e in self.ledger.store.entries(self.dataset) if e.session == session_id]
+        asked = sum(int(e.params.get("n_queries", 0)) for e in mine)
+        if asked + queries.shape[0] > info.plan.pate_queries:
+            raise BudgetExceeded("the session's PATE queries are used up")
+        scale = float(info.plan.pate_scale)  # type: ignore[arg-type]
+        event = answers_event(terms.pate_aggregator, scale, queries.shape[0])
+        prior = [event_from_json(e.dp_event) for e in mine]
+        entry = self.ledger.charge(
+            dataset=self.dataset,
+            events=[event],
+            session=session_id,
+            peer=peer,
+            request_id=f"{session_id}/pate/{index}",
+            privacy_unit="record",
+            neighbouring=terms.neighbouring,
+            params={
+                "kind": "pate",
+                "aggregator": terms.pate_aggregator,
+                "scale": scale,
+                "n_queries": int(queries.shape[0]),
+                "teachers": terms.pate_teachers,
+                "delta": self.ledger.budgets[self.dataset].delta,
+                "queries_sha256": queries_digest(queries),
+            },
+            extra_caps=[("session", terms.epsilon, prior), *extra_caps],
+        )
+        return self.draw_answer(session_id, queries, entry)
+
+    def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
+        """The ``ReleaseSource`` view of ``answer``: only the labels."""
+        return self.answer(session_id, index, queries).labels
+
+    def draw_answer(self, session_id: str, queries: np.ndarray, entry: LedgerEntry) -> PateAnswer:
+        """Votes and noise for an entry already durably in the ledger."""
+        terms, info = self.session(session_id)
+        votes = self._teachers(session_id).votes(queries)
+        labels = noisy_argmax(votes, terms.pate_aggregator, float(entry.params["scale"]), self.rng)
+        ans = PateAnswer(labels, entry.seq)
+        self.ledger.store.update_signatures(self.dataset, entry.seq, ans.sha256(), "", "")
+        return ans
+
     def close_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
+        self._ensembles.pop(session_id, None)
 
     def batches(self, session_id: str) -> Iterator[BatchRelease]:
         info = self._sessions[session_id][1]

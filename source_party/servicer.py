@@ -110,6 +110,21 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
             _abort(context, exc)
 
     @_guard
+    def QueryTeachers(
+        self, request: pb.QueryTeachersRequest, context: Any
+    ) -> pb.QueryTeachersResponse:
+        queries = serde.from_pb(request.queries, dtype="<f8", ndim=2)
+        ans, entry = self.h.query_teachers(
+            self._peer(context), request.session_id, request.index, queries, request.ledger_head
+        )
+        return pb.QueryTeachersResponse(
+            labels=serde.to_pb(ans.labels),
+            entry_json=entry.to_json(),
+            payload_sha256=entry.payload_sha256,
+            source_sig=entry.source_sig,
+        )
+
+    @_guard
     def Countersign(self, request: pb.CountersignRequest, context: Any) -> pb.CountersignResponse:
         self.h.countersign(self._peer(context), request.dataset, request.seq, request.target_sig)
         return pb.CountersignResponse()

@@ -21,7 +21,6 @@ from common.terms import SessionTerms
 
 from .client import GrpcReleaseSource
 from .pipeline import AdaptConfig, run_dpda, target_view
-from .training import fit_predict
 
 log = logging.getLogger("dpda.target")
 
@@ -38,8 +37,10 @@ def load_target_data(cfg: TargetConfig) -> Domain:
 
 
 def job_terms(cfg: TargetConfig) -> SessionTerms:
+    from .simulate import method_terms
+
     j = cfg.job
-    return SessionTerms(
+    base = SessionTerms(
         dataset=j.dataset,
         epsilon=j.epsilon,
         delta=j.delta,
@@ -52,7 +53,13 @@ def job_terms(cfg: TargetConfig) -> SessionTerms:
         calibration=j.calibration,
         feature_bound=j.feature_bound,
         clip_norm=j.clip_norm,
+        pate_teachers=j.pate_teachers,
+        pate_aggregator=j.pate_aggregator,
+        pate_space=j.pate_space,
     )
+    if j.method == "dpda":
+        return base
+    return method_terms(base, j.method, j.pate_queries, j.pate_share)
 
 
 def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
@@ -85,8 +92,7 @@ def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, An
     finally:
         source.close()
     job_seconds = time.perf_counter() - t0
-    model, _ = fit_predict(res.mapped, res.mapped_labels, view.x[:1], acfg.classifier, seed)
-    (cfg.state_dir / "model.pkl").write_bytes(pickle.dumps(model))
+    (cfg.state_dir / "model.pkl").write_bytes(pickle.dumps(res.model))
     out = {
         "accuracy": res.accuracy,
         "epsilon_spent": res.epsilon_spent,
@@ -101,6 +107,8 @@ def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, An
         "solver_converged": res.solver_converged,
         "caveat": terms.caveat,
         "job_seconds": job_seconds,
+        "method": cfg.job.method,
+        "accuracy_by_method": res.accuracy_by_method,
         "predictions_sha256": __import__("hashlib").sha256(res.predictions.tobytes()).hexdigest(),
     }
     (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))

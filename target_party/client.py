@@ -21,6 +21,7 @@ from common.audit import AuditLog, ClientAuditInterceptor
 from common.config import TargetConfig
 from common.dp.events import event_from_json, event_to_json
 from common.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
+from common.dp.pate import answers_event
 from common.errors import (
     BudgetExceeded,
     DpdaError,
@@ -178,33 +179,58 @@ class GrpcReleaseSource:
             raise PeerMisbehaved("the source sent the wrong number of batches")
         return self._accept(msgs[0], terms, info, index, rid, known)
 
-    def _accept(
+    def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
+        """PATE: labels for ``queries``, verified and countersigned like any release."""
+        terms, info = self._sessions[session_id]
+        if info.plan.pate_scale is None:
+            raise InvalidInput("PATE is not part of this session's terms")
+        event = answers_event(terms.pate_aggregator, info.plan.pate_scale, queries.shape[0])
+        rid = f"{session_id}/pate/{index}"
+        mine = self.ledger.store.entries(self.dataset)
+        known = next((e for e in mine if e.request_id == rid), None)
+        if known is None:
+            self.ledger.check(self.dataset, [event])  # do not ask beyond the target's budget
+        req = pb.QueryTeachersRequest(
+            session_id=session_id,
+            index=index,
+            queries=serde.to_pb(queries),
+            ledger_head=head_hash(mine),
+        )
+        try:
+            resp = self.stub.QueryTeachers(req, timeout=self.cfg.timeout_s)
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+        labels = serde.from_pb(resp.labels, dtype="<i8", ndim=1, shape=(queries.shape[0],))
+        if labels.min(initial=0) < 0 or labels.max(initial=0) >= info.n_classes:
+            raise PeerMisbehaved("labels out of range")
+        entry = LedgerEntry.from_json(resp.entry_json)
+        digest = hashlib.sha256(resp.labels.data).hexdigest()
+        self._verify_entry(entry, digest, resp.payload_sha256, rid, event, known)
+        return labels
+
+    def _verify_entry(
         self,
-        msg: pb.BatchRelease,
-        terms: SessionTerms,
-        info: SessionInfo,
-        index: int,
+        entry: LedgerEntry,
+        digest: str,
+        claimed: str,
         rid: str,
+        event: object,
         known: LedgerEntry | None,
-    ) -> BatchRelease:
-        spec = info.plan.spec(terms)
-        z = serde.from_pb(msg.z, dtype="<f8", ndim=2, shape=(None, info.projection.shape[1]))
-        counts = serde.from_pb(msg.noisy_counts, dtype="<i8", ndim=1, shape=(info.n_classes,))
-        digest = hashlib.sha256(msg.z.data + msg.noisy_counts.data).hexdigest()
-        entry = LedgerEntry.from_json(msg.entry_json)
-        if digest != msg.payload_sha256 or entry.payload_sha256 != digest:
+    ) -> None:
+        """Payload hash, signature, request, event and charge; then append and countersign."""
+        if digest != claimed or entry.payload_sha256 != digest:
             raise PeerMisbehaved("payload hash does not match")
         if not signing.verify(self.source_pub, entry.signed_message(), entry.source_sig):
             raise PeerMisbehaved("ledger entry is not signed by the pinned source key")
-        if entry.request_id != rid or entry.dataset != self.dataset or int(msg.index) != index:
+        if entry.request_id != rid or entry.dataset != self.dataset:
             raise PeerMisbehaved("ledger entry is for another request")
-        if entry.dp_event != event_to_json(spec.dp_event()):
+        if entry.dp_event != event_to_json(event):  # type: ignore[arg-type]
             raise PeerMisbehaved("the charged event differs from the agreed mechanism")
         if known is not None:
             if known.body() != entry.body():
                 raise PeerMisbehaved("a retried release came back with a different entry")
         else:
-            expected = self.ledger.would_spend(self.dataset, [spec.dp_event()])
+            expected = self.ledger.would_spend(self.dataset, [event])  # type: ignore[list-item]
             if abs(expected - entry.spend_after) > 1e-9:
                 raise PeerMisbehaved("the charge differs from the target's recomputation")
             self.ledger.store.append(entry)
@@ -219,6 +245,24 @@ class GrpcReleaseSource:
             )
         except grpc.RpcError as exc:
             raise _translate(exc) from None
+
+    def _accept(
+        self,
+        msg: pb.BatchRelease,
+        terms: SessionTerms,
+        info: SessionInfo,
+        index: int,
+        rid: str,
+        known: LedgerEntry | None,
+    ) -> BatchRelease:
+        spec = info.plan.spec(terms)
+        z = serde.from_pb(msg.z, dtype="<f8", ndim=2, shape=(None, info.projection.shape[1]))
+        counts = serde.from_pb(msg.noisy_counts, dtype="<i8", ndim=1, shape=(info.n_classes,))
+        digest = hashlib.sha256(msg.z.data + msg.noisy_counts.data).hexdigest()
+        entry = LedgerEntry.from_json(msg.entry_json)
+        if int(msg.index) != index:
+            raise PeerMisbehaved("ledger entry is for another request")
+        self._verify_entry(entry, digest, msg.payload_sha256, rid, spec.dp_event(), known)
         return BatchRelease(index, z, counts, spec, entry.seq)
 
 

@@ -19,7 +19,7 @@ from common.data.preprocessing import Scaling, per_row
 from common.dp.mechanisms import counts_to_labels
 from common.ot.costs import dpot_cost, label_mask
 from common.ot.mapping import barycentric_map
-from common.ot.solvers import sinkhorn_group_lasso, uniform
+from common.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
 from common.terms import SessionTerms
 from source_party.releases import BatchRelease, SessionInfo, TargetDisclosure
 
@@ -31,6 +31,7 @@ class ReleaseSource(Protocol):
         self, terms: SessionTerms, disclosure: TargetDisclosure, session_id: str | None = None
     ) -> SessionInfo: ...
     def release(self, session_id: str, index: int, peer: str = ...) -> BatchRelease: ...
+    def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray: ...
     def close_session(self, session_id: str) -> None: ...
 
 
@@ -42,6 +43,11 @@ class AdaptConfig:
     inner_iter: int = 200
     classifier: str = "1nn"
     seed: int = 0
+    # DPDA+PATE: which target rows to ask the teachers about, and what to send for each
+    # (defaults measured on the 12 Office-Caltech pairs; see the README)
+    pate_select: str = "confident"  # uncertain | confident | random
+    pate_query: str = "backmapped"  # target: the row's projection; backmapped: its plan image
+    pate_agree: bool = True  # keep only teacher labels that agree with the plan's class
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,7 @@ def target_pca_basis(x: np.ndarray, ell: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class DPDAResult:
-    accuracy: float | None
+    accuracy: float | None  # of the job's final model (DPDA+PATE > DPDA > PATE student)
     epsilon_spent: float
     delta: float
     noise_multiplier: float
@@ -83,19 +89,32 @@ class DPDAResult:
     projection_dim: int
     n_batches: int
     rows_received: int
-    w_tilde: float  # mean over batches of ⟨γ, C̃⟩
+    w_tilde: float  # mean over batches of ⟨γ, C̃⟩ (nan without DPDA releases)
     solver_converged: bool
     predictions: np.ndarray
     mapped: np.ndarray = field(repr=False)
     mapped_labels: np.ndarray = field(repr=False)
     noisy_counts: list[list[int]] = field(default_factory=list, repr=False)
     batch_spend: list[float] = field(default_factory=list, repr=False)
+    accuracy_by_method: dict[str, float | None] = field(default_factory=dict)
+    pate_queries: int = 0
+    model: object = field(default=None, repr=False)  # the job's final classifier
+
+
+@dataclass(frozen=True)
+class BatchFit:
+    mapped: np.ndarray  # (n, d) in the target's space
+    labels: np.ndarray  # (n,) from the noisy counts
+    w_tilde: float
+    converged: bool
+    class_mass: np.ndarray  # (q, m): mass each class sends to each target row
+    back_mapped: np.ndarray  # (m, ℓ): each target row's image among the noisy source rows
 
 
 def adapt_batch(
-    rel: BatchRelease, xt_proj: np.ndarray, view: TargetView, cfg: AdaptConfig
-) -> tuple[np.ndarray, np.ndarray, float, bool]:
-    """One release → (mapped rows in target space, their labels, W̃, converged)."""
+    rel: BatchRelease, xt_proj: np.ndarray, view: TargetView, cfg: AdaptConfig, n_classes: int
+) -> BatchFit:
+    """One release → mapped rows, their labels, W̃, and what PATE query selection needs."""
     n = rel.z.shape[0]
     ys = counts_to_labels(rel.noisy_counts, n)
     mask = label_mask(ys, view.known) if np.any(view.known >= 0) else None
@@ -111,7 +130,40 @@ def adapt_batch(
         inner_iter=cfg.inner_iter,
     )
     w = float(np.sum(res.plan * cost.debiased))
-    return barycentric_map(res.plan, view.x), ys, w, res.converged
+    return BatchFit(
+        mapped=barycentric_map(res.plan, view.x),
+        labels=ys,
+        w_tilde=w,
+        converged=res.converged,
+        class_mass=one_hot(ys, n_classes).T @ res.plan,
+        back_mapped=barycentric_map(res.plan.T, rel.z),
+    )
+
+
+def select_rows(class_mass: np.ndarray, k: int, how: str, seed: int) -> np.ndarray:
+    """``k`` target rows: least (``uncertain``) or most (``confident``) certain under the plan's
+    class shares, or ``random``."""
+    share = class_mass / np.maximum(class_mass.sum(axis=0, keepdims=True), 1e-300)
+    certainty = share.max(axis=0)
+    if how == "uncertain":
+        return np.argsort(certainty, kind="stable")[:k]
+    if how == "confident":
+        return np.argsort(-certainty, kind="stable")[:k]
+    if how == "random":
+        return np.random.default_rng(seed).choice(class_mass.shape[1], k, replace=False)
+    raise ValueError(f"unknown selection {how!r}")
+
+
+def _train(view: TargetView, x_src: np.ndarray, y_src: np.ndarray, cfg: AdaptConfig):  # noqa: ANN202
+    """(model, predictions on every target row) from mapped rows plus labeled target rows."""
+    known = view.known >= 0
+    x_train = np.vstack([x_src, view.x[known]])
+    y_train = np.concatenate([y_src, view.known[known]])
+    return fit_predict(x_train, y_train, view.x, cfg.classifier, cfg.seed)
+
+
+def _acc(pred: np.ndarray, view: TargetView) -> float | None:
+    return accuracy(pred, view.labels) if view.labels is not None else None
 
 
 def run_dpda(
@@ -122,49 +174,88 @@ def run_dpda(
     spent: Callable[[], float],
     progress: Callable[[int, int], None] | None = None,
 ) -> DPDAResult:
-    """Run one DPDA job against ``source``; ``spent()`` reads ε from the target's ledger."""
+    """Run one job against ``source``; ``spent()`` reads ε from the target's ledger.
+
+    DPDA releases (``terms.dpda``) → OT → mapped source rows. With PATE (``terms.pate_queries``):
+    alone, the teachers label random target rows and a student is trained on them; with DPDA,
+    they label the target rows least certain under the plan, which then forbid mass from source
+    rows of other classes in a second solve on the *same* releases (post-processing, no budget).
+    """
     basis = (
         target_pca_basis(view.x, terms.projection_dim) if terms.projection == "target-pca" else None
     )
     info = source.open_session(terms, TargetDisclosure(view.scaling, basis))
     xt_proj = view.x @ info.projection
-    mapped, labels, ws, conv, counts, spend = [], [], [], True, [], []
-    rows = 0
+    q = info.n_classes
+    releases: list[BatchRelease] = []
+    fits: list[BatchFit] = []
+    counts, spend = [], []
     for i in range(info.plan.steps):
         rel = source.release(info.session_id, i)
-        x_hat, ys, w, ok = adapt_batch(rel, xt_proj, view, cfg)
-        mapped.append(x_hat)
-        labels.append(ys)
-        ws.append(w)
-        conv &= ok
-        rows += rel.z.shape[0]
+        releases.append(rel)
+        fits.append(adapt_batch(rel, xt_proj, view, cfg, q))
         counts.append([int(c) for c in rel.noisy_counts])
         spend.append(spent())
         if progress:
             progress(i + 1, info.plan.steps)
+    by_method: dict[str, float | None] = {}
+    mapped = np.zeros((0, view.x.shape[1]))
+    mapped_labels = np.zeros(0, dtype=np.int64)
+    pred = np.zeros(view.x.shape[0], dtype=np.int64)
+    model: object = None
+    if fits:
+        mapped = np.vstack([f.mapped for f in fits])
+        mapped_labels = np.concatenate([f.labels for f in fits])
+        model, pred = _train(view, mapped, mapped_labels, cfg)
+        by_method["dpda"] = _acc(pred, view)
+    n_q = info.plan.pate_queries
+    if n_q > 0:
+        space = xt_proj if terms.pate_space == "projected" else view.x
+        if fits:
+            mass = sum(f.class_mass for f in fits)
+            idx = select_rows(mass, n_q, cfg.pate_select, cfg.seed)
+            queries = space[idx]
+            if cfg.pate_query == "backmapped" and terms.pate_space == "projected":
+                queries = (sum(f.back_mapped for f in fits) / len(fits))[idx]
+        else:
+            idx = np.random.default_rng(cfg.seed).choice(view.x.shape[0], n_q, replace=False)
+            queries = space[idx]
+        labels = source.query_teachers(info.session_id, 0, np.ascontiguousarray(queries))
+        known = view.known.copy()
+        if fits and cfg.pate_agree:
+            plan_class = np.argmax(sum(f.class_mass for f in fits), axis=0)[idx]
+            keep = labels == plan_class
+            idx, labels = idx[keep], labels[keep]
+        known[idx] = labels
+        labeled = TargetView(view.x, view.scaling, view.labels, known)
+        if fits:
+            fits = [adapt_batch(r, xt_proj, labeled, cfg, q) for r in releases]
+            mapped = np.vstack([f.mapped for f in fits])
+            mapped_labels = np.concatenate([f.labels for f in fits])
+            model, pred = _train(labeled, mapped, mapped_labels, cfg)
+            by_method["dpda_pate"] = _acc(pred, view)
+        else:
+            model, pred = fit_predict(view.x[idx], labels, view.x, cfg.classifier, cfg.seed)
+            by_method["pate"] = _acc(pred, view)
     source.close_session(info.session_id)
-    xs_hat = np.vstack(mapped)
-    ys_hat = np.concatenate(labels)
-    known = view.known >= 0
-    x_train = np.vstack([xs_hat, view.x[known]])
-    y_train = np.concatenate([ys_hat, view.known[known]])
-    _, pred = fit_predict(x_train, y_train, view.x, cfg.classifier, cfg.seed)
-    acc = accuracy(pred, view.labels) if view.labels is not None else None
     spec = info.plan.spec(terms)
     return DPDAResult(
-        accuracy=acc,
+        accuracy=_acc(pred, view),
         epsilon_spent=spent(),
         delta=terms.delta,
         noise_multiplier=spec.features.noise_multiplier,
         noise_std=spec.features.noise_std,
         projection_dim=info.projection.shape[1],
         n_batches=info.plan.steps,
-        rows_received=rows,
-        w_tilde=float(np.mean(ws)),
-        solver_converged=conv,
+        rows_received=int(sum(r.z.shape[0] for r in releases)),
+        w_tilde=float(np.mean([f.w_tilde for f in fits])) if fits else float("nan"),
+        solver_converged=all(f.converged for f in fits),
         predictions=pred,
-        mapped=xs_hat,
-        mapped_labels=ys_hat,
+        mapped=mapped,
+        mapped_labels=mapped_labels,
         noisy_counts=counts,
         batch_spend=spend,
+        accuracy_by_method=by_method,
+        pate_queries=n_q,
+        model=model,
     )

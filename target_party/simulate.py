@@ -55,17 +55,56 @@ def otda(source: Domain, view: TargetView, representation: str, cfg: AdaptConfig
     return accuracy(pred, view.labels)
 
 
+METHODS = ("dpda", "pate", "dpda+pate")
+
+
+def method_terms(
+    terms: SessionTerms, method: str, pate_queries: int, pate_share: float
+) -> SessionTerms:
+    """The session terms of one method at the same total ε."""
+    if method == "dpda":
+        return terms.model_copy(update={"pate_epsilon": 0.0, "pate_queries": 0, "dpda": True})
+    if method == "pate":
+        return SessionTerms.model_validate(
+            {
+                **terms.model_dump(),
+                "dpda": False,
+                "pate_epsilon": terms.epsilon,
+                "pate_queries": pate_queries,
+            }
+        )
+    if method == "dpda+pate":
+        return SessionTerms.model_validate(
+            {
+                **terms.model_dump(),
+                "dpda": True,
+                "pate_epsilon": terms.epsilon * pate_share,
+                "pate_queries": pate_queries,
+            }
+        )
+    raise ValueError(f"unknown method {method!r} (choose from {', '.join(METHODS)}, all)")
+
+
 @dataclass(frozen=True)
 class SimulationOutcome:
     source_only: float | None
     otda: float | None
-    dpda: DPDAResult
+    runs: dict[str, DPDAResult]
+
+    @property
+    def dpda(self) -> DPDAResult:
+        """The main run: DPDA if it ran, else the first method that did."""
+        return self.runs.get("dpda") or next(iter(self.runs.values()))
 
     def to_json(self, terms: SessionTerms) -> dict[str, Any]:
         d = self.dpda
+        acc: dict[str, float | None] = {"source_only": self.source_only, "otda": self.otda}
+        for m, r in self.runs.items():
+            acc[m.replace("+", "_")] = r.accuracy
         return {
-            "accuracy": {"source_only": self.source_only, "otda": self.otda, "dpda": d.accuracy},
-            "epsilon_spent": d.epsilon_spent,
+            "accuracy": acc,
+            "epsilon_spent": max(r.epsilon_spent for r in self.runs.values()),
+            "epsilon_by_method": {m: r.epsilon_spent for m, r in self.runs.items()},
             "epsilon_budget": terms.epsilon,
             "delta": d.delta,
             "projection": terms.projection,
@@ -78,6 +117,7 @@ class SimulationOutcome:
             "rows_received": d.rows_received,
             "w_tilde": d.w_tilde,
             "solver_converged": d.solver_converged,
+            "pate_queries": max(r.pate_queries for r in self.runs.values()),
             "caveat": terms.caveat,
         }
 
@@ -92,16 +132,25 @@ def simulate(
     baselines: bool = True,
     progress: Callable[[int, int], None] | None = None,
     scaling_mode: str = "zscore",
+    methods: tuple[str, ...] = ("dpda",),
+    pate_queries: int = 100,
+    pate_share: float = 0.1,
 ) -> SimulationOutcome:
-    rng = make_rng(seed)
+    """Each method runs as its own session on a fresh ledger at the same total ε."""
     view = target_view(target, representation, scaling_mode=scaling_mode)
-    store = MemoryLedgerStore()
-    ledger = PrivacyLedger(store, {terms.dataset: Budget(terms.epsilon, terms.delta)})
-    releaser = SourceReleaser(source, terms.dataset, ledger, rng, representation)
-    res = run_dpda(releaser, view, terms, cfg, lambda: ledger.spent(terms.dataset), progress)
+    runs: dict[str, DPDAResult] = {}
+    for method in methods:
+        t = method_terms(terms, method, pate_queries, pate_share) if methods != ("dpda",) else terms
+        rng = make_rng(seed)
+        store = MemoryLedgerStore()
+        ledger = PrivacyLedger(store, {t.dataset: Budget(t.epsilon, t.delta)})
+        releaser = SourceReleaser(source, t.dataset, ledger, rng, representation)
+        runs[method] = run_dpda(
+            releaser, view, t, cfg, lambda lg=ledger, ds=t.dataset: lg.spent(ds), progress
+        )
     so = source_only(source, view, representation, cfg) if baselines else None
     ot_acc = otda(source, view, representation, cfg) if baselines else None
-    return SimulationOutcome(so, ot_acc, res)
+    return SimulationOutcome(so, ot_acc, runs)
 
 
-__all__ = ["simulate", "SimulationOutcome", "prepare_features"]
+__all__ = ["simulate", "SimulationOutcome", "prepare_features", "method_terms", "METHODS"]

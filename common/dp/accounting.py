@@ -108,6 +108,8 @@ def _gaussian_equivalent(event: dp_event.DpEvent) -> float | None:
     parts = _flatten(event)
     if not all(isinstance(e, dp_event.GaussianDpEvent) for e, _ in parts):
         return None
+    if any(e.noise_multiplier == 0 for e, _ in parts):  # type: ignore[attr-defined]
+        return 0.0  # a noiseless release: not private at all
     inv = sum(c / (e.noise_multiplier**2) for e, c in parts)  # type: ignore[attr-defined]
     return math.inf if inv == 0 else 1.0 / math.sqrt(inv)
 
@@ -164,7 +166,15 @@ def epsilon_of(
     if not events:
         return 0.0
     acc = make_accountant(acc_kind, pld_interval)
-    composed = dp_event.ComposedDpEvent([_for_accountant(e, acc_kind) for e in events])
+    rewritten = [_for_accountant(e, acc_kind) for e in events]
+    if acc_kind is Accountant.PLD:
+        # Exact: all un-sampled Gaussian parts about the same record are one Gaussian mechanism.
+        gauss = [e for e in rewritten if _gaussian_equivalent(e) is not None]
+        if len(gauss) > 1 or any(isinstance(e, dp_event.SelfComposedDpEvent) for e in gauss):
+            merged = _gaussian_equivalent(dp_event.ComposedDpEvent(gauss))
+            rest = [e for e in rewritten if _gaussian_equivalent(e) is None]
+            rewritten = [*rest, dp_event.GaussianDpEvent(merged)]  # type: ignore[arg-type]
+    composed = dp_event.ComposedDpEvent(rewritten)
     if not acc.supports(composed):
         raise ValueError(f"the {acc_kind.value} accountant does not support this event")
     acc.compose(composed)

@@ -243,6 +243,69 @@ class BatchRelease(_message.Message):
 Global___BatchRelease: _TypeAlias = BatchRelease  # noqa: Y015
 
 @_typing.final
+class QueryTeachersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    QUERIES_FIELD_NUMBER: _builtins.int
+    LEDGER_HEAD_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    index: _builtins.int
+    """the request id is session_id/pate/index"""
+    ledger_head: _builtins.str
+    @_builtins.property
+    def queries(self) -> Global___NDArray:
+        """(n, l) in the projection space, or (n, k) raw when opted in"""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        index: _builtins.int = ...,
+        queries: Global___NDArray | None = ...,
+        ledger_head: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queries", b"queries"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "ledger_head", b"ledger_head", "queries", b"queries", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueryTeachersRequest: _TypeAlias = QueryTeachersRequest  # noqa: Y015
+
+@_typing.final
+class QueryTeachersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LABELS_FIELD_NUMBER: _builtins.int
+    ENTRY_JSON_FIELD_NUMBER: _builtins.int
+    PAYLOAD_SHA256_FIELD_NUMBER: _builtins.int
+    SOURCE_SIG_FIELD_NUMBER: _builtins.int
+    entry_json: _builtins.str
+    payload_sha256: _builtins.str
+    source_sig: _builtins.str
+    @_builtins.property
+    def labels(self) -> Global___NDArray:
+        """(n,) noisy arg-max labels; never the vote counts"""
+
+    def __init__(
+        self,
+        *,
+        labels: Global___NDArray | None = ...,
+        entry_json: _builtins.str = ...,
+        payload_sha256: _builtins.str = ...,
+        source_sig: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_json", b"entry_json", "labels", b"labels", "payload_sha256", b"payload_sha256", "source_sig", b"source_sig"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueryTeachersResponse: _TypeAlias = QueryTeachersResponse  # noqa: Y015
+
+@_typing.final
 class CountersignRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -49,6 +49,11 @@ class SourceServiceStub:
                 request_serializer=common_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.SerializeToString,
                 response_deserializer=common_dot_pb_dot_dpda__pb2.BatchRelease.FromString,
                 _registered_method=True)
+        self.QueryTeachers = channel.unary_unary(
+                '/dpda.v1.SourceService/QueryTeachers',
+                request_serializer=common_dot_pb_dot_dpda__pb2.QueryTeachersRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.QueryTeachersResponse.FromString,
+                _registered_method=True)
         self.Countersign = channel.unary_unary(
                 '/dpda.v1.SourceService/Countersign',
                 request_serializer=common_dot_pb_dot_dpda__pb2.CountersignRequest.SerializeToString,
@@ -82,6 +87,12 @@ class SourceServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseBatches(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueryTeachers(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -122,6 +133,11 @@ def add_SourceServiceServicer_to_server(servicer, server):
                     servicer.ReleaseBatches,
                     request_deserializer=common_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.FromString,
                     response_serializer=common_dot_pb_dot_dpda__pb2.BatchRelease.SerializeToString,
+            ),
+            'QueryTeachers': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryTeachers,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.QueryTeachersRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.QueryTeachersResponse.SerializeToString,
             ),
             'Countersign': grpc.unary_unary_rpc_method_handler(
                     servicer.Countersign,
@@ -220,6 +236,33 @@ class SourceService:
             '/dpda.v1.SourceService/ReleaseBatches',
             common_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.SerializeToString,
             common_dot_pb_dot_dpda__pb2.BatchRelease.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryTeachers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpda.v1.SourceService/QueryTeachers',
+            common_dot_pb_dot_dpda__pb2.QueryTeachersRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.QueryTeachersResponse.FromString,
             options,
             channel_credentials,
             insecure,

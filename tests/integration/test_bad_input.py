@@ -154,3 +154,41 @@ def test_malformed_bytes_do_not_crash_the_server(peer) -> None:
         list(stub.GetLedger(pb.GetLedgerRequest(dataset="synthetic"), timeout=10).entries_json)
         == []
     )
+
+
+def test_bad_teacher_queries(peer) -> None:
+    _, stub, rs = peer
+    sid = stub.OpenSession(
+        pb.OpenSessionRequest(terms_json=_terms(dpda=False, pate_epsilon=4.0, pate_queries=20)),
+        timeout=10,
+    ).session_id
+    from common.dp.ledger import head_hash
+
+    def head() -> str:
+        return head_hash(rs.handlers.ledger.store.entries("synthetic"))
+
+    inv = grpc.StatusCode.INVALID_ARGUMENT
+    before = rs.handlers.ledger.store.entries()
+    for bad in (np.zeros((3, 4)), np.full((3, 5), np.nan), np.zeros((21, 5))):
+        _expect(inv, stub.QueryTeachers,
+                pb.QueryTeachersRequest(session_id=sid, queries=serde.to_pb(bad),
+                                        ledger_head=head()))
+    _expect(inv, stub.QueryTeachers,
+            pb.QueryTeachersRequest(session_id=sid, ledger_head=head(),
+                                    queries=serde.to_pb(np.zeros((3, 5), dtype=np.int64))))
+    assert rs.handlers.ledger.store.entries() == before
+    ok = pb.QueryTeachersRequest(session_id=sid, queries=serde.to_pb(np.ones((3, 5))),
+                                 ledger_head=head())
+    first = stub.QueryTeachers(ok, timeout=10)
+    again = stub.QueryTeachers(ok, timeout=10)  # a retry: the same answer, not charged again
+    assert first.labels.data == again.labels.data and first.entry_json == again.entry_json
+    n = len(rs.handlers.ledger.store.entries())
+    altered = pb.QueryTeachersRequest(session_id=sid, queries=serde.to_pb(np.zeros((3, 5))),
+                                      ledger_head=head())
+    _expect(inv, stub.QueryTeachers, altered)  # replayed request id, altered content
+    assert len(rs.handlers.ledger.store.entries()) == n
+    # a DPDA-only session has no PATE channel
+    sid2 = _open(stub).session_id
+    _expect(inv, stub.QueryTeachers,
+            pb.QueryTeachersRequest(session_id=sid2, queries=serde.to_pb(np.ones((1, 5))),
+                                    ledger_head=head()))

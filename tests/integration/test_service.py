@@ -67,25 +67,23 @@ def test_target_does_not_ask_beyond_its_own_budget(tmp_path) -> None:
 class _Tamper(SourceHandlers):
     mode = ""
 
-    def _sign(self, dataset: str, rel, seq: int) -> SignedRelease:  # noqa: ANN001
-        sr = super()._sign(dataset, rel, seq)
+    def _release_one(self, peer, releaser, session_id, index) -> SignedRelease:  # noqa: ANN001
+        sr = super()._release_one(peer, releaser, session_id, index)
+        rel, entry = sr.release, sr.entry
         if self.mode == "payload":
             z = rel.z.copy()
             z[0, 0] += 1.0
-            sr = dataclasses.replace(sr, release=dataclasses.replace(rel, z=z))
-        elif self.mode == "signature":
-            sig = "A" * len(sr.entry.source_sig[:-2]) + "=="
-            sr = dataclasses.replace(sr, entry=dataclasses.replace(sr.entry, source_sig=sig))
-        elif self.mode == "charge":
-            d = json.loads(sr.entry.to_json())
+            return SignedRelease(dataclasses.replace(rel, z=z), entry)
+        if self.mode == "signature":
+            return SignedRelease(rel, dataclasses.replace(entry, source_sig="A" * 86 + "=="))
+        if self.mode == "charge":
+            d = json.loads(entry.to_json())
             d["dp_event"]["events"][0]["noise_multiplier"] *= 2  # claims more noise than drawn
-            entry = LedgerEntry(**d)
+            forged = LedgerEntry(**d)
             from common import signing
 
-            entry = dataclasses.replace(
-                entry, source_sig=signing.sign(self.key, entry.signed_message())
-            )
-            sr = dataclasses.replace(sr, entry=entry, source_sig=entry.source_sig)
+            sig = signing.sign(self.key, forged.signed_message())
+            return SignedRelease(rel, dataclasses.replace(forged, source_sig=sig))
         return sr
 
 
@@ -116,3 +114,34 @@ def test_service_equals_simulate_for_a_fixed_seed(tmp_path) -> None:
 
     assert out["predictions_sha256"] == hashlib.sha256(sim.dpda.predictions.tobytes()).hexdigest()
     assert np.isfinite(out["w_tilde"])
+
+
+@pytest.mark.parametrize("method", ["pate", "dpda+pate"])
+def test_pate_channels_over_the_service_equal_simulate(tmp_path, method: str) -> None:
+    dep = synthetic_deployment(
+        tmp_path, seed=9, job={"method": method, "pate_queries": 40, "pate_teachers": 20}
+    )
+    with run_server(load_source(dep.source_config)) as rs:
+        out = _run_target(dep, rs.port)
+        kinds = [e.params.get("kind", "batch") for e in rs.handlers.ledger.store.entries()]
+    assert ("pate" in kinds) and (("batch" in kinds) == (method == "dpda+pate"))
+    src, tgt = two_domains()
+    terms = SessionTerms(
+        dataset="synthetic", epsilon=4.0, delta=DELTA, projection_dim=10, pate_teachers=20
+    )
+    sim = simulate(
+        src,
+        tgt,
+        terms,
+        "raw",
+        AdaptConfig(),
+        seed=9,
+        baselines=False,
+        methods=(method,),
+        pate_queries=40,
+    )
+    assert out["accuracy"] == sim.runs[method].accuracy
+    assert out["epsilon_spent"] == pytest.approx(sim.runs[method].epsilon_spent, abs=1e-12)
+    assert out["epsilon_spent"] <= 4.0
+    key = method.replace("+", "_")
+    assert out["accuracy_by_method"][key] == out["accuracy"]

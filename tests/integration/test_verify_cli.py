@@ -24,13 +24,18 @@ def finished(tmp_path_factory):
     from common.cli_service import _write_keys_json
 
     src_cfg = load_source(dep.source_config)
-    _write_keys_json(src_cfg.state_dir, src_cfg.signing_key,
-                     {"target-org": dep.target_keys.signing_pub}, "source")
+    _write_keys_json(
+        src_cfg.state_dir,
+        src_cfg.signing_key,
+        {"target-org": dep.target_keys.signing_pub},
+        "source",
+    )
     with run_server(src_cfg) as rs:
         set_source_address(dep, f"127.0.0.1:{rs.port}")
         tcfg = load_target(dep.target_config)
-        _write_keys_json(tcfg.state_dir, tcfg.signing_key,
-                         {"source": dep.source_keys.signing_pub}, "target")
+        _write_keys_json(
+            tcfg.state_dir, tcfg.signing_key, {"source": dep.source_keys.signing_pub}, "target"
+        )
         run(tcfg, progress=False)
     return dep
 
@@ -55,13 +60,17 @@ def test_untouched_state_verifies(finished, capsys) -> None:
         assert main(["audit", "verify", str(finished.workdir / side)]) == 0
     assert main(["audit", "report", str(finished.workdir / "source")]) == 0
     out = capsys.readouterr().out
-    assert "3 ledger entries checked: OK" in out and "DP releases of synthetic: 3" in out
+    assert (
+        "3 ledger entries checked: OK" in out
+        and "DP releases of synthetic (gaussian-features+histogram): 3" in out
+    )
 
 
 TAMPER = {
     "edited value": lambda c: _edit_entry(c, 1, lambda d: d.update(spend_after=0.1)),
     "edited event": lambda c: _edit_entry(
-        c, 0, lambda d: d["dp_event"].update(sampling_probability=0.01)),
+        c, 0, lambda d: d["dp_event"].update(sampling_probability=0.01)
+    ),
     "bad signature": lambda c: _edit_entry(c, 2, lambda d: d.update(source_sig="A" * 86 + "==")),
     "deleted entry": lambda c: (c.execute("DELETE FROM ledger WHERE seq=1"), c.commit()),
     "reordered": lambda c: (
@@ -71,7 +80,9 @@ TAMPER = {
         c.commit(),
     ),
     "payload bytes": lambda c: (
-        c.execute("UPDATE payloads SET counts=zeroblob(length(counts)) WHERE seq=0"), c.commit()),
+        c.execute("UPDATE payloads SET counts=zeroblob(length(counts)) WHERE seq=0"),
+        c.commit(),
+    ),
 }
 
 
