@@ -152,7 +152,8 @@ class ServerAuditInterceptor(grpc.ServerInterceptor):
                 peer = peer_of(context)
                 log.append("in", method, peer, request.SerializeToString(), _request_id(request))
                 response = inner(request, context)
-                log.append("out", method, peer, response.SerializeToString(), _request_id(request))
+                fields = {"request_id": _request_id(request), **_release_fields(response)}
+                log.append("out", method, peer, response.SerializeToString(), **fields)
                 return response
 
             return grpc.unary_unary_rpc_method_handler(
@@ -189,9 +190,8 @@ class ClientAuditInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
         )
         call = continuation(details, request)
         response = call.result()
-        self.log.append(
-            "in", details.method, self.peer, response.SerializeToString(), _request_id(request)
-        )
+        fields = {"request_id": _request_id(request), **_release_fields(response)}
+        self.log.append("in", details.method, self.peer, response.SerializeToString(), **fields)
         return call
 
     def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001, ANN201
@@ -259,12 +259,14 @@ def report(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> dict[st
         m["bytes"] += r.size
     releases: dict[str, dict[str, Any]] = {}
     for r in records:
-        if r.ledger_seq < 0 or r.method.split("/")[-1] != "ReleaseBatches":
+        method = r.method.split("/")[-1]
+        if r.ledger_seq < 0 or method not in RELEASE_METHODS:
             continue
         entry = ledger_entries.get((r.dataset, r.ledger_seq))
-        mech = "gaussian-features+histogram"
+        mech = RELEASE_METHODS[method]
         d = releases.setdefault(
-            r.dataset, {"releases": 0, "bytes": 0, "epsilon": 0.0, "mechanism": mech}
+            f"{r.dataset}/{mech}",
+            {"dataset": r.dataset, "releases": 0, "bytes": 0, "epsilon": 0.0, "mechanism": mech},
         )
         d["releases"] += 1
         d["bytes"] += r.size

@@ -210,10 +210,10 @@ def _cmd_audit_report(args: argparse.Namespace) -> int:
     print("messages sent by this organization:")
     for m, d in sorted(rep["outgoing_by_method"].items()):
         print(f"  {m:<16} {d['messages']:>5} messages {d['bytes']:>12,} bytes")
-    for ds, d in rep["releases_by_dataset"].items():
+    for d in rep["releases_by_dataset"].values():
         print(
-            f"DP releases of {ds}: {d['releases']} ({d['mechanism']}), {d['bytes']:,} bytes, "
-            f"ε spent {d['epsilon']:.4f}"
+            f"DP releases of {d['dataset']} ({d['mechanism']}): {d['releases']}, "
+            f"{d['bytes']:,} bytes; dataset ε after the last one {d['epsilon']:.4f}"
         )
     return 0
 

@@ -114,10 +114,11 @@ def run_demo(args: argparse.Namespace) -> int:
     )
     if data["mode"] == "service":
         rep = data["audit_report"]
-        for ds, d in rep["releases_by_dataset"].items():
+        for d in rep["releases_by_dataset"].values():
             print(
-                f"  audit: {d['releases']} DP release(s) of '{ds}' left the source, "
-                f"{d['bytes']:,} bytes, ε {d['epsilon']:.3f}"
+                f"  audit: {d['releases']} DP release(s) of '{d['dataset']}' "
+                f"({d['mechanism']}) left the source, {d['bytes']:,} bytes, "
+                f"dataset ε {d['epsilon']:.3f}"
             )
         sent = sum(m["bytes"] for m in rep["outgoing_by_method"].values())
         print(

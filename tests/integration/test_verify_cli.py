@@ -111,3 +111,17 @@ def test_audit_detects_a_retained_payload_that_differs(finished, tmp_path) -> No
     conn.commit()
     conn.close()
     assert main(["audit", "verify", str(state)]) == 1
+
+
+def test_pate_answers_are_audited_and_covered_by_the_ledger(tmp_path, capsys) -> None:
+    dep = synthetic_deployment(tmp_path, job={"method": "dpda+pate", "pate_queries": 30,
+                                              "pate_teachers": 10})
+    with run_server(load_source(dep.source_config)) as rs:
+        set_source_address(dep, f"127.0.0.1:{rs.port}")
+        run(load_target(dep.target_config), progress=False)
+    for side in ("source", "target"):
+        assert main(["audit", "verify", str(dep.workdir / side)]) == 0
+    assert main(["audit", "report", str(dep.workdir / "source")]) == 0
+    out = capsys.readouterr().out
+    assert "DP releases of synthetic (pate-votes): 1" in out
+    assert "DP releases of synthetic (gaussian-features+histogram): 1" in out
