@@ -184,6 +184,7 @@ def _terms(args: argparse.Namespace, dataset: str, delta: float):  # noqa: ANN20
             calibration=args.calibration,
             clip_norm=args.clip_norm,
             feature_bound=args.feature_bound,
+            release=args.release,
             pate_teachers=args.pate_teachers,
             pate_aggregator=args.pate_aggregator,
             pate_space=args.pate_space,
@@ -218,6 +219,12 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reg-e", type=float, default=0.02, help="entropic strength λe")
     p.add_argument("--reg-g", type=float, default=0.5, help="group-lasso strength λg")
     p.add_argument("--classifier", choices=["1nn", "logistic", "mlp"], default="1nn")
+    p.add_argument(
+        "--release",
+        choices=["rows", "prototypes", "class-gaussians"],
+        default="rows",
+        help="rows (Algorithm 2) or record-level aggregates (needs --privacy-unit record)",
+    )
     p.add_argument(
         "--method",
         choices=["dpda", "pate", "dpda+pate", "all"],

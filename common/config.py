@@ -86,6 +86,7 @@ class TargetJob(_Strict):
     reg_g: float = Field(default=0.5, ge=0)
     classifier: Literal["1nn", "logistic", "mlp"] = "1nn"
     method: Literal["dpda", "pate", "dpda+pate"] = "dpda"
+    release: Literal["rows", "prototypes", "class-gaussians"] = "rows"
     pate_share: float = Field(default=0.1, gt=0, lt=1, description="dpda+pate: PATE's ε share")
     pate_queries: int = Field(default=100, ge=1)
     pate_teachers: int = Field(default=50, ge=1)

@@ -57,6 +57,11 @@ class SessionTerms(BaseModel):
     histogram_share: float = Field(default=0.5, gt=0, lt=1)
     feature_bound: float = Field(default=1.0, gt=0)
     clip_norm: float = Field(default=1.0, gt=0)
+    release: Literal["rows", "prototypes", "class-gaussians"] = Field(
+        default="rows",
+        description="rows: noisy projected rows (Algorithm 2); prototypes: noisy per-class sums"
+        " and counts; class-gaussians: per-class sums, sums of squares and counts",
+    )
     # channels: the DPDA feature/histogram releases and PATE teacher votes
     dpda: bool = Field(default=True, description="release noisy features and histograms")
     pate_epsilon: float = Field(default=0.0, ge=0, description="share of ε for PATE answers")
@@ -76,6 +81,14 @@ class SessionTerms(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _aggregates(self) -> SessionTerms:
+        if self.release != "rows" and self.privacy_unit != "record":
+            raise ValueError("release: aggregate releases are offered with privacy_unit = record")
+        if self.release != "rows" and self.batch_size != 0:
+            raise ValueError("batch_size: aggregate releases are whole-dataset releases")
+        return self
+
+    @model_validator(mode="after")
     def _minibatch_relation(self) -> SessionTerms:
         if self.batch_size > 0 and self.neighbouring == "replace-one":
             raise ValueError(
@@ -86,7 +99,12 @@ class SessionTerms(BaseModel):
 
     @property
     def caveat(self) -> str:
-        return LABEL_CAVEAT if self.privacy_unit == "attribute" else "record unit"
+        if self.privacy_unit == "attribute":
+            return LABEL_CAVEAT
+        return (
+            "record unit: protects whole records (features and label); rows clipped to "
+            f"norm {self.clip_norm:.4g} in the projection space"
+        )
 
 
 class ReleasePlan(BaseModel):
@@ -147,6 +165,9 @@ def plan_batches(terms: SessionTerms, n_rows: int, projection: np.ndarray) -> Re
         feature_bound=terms.feature_bound,
         clip_norm=terms.clip_norm,
     )
+    if terms.release == "class-gaussians":
+        # [sums / C, sums of squares / C²] per class: one record moves one class block by ≤ √2
+        sens = float(np.sqrt(2.0)) * relation_factor(terms.neighbouring)
     if terms.batch_size == 0:
         eps_h = eps_dpda * terms.histogram_share
         eps_f = eps_dpda - eps_h

@@ -22,6 +22,7 @@ from common.dp.events import BatchSpec, event_from_json
 from common.dp.ledger import LedgerEntry, PrivacyLedger
 from common.dp.mechanisms import (
     check_projection,
+    class_sums,
     clip_rows,
     discrete_laplace_noise,
     gaussian_noise,
@@ -99,8 +100,6 @@ def prepare_features(
         if not (np.all(np.isfinite(scaling.mean)) and np.all(scaling.std > 0)):
             raise InvalidInput("scaling must be finite with positive std")
         x = scaling.apply(x)
-    if terms.privacy_unit == "record":
-        x = clip_rows(x, terms.clip_norm)
     return x
 
 
@@ -232,6 +231,9 @@ class SourceReleaser:
         self, x: np.ndarray, spec: BatchSpec, info: SessionInfo, index: int, entry: LedgerEntry
     ) -> BatchRelease:
         y = self.domain.y
+        terms = self._sessions[info.session_id][0]
+        if terms.release != "rows":
+            return self._draw_aggregate(x, terms, spec, info, index, entry)
         if spec.sampling_rate is None:
             rows = np.arange(x.shape[0])
         else:
@@ -240,15 +242,45 @@ class SourceReleaser:
         rows = rows[self.rng.permutation(rows.size)]
         rows = rows[np.argsort(y[rows], kind="stable")]
         proj = x[rows] @ info.projection
+        if terms.privacy_unit == "record":
+            proj = clip_rows(proj, terms.clip_norm)
         z = proj + gaussian_noise(proj.shape, spec.features.noise_std, self.rng)
         counts = label_counts(y[rows], info.n_classes)
+        return BatchRelease(index, z, self._noisy_counts(counts, spec), spec, entry.seq)
+
+    def _noisy_counts(self, counts: np.ndarray, spec: BatchSpec) -> np.ndarray:
         h = spec.histogram
         if h.mechanism == "discrete_laplace":
             noisy = counts + discrete_laplace_noise(counts.shape, h.parameter, self.rng)
         else:
             noise = gaussian_noise(counts.shape, h.noise_std, self.rng)
             noisy = np.rint(counts + noise).astype(np.int64)
-        return BatchRelease(index, z, noisy, spec, entry.seq)
+        return noisy
+
+    def _draw_aggregate(
+        self,
+        x: np.ndarray,
+        terms: SessionTerms,
+        spec: BatchSpec,
+        info: SessionInfo,
+        index: int,
+        entry: LedgerEntry,
+    ) -> BatchRelease:
+        """Per-class sums of clipped projected rows (+ sums of squares) with Gaussian noise."""
+        y = self.domain.y
+        c = terms.clip_norm
+        z = clip_rows(x @ info.projection, c)
+        sums = class_sums(z, y, info.n_classes)  # one record moves one row by ≤ C
+        if terms.release == "prototypes":
+            out = sums + gaussian_noise(sums.shape, spec.features.noise_std, self.rng)
+        else:
+            # [S/C, Q/C²]: one record moves one class block by ≤ √2 (the spec's sensitivity)
+            v = np.hstack([sums / c, class_sums(z * z, y, info.n_classes) / (c * c)])
+            v = v + gaussian_noise(v.shape, spec.features.noise_std, self.rng)
+            ell = z.shape[1]
+            out = np.hstack([v[:, :ell] * c, v[:, ell:] * (c * c)])
+        counts = label_counts(y, info.n_classes)
+        return BatchRelease(index, out, self._noisy_counts(counts, spec), spec, entry.seq)
 
     # ------------------------------------------------------------------------------ PATE
     def _teachers(self, session_id: str) -> TeacherEnsemble:

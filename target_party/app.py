@@ -53,6 +53,7 @@ def job_terms(cfg: TargetConfig) -> SessionTerms:
         calibration=j.calibration,
         feature_bound=j.feature_bound,
         clip_norm=j.clip_norm,
+        release=j.release,
         pate_teachers=j.pate_teachers,
         pate_aggregator=j.pate_aggregator,
         pate_space=j.pate_space,

@@ -256,7 +256,10 @@ class GrpcReleaseSource:
         known: LedgerEntry | None,
     ) -> BatchRelease:
         spec = info.plan.spec(terms)
-        z = serde.from_pb(msg.z, dtype="<f8", ndim=2, shape=(None, info.projection.shape[1]))
+        ell = info.projection.shape[1]
+        width = 2 * ell if terms.release == "class-gaussians" else ell
+        rows = None if terms.release == "rows" else info.n_classes
+        z = serde.from_pb(msg.z, dtype="<f8", ndim=2, shape=(rows, width))
         counts = serde.from_pb(msg.noisy_counts, dtype="<i8", ndim=1, shape=(info.n_classes,))
         digest = hashlib.sha256(msg.z.data + msg.noisy_counts.data).hexdigest()
         entry = LedgerEntry.from_json(msg.entry_json)

@@ -48,6 +48,10 @@ class AdaptConfig:
     pate_select: str = "confident"  # uncertain | confident | random
     pate_query: str = "backmapped"  # target: the row's projection; backmapped: its plan image
     pate_agree: bool = True  # keep only teacher labels that agree with the plan's class
+    # record unit: the target picks the clipping norm C as this quantile of the norms of its own
+    # projected rows (public to the source: the target's choice); 0 keeps the terms' clip_norm
+    clip_quantile: float = 0.9
+    synthetic_per_class: int = 200  # class-gaussians: points drawn per class (at most)
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,69 @@ def adapt_batch(
     )
 
 
+def aggregate_points(
+    rel: BatchRelease, release: str, n_classes: int, seed: int, per_class: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Noisy class aggregates → (points (p, ℓ), labels (p,), weights (p,)), post-processing.
+
+    ``prototypes``: one mean per class, weighted by its noisy count. ``class-gaussians``: points
+    drawn from a diagonal Gaussian per class (noisy mean and variance), equal weights.
+    """
+    counts = np.asarray(rel.noisy_counts, dtype=float)
+    ell = rel.z.shape[1] if release == "prototypes" else rel.z.shape[1] // 2
+    keep = np.flatnonzero(counts >= 1)
+    if keep.size == 0:
+        keep = np.arange(n_classes)
+    n = np.maximum(counts[keep], 1.0)[:, None]
+    means = rel.z[keep, :ell] / n
+    if release == "prototypes":
+        w = counts[keep].clip(1.0)
+        return means, keep.astype(np.int64), w / w.sum()
+    var = rel.z[keep, ell:] / n - means**2
+    floor = max(float(np.median(var[var > 0])) if np.any(var > 0) else 1e-3, 1e-6) * 0.05
+    var = np.maximum(var, floor)
+    rng = np.random.default_rng(seed)
+    sizes = np.minimum(np.rint(counts[keep]).astype(int), per_class).clip(1)
+    pts = [
+        m + rng.normal(size=(k, ell)) * np.sqrt(v)
+        for m, v, k in zip(means, var, sizes, strict=True)
+    ]
+    labels = np.repeat(keep, sizes).astype(np.int64)
+    x = np.vstack(pts)
+    return x, labels, np.full(x.shape[0], 1.0 / x.shape[0])
+
+
+def adapt_aggregate(
+    rel: BatchRelease,
+    xt_proj: np.ndarray,
+    view: TargetView,
+    cfg: AdaptConfig,
+    n_classes: int,
+    release: str,
+) -> BatchFit:
+    pts, ys, a = aggregate_points(rel, release, n_classes, cfg.seed, cfg.synthetic_per_class)
+    mask = label_mask(ys, view.known) if np.any(view.known >= 0) else None
+    cost = dpot_cost(pts, xt_proj, 0.0, mask)
+    res = sinkhorn_group_lasso(
+        a,
+        uniform(xt_proj.shape[0]),
+        cost.normalized,
+        ys,
+        cfg.reg_e,
+        cfg.reg_g,
+        outer_iter=cfg.outer_iter,
+        inner_iter=cfg.inner_iter,
+    )
+    return BatchFit(
+        mapped=barycentric_map(res.plan, view.x),
+        labels=ys,
+        w_tilde=float(np.sum(res.plan * cost.debiased)),
+        converged=res.converged,
+        class_mass=one_hot(ys, n_classes).T @ res.plan,
+        back_mapped=barycentric_map(res.plan.T, pts),
+    )
+
+
 def select_rows(class_mass: np.ndarray, k: int, how: str, seed: int) -> np.ndarray:
     """``k`` target rows: least (``uncertain``) or most (``confident``) certain under the plan's
     class shares, or ``random``."""
@@ -184,7 +251,16 @@ def run_dpda(
     basis = (
         target_pca_basis(view.x, terms.projection_dim) if terms.projection == "target-pca" else None
     )
+    if terms.privacy_unit == "record" and cfg.clip_quantile > 0 and basis is not None:
+        norms = np.linalg.norm(view.x @ basis, axis=1)
+        terms = terms.model_copy(update={"clip_norm": float(np.quantile(norms, cfg.clip_quantile))})
     info = source.open_session(terms, TargetDisclosure(view.scaling, basis))
+
+    def fit(rel: BatchRelease, v: TargetView) -> BatchFit:
+        if terms.release == "rows":
+            return adapt_batch(rel, xt_proj, v, cfg, q)
+        return adapt_aggregate(rel, xt_proj, v, cfg, q, terms.release)
+
     xt_proj = view.x @ info.projection
     q = info.n_classes
     releases: list[BatchRelease] = []
@@ -193,7 +269,7 @@ def run_dpda(
     for i in range(info.plan.steps):
         rel = source.release(info.session_id, i)
         releases.append(rel)
-        fits.append(adapt_batch(rel, xt_proj, view, cfg, q))
+        fits.append(fit(rel, view))
         counts.append([int(c) for c in rel.noisy_counts])
         spend.append(spent())
         if progress:
@@ -229,7 +305,7 @@ def run_dpda(
         known[idx] = labels
         labeled = TargetView(view.x, view.scaling, view.labels, known)
         if fits:
-            fits = [adapt_batch(r, xt_proj, labeled, cfg, q) for r in releases]
+            fits = [fit(r, labeled) for r in releases]
             mapped = np.vstack([f.mapped for f in fits])
             mapped_labels = np.concatenate([f.labels for f in fits])
             model, pred = _train(labeled, mapped, mapped_labels, cfg)

@@ -11,8 +11,11 @@ Neighbouring relations and units (DESIGN.md §2)
 * ``replace-one``: one record is replaced; every sensitivity below doubles.
 * Unit ``attribute``: one feature of one record moves by at most ``feature_bound``.
   L2 sensitivity of ``X·M`` = ``feature_bound · max_i ‖M_i‖₂`` (max row norm of M).
-* Unit ``record``: rows are clipped to ``‖x‖₂ ≤ C`` first; L2 sensitivity = ``C · ‖M‖₂``
-  (spectral norm).
+* Unit ``record``: each *projected* row is clipped to ``‖x·M‖₂ ≤ C`` (M is data-independent,
+  so clipping after projecting is a per-row operation); L2 sensitivity of a row = ``C``. (DESIGN.md
+  clips before projecting, sensitivity ``C·‖M‖₂``; clipping after is never looser.)
+* Aggregate releases (record unit): per-class sums of clipped rows — disjoint classes, so one
+  record moves one class sum by at most ``C`` (L2) — and per-class counts (L1 sensitivity 1).
 * Label histogram: integer counts, L1 sensitivity 1 (2 under replace-one).
 """
 
@@ -73,7 +76,7 @@ def projection_sensitivity(
         return factor * feature_bound * w
     if clip_norm <= 0:
         raise ValueError("clip_norm must be > 0")
-    return factor * clip_norm * float(np.linalg.norm(m, ord=2))
+    return factor * clip_norm
 
 
 def clip_rows(x: np.ndarray, clip_norm: float) -> np.ndarray:
@@ -81,6 +84,13 @@ def clip_rows(x: np.ndarray, clip_norm: float) -> np.ndarray:
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     scale = np.minimum(1.0, clip_norm / np.maximum(norms, 1e-300))
     return x * scale
+
+
+def class_sums(z: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
+    """Per-class sums ``(q, d)`` of the rows ``z (n, d)`` (private; leaves only with noise)."""
+    out = np.zeros((n_classes, z.shape[1]))
+    np.add.at(out, y, z)
+    return out
 
 
 def gaussian_noise(shape: tuple[int, ...], std: float, rng: np.random.Generator) -> np.ndarray:

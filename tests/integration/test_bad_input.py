@@ -170,25 +170,39 @@ def test_bad_teacher_queries(peer) -> None:
     inv = grpc.StatusCode.INVALID_ARGUMENT
     before = rs.handlers.ledger.store.entries()
     for bad in (np.zeros((3, 4)), np.full((3, 5), np.nan), np.zeros((21, 5))):
-        _expect(inv, stub.QueryTeachers,
-                pb.QueryTeachersRequest(session_id=sid, queries=serde.to_pb(bad),
-                                        ledger_head=head()))
-    _expect(inv, stub.QueryTeachers,
-            pb.QueryTeachersRequest(session_id=sid, ledger_head=head(),
-                                    queries=serde.to_pb(np.zeros((3, 5), dtype=np.int64))))
+        _expect(
+            inv,
+            stub.QueryTeachers,
+            pb.QueryTeachersRequest(session_id=sid, queries=serde.to_pb(bad), ledger_head=head()),
+        )
+    _expect(
+        inv,
+        stub.QueryTeachers,
+        pb.QueryTeachersRequest(
+            session_id=sid,
+            ledger_head=head(),
+            queries=serde.to_pb(np.zeros((3, 5), dtype=np.int64)),
+        ),
+    )
     assert rs.handlers.ledger.store.entries() == before
-    ok = pb.QueryTeachersRequest(session_id=sid, queries=serde.to_pb(np.ones((3, 5))),
-                                 ledger_head=head())
+    ok = pb.QueryTeachersRequest(
+        session_id=sid, queries=serde.to_pb(np.ones((3, 5))), ledger_head=head()
+    )
     first = stub.QueryTeachers(ok, timeout=10)
     again = stub.QueryTeachers(ok, timeout=10)  # a retry: the same answer, not charged again
     assert first.labels.data == again.labels.data and first.entry_json == again.entry_json
     n = len(rs.handlers.ledger.store.entries())
-    altered = pb.QueryTeachersRequest(session_id=sid, queries=serde.to_pb(np.zeros((3, 5))),
-                                      ledger_head=head())
+    altered = pb.QueryTeachersRequest(
+        session_id=sid, queries=serde.to_pb(np.zeros((3, 5))), ledger_head=head()
+    )
     _expect(inv, stub.QueryTeachers, altered)  # replayed request id, altered content
     assert len(rs.handlers.ledger.store.entries()) == n
     # a DPDA-only session has no PATE channel
     sid2 = _open(stub).session_id
-    _expect(inv, stub.QueryTeachers,
-            pb.QueryTeachersRequest(session_id=sid2, queries=serde.to_pb(np.ones((1, 5))),
-                                    ledger_head=head()))
+    _expect(
+        inv,
+        stub.QueryTeachers,
+        pb.QueryTeachersRequest(
+            session_id=sid2, queries=serde.to_pb(np.ones((1, 5))), ledger_head=head()
+        ),
+    )

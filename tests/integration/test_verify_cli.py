@@ -114,8 +114,9 @@ def test_audit_detects_a_retained_payload_that_differs(finished, tmp_path) -> No
 
 
 def test_pate_answers_are_audited_and_covered_by_the_ledger(tmp_path, capsys) -> None:
-    dep = synthetic_deployment(tmp_path, job={"method": "dpda+pate", "pate_queries": 30,
-                                              "pate_teachers": 10})
+    dep = synthetic_deployment(
+        tmp_path, job={"method": "dpda+pate", "pate_queries": 30, "pate_teachers": 10}
+    )
     with run_server(load_source(dep.source_config)) as rs:
         set_source_address(dep, f"127.0.0.1:{rs.port}")
         run(load_target(dep.target_config), progress=False)

@@ -1,0 +1,101 @@
+"""Record-level aggregate releases: noise against the ledger, clipping, parallel composition."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.data.loaders import Domain
+from common.data.preprocessing import Scaling
+from common.dp.accounting import epsilon_of
+from common.dp.events import event_from_json
+from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+from common.terms import SessionTerms
+from source_party.releases import SourceReleaser, TargetDisclosure
+from target_party.pipeline import aggregate_points
+
+from .noise_checks import std_matches
+
+
+def _release(
+    x: np.ndarray,
+    y: np.ndarray,
+    q: int,
+    release: str,
+    epsilon: float = 4.0,
+    clip: float = 1.0,
+    ell: int = 20,
+):  # noqa: ANN202
+    k = x.shape[1]
+    ledger = PrivacyLedger(MemoryLedgerStore(), {"d": Budget(100, 1e-5)})
+    rel = SourceReleaser(Domain("d", x, y, q), "d", ledger, np.random.default_rng(3))
+    terms = SessionTerms(
+        dataset="d",
+        epsilon=epsilon,
+        delta=1e-5,
+        projection="target-pca",
+        projection_dim=ell,
+        privacy_unit="record",
+        release=release,
+        clip_norm=clip,
+    )
+    basis = np.eye(k)[:, :ell]
+    info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(k), np.ones(k)), basis))
+    return rel.release(info.session_id, 0), ledger.store.entries("d")[-1], terms
+
+
+@pytest.mark.parametrize("release", ["prototypes", "class-gaussians"])
+def test_noise_matches_the_ledger(release: str) -> None:
+    q = 600  # all-zero rows: every released sum is pure noise; 600 × 20 (or 40) values
+    x, y = np.zeros((1200, 30)), np.arange(1200) % q
+    b, entry, _ = _release(x, y, q, release)
+    f = entry.params["spec"]["features"]
+    claimed = f["noise_multiplier"] * f["sensitivity"]
+    noise = b.z if release == "prototypes" else b.z  # C = 1: scaled and raw units agree
+    assert f["sensitivity"] == pytest.approx(1.0 if release == "prototypes" else np.sqrt(2))
+    assert std_matches(noise, claimed)
+    assert not std_matches(noise, claimed * 0.7)
+    assert not std_matches(noise, claimed * 1.3)
+
+
+def test_rows_are_clipped_before_summing() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 30)) * 100.0  # norms far above C
+    y = rng.integers(0, 3, size=300)
+    b, _, _ = _release(x, y, 3, "prototypes", epsilon=50.0, clip=2.0)
+    counts = np.bincount(y, minlength=3)
+    # a class sum of clipped rows has norm ≤ count·C; the noise at ε = 50 is tiny next to that
+    norms = np.linalg.norm(b.z, axis=1)
+    assert np.all(norms <= counts * 2.0 * 1.02 + 1.0)
+    unclipped = np.array(
+        [np.linalg.norm((x[y == c] @ np.eye(30)[:, :20]).sum(0)) for c in range(3)]
+    )
+    assert np.all(norms < unclipped / 5)
+
+
+def test_parallel_composition_only_across_disjoint_classes() -> None:
+    # the charge for q disjoint class sums is one Gaussian + one histogram, whatever q is
+    rng = np.random.default_rng(1)
+    charges = []
+    for q in (2, 10):
+        x, y = rng.normal(size=(200, 30)), np.arange(200) % q
+        _, entry, terms = _release(x, y, q, "prototypes")
+        charges.append(epsilon_of([event_from_json(entry.dp_event)], terms.delta))
+        assert np.bincount(y, minlength=q).sum() == 200  # every record in exactly one class
+    assert charges[0] == pytest.approx(charges[1])
+    assert charges[0] <= 4.0
+
+
+def test_aggregate_points_post_processing() -> None:
+    from source_party.releases import BatchRelease
+
+    sums = np.array([[2.0, 4.0], [0.0, 0.0], [9.0, 3.0]])
+    rel = BatchRelease(0, sums, np.array([2, -1, 3]), None, 0)  # type: ignore[arg-type]
+    pts, labels, w = aggregate_points(rel, "prototypes", 3, 0, 10)
+    assert labels.tolist() == [0, 2]  # a class with a non-positive noisy count is dropped
+    assert np.allclose(pts, [[1.0, 2.0], [3.0, 1.0]]) and np.isclose(w.sum(), 1.0)
+
+
+def test_aggregates_need_the_record_unit() -> None:
+    with pytest.raises(ValueError, match="release"):
+        SessionTerms(dataset="d", epsilon=1, delta=1e-5, release="prototypes")
