@@ -115,16 +115,22 @@ class BatchFit:
     back_mapped: np.ndarray  # (m, ℓ): each target row's image among the noisy source rows
 
 
-def adapt_batch(
-    rel: BatchRelease, xt_proj: np.ndarray, view: TargetView, cfg: AdaptConfig, n_classes: int
+def fit_points(
+    pts: np.ndarray,
+    ys: np.ndarray,
+    a: np.ndarray,
+    noise_std: float,
+    xt_proj: np.ndarray,
+    view: TargetView,
+    cfg: AdaptConfig,
+    n_classes: int,
 ) -> BatchFit:
-    """One release → mapped rows, their labels, W̃, and what PATE query selection needs."""
-    n = rel.z.shape[0]
-    ys = counts_to_labels(rel.noisy_counts, n)
+    """Labeled source points (noisy rows, prototypes or synthetic points) with weights ``a``
+    → debiased cost → entropic + group-lasso OT → images in the target's own space."""
     mask = label_mask(ys, view.known) if np.any(view.known >= 0) else None
-    cost = dpot_cost(rel.z, xt_proj, rel.spec.features.noise_std, mask)
+    cost = dpot_cost(pts, xt_proj, noise_std, mask)
     res = sinkhorn_group_lasso(
-        uniform(n),
+        a,
         uniform(xt_proj.shape[0]),
         cost.normalized,
         ys,
@@ -133,14 +139,24 @@ def adapt_batch(
         outer_iter=cfg.outer_iter,
         inner_iter=cfg.inner_iter,
     )
-    w = float(np.sum(res.plan * cost.debiased))
     return BatchFit(
         mapped=barycentric_map(res.plan, view.x),
         labels=ys,
-        w_tilde=w,
+        w_tilde=float(np.sum(res.plan * cost.debiased)),
         converged=res.converged,
         class_mass=one_hot(ys, n_classes).T @ res.plan,
-        back_mapped=barycentric_map(res.plan.T, rel.z),
+        back_mapped=barycentric_map(res.plan.T, pts),
+    )
+
+
+def adapt_batch(
+    rel: BatchRelease, xt_proj: np.ndarray, view: TargetView, cfg: AdaptConfig, n_classes: int
+) -> BatchFit:
+    """One row release (Algorithm 2): labels from the noisy counts, uniform weights."""
+    n = rel.z.shape[0]
+    ys = counts_to_labels(rel.noisy_counts, n)
+    return fit_points(
+        rel.z, ys, uniform(n), rel.spec.features.noise_std, xt_proj, view, cfg, n_classes
     )
 
 
@@ -184,27 +200,9 @@ def adapt_aggregate(
     n_classes: int,
     release: str,
 ) -> BatchFit:
+    """One aggregate release: weighted prototypes or synthetic points per class."""
     pts, ys, a = aggregate_points(rel, release, n_classes, cfg.seed, cfg.synthetic_per_class)
-    mask = label_mask(ys, view.known) if np.any(view.known >= 0) else None
-    cost = dpot_cost(pts, xt_proj, 0.0, mask)
-    res = sinkhorn_group_lasso(
-        a,
-        uniform(xt_proj.shape[0]),
-        cost.normalized,
-        ys,
-        cfg.reg_e,
-        cfg.reg_g,
-        outer_iter=cfg.outer_iter,
-        inner_iter=cfg.inner_iter,
-    )
-    return BatchFit(
-        mapped=barycentric_map(res.plan, view.x),
-        labels=ys,
-        w_tilde=float(np.sum(res.plan * cost.debiased)),
-        converged=res.converged,
-        class_mass=one_hot(ys, n_classes).T @ res.plan,
-        back_mapped=barycentric_map(res.plan.T, pts),
-    )
+    return fit_points(pts, ys, a, 0.0, xt_proj, view, cfg, n_classes)
 
 
 def select_rows(class_mass: np.ndarray, k: int, how: str, seed: int) -> np.ndarray:
