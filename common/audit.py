@@ -135,25 +135,37 @@ def _request_id(msg: Any) -> str:
 class ServerAuditInterceptor(grpc.ServerInterceptor):
     """Records every request and response of the source's RPCs."""
 
-    def __init__(self, log: AuditLog, peer_of: Callable[[grpc.ServicerContext], str]) -> None:
+    def __init__(
+        self,
+        log: AuditLog,
+        peer_of: Callable[[grpc.ServicerContext], str],
+        observe: Callable[[AuditRecord], None] | None = None,
+        timed: Callable[[str, float], None] | None = None,
+    ) -> None:
         self.log = log
         self.peer_of = peer_of
+        self.observe = observe or (lambda rec: None)
+        self.timed = timed or (lambda method, seconds: None)
 
     def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001, ANN201
         handler = continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
-        log, peer_of = self.log, self.peer_of
+        log, peer_of, observe, timed = self.log, self.peer_of, self.observe, self.timed
         if handler.unary_unary:
             inner = handler.unary_unary
 
             def unary(request, context):  # noqa: ANN001, ANN202
+                t0 = time.perf_counter()
                 peer = peer_of(context)
                 log.append("in", method, peer, request.SerializeToString(), _request_id(request))
-                response = inner(request, context)
+                try:
+                    response = inner(request, context)
+                finally:
+                    timed(method, time.perf_counter() - t0)
                 fields = {"request_id": _request_id(request), **_release_fields(response)}
-                log.append("out", method, peer, response.SerializeToString(), **fields)
+                observe(log.append("out", method, peer, response.SerializeToString(), **fields))
                 return response
 
             return grpc.unary_unary_rpc_method_handler(
@@ -163,12 +175,17 @@ class ServerAuditInterceptor(grpc.ServerInterceptor):
             inner_s = handler.unary_stream
 
             def stream(request, context):  # noqa: ANN001, ANN202
+                t0 = time.perf_counter()
                 peer = peer_of(context)
                 log.append("in", method, peer, request.SerializeToString(), _request_id(request))
-                for response in inner_s(request, context):
-                    fields = {"request_id": _request_id(request), **_release_fields(response)}
-                    log.append("out", method, peer, response.SerializeToString(), **fields)
-                    yield response
+                try:
+                    for response in inner_s(request, context):
+                        fields = {"request_id": _request_id(request), **_release_fields(response)}
+                        msg = response.SerializeToString()
+                        observe(log.append("out", method, peer, msg, **fields))
+                        yield response
+                finally:
+                    timed(method, time.perf_counter() - t0)
 
             return grpc.unary_stream_rpc_method_handler(
                 stream, handler.request_deserializer, handler.response_serializer

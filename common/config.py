@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ConfigError
 
@@ -49,6 +49,23 @@ class Peer(_Strict):
     epsilon_cap: float = Field(gt=0, description="cap for this peer on each dataset")
 
 
+class AdminConfig(_Strict):
+    enabled: bool = True
+    listen: str = Field(default="127.0.0.1:0", description="host:port; port 0 picks a free one")
+    token_file: Path | None = Field(
+        default=None, description="bearer token; required when listen is not a loopback address"
+    )
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> AdminConfig:
+        from .admin import is_loopback
+
+        host = self.listen.rsplit(":", 1)[0].strip("[]")
+        if self.enabled and not is_loopback(host) and self.token_file is None:
+            raise ValueError("token_file: required when the admin API listens beyond loopback")
+        return self
+
+
 class SourceConfig(_Strict):
     state_dir: Path
     listen: str = "127.0.0.1:0"
@@ -59,6 +76,7 @@ class SourceConfig(_Strict):
     retain_payloads: bool = False
     max_batches_per_request: int = Field(default=1000, ge=1)
     seed: int | None = Field(default=None, description="testing only: fixes all noise")
+    admin: AdminConfig = Field(default_factory=AdminConfig)
 
 
 class TargetJob(_Strict):
@@ -118,6 +136,7 @@ def _resolve(data: object, base: Path) -> object:
                     "key",
                     "peer_ca",
                     "signing_key",
+                    "token_file",
                     "signing_public_key",
                     "state_dir",
                     "path",

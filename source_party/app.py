@@ -16,7 +16,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common import serde, signing
-from common.audit import AuditLog, ServerAuditInterceptor
+from common.admin import AdminApp, AdminServer, Metrics
+from common.audit import RELEASE_METHODS, AuditLog, AuditRecord, ServerAuditInterceptor
 from common.auth import AuthInterceptor
 from common.config import SourceConfig, SourceDataset
 from common.data.loaders import Domain, load_domain, load_table
@@ -51,6 +52,29 @@ class RunningSource:
     port: int
     handlers: SourceHandlers
     audit: AuditLog
+    metrics: Metrics
+    admin: AdminServer | None = None
+
+    @property
+    def admin_port(self) -> int:
+        return self.admin.port if self.admin else 0
+
+
+def _observer(metrics: Metrics, ledger: PrivacyLedger):  # noqa: ANN202
+    """Metrics from every outgoing audit record: releases, bytes, ε per dataset and peer."""
+
+    def observe(rec: AuditRecord) -> None:
+        mech = RELEASE_METHODS.get(rec.method.rsplit("/", 1)[-1])
+        if mech is None or rec.ledger_seq < 0:
+            return
+        metrics.releases.labels(rec.dataset, mech).inc()
+        metrics.release_bytes.labels(rec.dataset, mech).inc(rec.size)
+        entries = ledger.store.entries(rec.dataset)
+        if rec.ledger_seq < len(entries):
+            e = entries[rec.ledger_seq]
+            metrics.epsilon.labels(rec.dataset, e.peer).set(e.spend_after)
+
+    return observe
 
 
 def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers) -> RunningSource:
@@ -77,18 +101,26 @@ def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
         cfg.max_batches_per_request,
     )
     audit = AuditLog(conn, "source", cfg.retain_payloads)
+    metrics = Metrics()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8),
         interceptors=[
             AuthInterceptor(set(peers)),
-            ServerAuditInterceptor(audit, lambda ctx: peer_fingerprint(ctx) or "anonymous"),
+            ServerAuditInterceptor(
+                audit,
+                lambda ctx: peer_fingerprint(ctx) or "anonymous",
+                observe=_observer(metrics, ledger),
+                timed=lambda m, sec: metrics.latency.labels(m.rsplit("/", 1)[-1]).observe(sec),
+            ),
         ],
         options=[
             ("grpc.max_receive_message_length", serde.MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", serde.MAX_MESSAGE_BYTES),
         ],
     )
-    pb_grpc.add_SourceServiceServicer_to_server(SourceServicer(handlers), server)
+    pb_grpc.add_SourceServiceServicer_to_server(
+        SourceServicer(handlers, lambda code: metrics.refusals.labels(code).inc()), server
+    )
     hs = health.HealthServicer()
     hs.set("", health_pb2.HealthCheckResponse.SERVING)
     hs.set("dpda.v1.SourceService", health_pb2.HealthCheckResponse.SERVING)
@@ -97,7 +129,29 @@ def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
     port = server.add_secure_port(cfg.listen, creds)
     if port == 0:
         raise ConfigError(f"listen: cannot bind {cfg.listen}")
-    return RunningSource(server, port, handlers, audit)
+    return RunningSource(server, port, handlers, audit, metrics)
+
+
+def _admin(cfg: SourceConfig, rs: RunningSource) -> AdminServer | None:
+    if not cfg.admin.enabled:
+        return None
+    token = cfg.admin.token_file.read_text().strip() if cfg.admin.token_file else None
+    store = rs.handlers.ledger.store
+
+    def ready() -> bool:
+        try:
+            rs.handlers.conn.execute("SELECT 1").fetchone()
+            return True
+        except Exception:  # noqa: BLE001 - any failure means not ready
+            return False
+
+    app = AdminApp(
+        rs.metrics, store.entries, lambda: [r for r, _ in rs.audit.records()], ready, token
+    )
+    host, port = cfg.admin.listen.rsplit(":", 1)
+    server = AdminServer(app, host.strip("[]"), int(port))
+    server.start()
+    return server
 
 
 @contextmanager
@@ -108,9 +162,18 @@ def run_server(
     rs = build(cfg, handlers_cls)
     rs.server.start()
     try:
+        rs.admin = _admin(cfg, rs)
         yield rs
     finally:
+        if rs.admin is not None:
+            rs.admin.stop()
         rs.server.stop(grace=2).wait()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def serve(cfg: SourceConfig) -> int:
@@ -119,10 +182,11 @@ def serve(cfg: SourceConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     with run_server(cfg) as rs:
-        port_file = cfg.state_dir / "port"
-        tmp = Path(f"{port_file}.tmp")
-        tmp.write_text(str(rs.port))
-        os.replace(tmp, port_file)
+        if rs.admin is not None:
+            _write_atomic(cfg.state_dir / "admin_port", str(rs.admin_port))
+            admin_host = cfg.admin.listen.rsplit(":", 1)[0]
+            print(f"dpda source admin API on http://{admin_host}:{rs.admin_port}", flush=True)
+        _write_atomic(cfg.state_dir / "port", str(rs.port))
         host = cfg.listen.rsplit(":", 1)[0]
         log.info("source listening on %s:%d (mTLS, %d peers)", host, rs.port, len(cfg.peers))
         print(f"dpda source listening on {host}:{rs.port}", flush=True)

@@ -30,8 +30,11 @@ STATUS = {
 }
 
 
-def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+def _abort(
+    context: grpc.ServicerContext, exc: BaseException, on_refusal: Callable[[str], None]
+) -> None:
     code, message = public_message(exc)
+    on_refusal(code)
     if not isinstance(exc, DpdaError):
         log.exception("internal error")
     else:
@@ -44,14 +47,17 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(self, request, context)
         except Exception as exc:  # noqa: BLE001 - every error goes through the catalog
-            _abort(context, exc)
+            _abort(context, exc, self.on_refusal)
 
     return wrapper
 
 
 class SourceServicer(pb_grpc.SourceServiceServicer):
-    def __init__(self, handlers: SourceHandlers) -> None:
+    def __init__(
+        self, handlers: SourceHandlers, on_refusal: Callable[[str], None] = lambda code: None
+    ) -> None:
         self.h = handlers
+        self.on_refusal = on_refusal  # the daemon counts refusals by public code
 
     @staticmethod
     def _peer(context: grpc.ServicerContext) -> str:
@@ -107,7 +113,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
                     source_sig=sr.source_sig,
                 )
         except Exception as exc:  # noqa: BLE001
-            _abort(context, exc)
+            _abort(context, exc, self.on_refusal)
 
     @_guard
     def QueryTeachers(

@@ -1,0 +1,226 @@
+"""The admin HTTP API of a daemon: a small ASGI app served by uvicorn in the daemon's process.
+
+Routes (all GET, JSON unless noted): ``/healthz`` (the process is up), ``/readyz`` (the gRPC
+server is serving and the state file answers), ``/metrics`` (Prometheus text format),
+``/v1/ledger`` (``?dataset=`` to filter), ``/v1/audit`` (records, never payload bytes),
+``/openapi.json``. Read-only: nothing here can release data or spend budget.
+
+Bound to 127.0.0.1 by default. On any other address a bearer token is required (the config
+refuses to start otherwise) and every request without ``Authorization: Bearer <token>`` gets 401.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class Metrics:
+    """The daemon's Prometheus metrics, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.releases = Counter(
+            "dpda_releases", "DP releases sent", ["dataset", "mechanism"], registry=self.registry
+        )
+        self.release_bytes = Counter(
+            "dpda_release_bytes",
+            "bytes of DP releases sent",
+            ["dataset", "mechanism"],
+            registry=self.registry,
+        )
+        self.epsilon = Gauge(
+            "dpda_epsilon_spent",
+            "ε spent on the dataset after the latest entry of the peer",
+            ["dataset", "peer"],
+            registry=self.registry,
+        )
+        self.refusals = Counter(
+            "dpda_refusals",
+            "requests refused, by public error code",
+            ["code"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "dpda_rpc_latency_seconds", "gRPC handling time", ["method"], registry=self.registry
+        )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {"title": "dpda admin API", "version": "1"},
+    "paths": {
+        "/healthz": {"get": {"summary": "liveness", "responses": {"200": {"description": "up"}}}},
+        "/readyz": {
+            "get": {
+                "summary": "readiness",
+                "responses": {
+                    "200": {"description": "serving"},
+                    "503": {"description": "not ready"},
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {"200": {"description": "text exposition format"}},
+            }
+        },
+        "/v1/ledger": {
+            "get": {
+                "summary": "ledger entries",
+                "parameters": [
+                    {
+                        "name": "dataset",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string"},
+                    }
+                ],
+                "responses": {"200": {"description": "JSON list of ledger entries"}},
+            }
+        },
+        "/v1/audit": {
+            "get": {
+                "summary": "audit records (no payload bytes)",
+                "responses": {"200": {"description": "JSON list of audit records"}},
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "this schema",
+                "responses": {"200": {"description": "OpenAPI 3 schema"}},
+            }
+        },
+    },
+    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+}
+
+
+class AdminApp:
+    """ASGI callable; ``ready()`` and the stores are injected by the composition root."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        ledger_entries: Callable[[str | None], list[Any]],
+        audit_records: Callable[[], list[Any]],
+        ready: Callable[[], bool],
+        token: str | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.ledger_entries = ledger_entries
+        self.audit_records = audit_records
+        self.ready = ready
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        status, ctype, body = self.handle(scope)
+        headers = [(b"content-type", ctype.encode()), (b"cache-control", b"no-store")]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self.token is None:
+            return True
+        for k, v in scope.get("headers", []):
+            if k.lower() == b"authorization":
+                return hmac.compare_digest(v, f"Bearer {self.token}".encode())
+        return False
+
+    def handle(self, scope: Scope) -> tuple[int, str, bytes]:
+        def js(code: int, data: Any) -> tuple[int, str, bytes]:
+            return code, "application/json", json.dumps(data).encode()
+
+        if scope.get("method", "GET") != "GET":
+            return js(405, {"error": "read-only API: GET only"})
+        if not self._authorized(scope):
+            return js(401, {"error": "missing or wrong bearer token"})
+        path = scope.get("path", "")
+        if path == "/healthz":
+            return js(200, {"status": "ok"})
+        if path == "/readyz":
+            ok = self.ready()
+            return js(200 if ok else 503, {"ready": ok})
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
+        if path == "/v1/ledger":
+            raw = scope.get("query_string", b"").decode()
+            query = dict(p.split("=", 1) for p in raw.split("&") if "=" in p)
+            entries = self.ledger_entries(query.get("dataset"))
+            return js(200, [json.loads(e.to_json()) for e in entries])
+        if path == "/v1/audit":
+            return js(200, [asdict(r) for r in self.audit_records()])
+        if path == "/openapi.json":
+            return js(200, OPENAPI)
+        return js(404, {"error": "not found"})
+
+
+class AdminServer:
+    """uvicorn in a background thread of the daemon; ``port`` once listening; ``stop()``."""
+
+    def __init__(self, app: AdminApp, host: str, port: int) -> None:
+        import uvicorn
+
+        self.config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", lifespan="on", access_log=False
+        )
+        self.server = uvicorn.Server(self.config)
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self.thread = threading.Thread(target=self.server.run, name="dpda-admin", daemon=True)
+        self.port = 0
+
+    def start(self, timeout: float = 30.0) -> int:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the admin HTTP server did not start")
+            time.sleep(0.02)
+        sock = self.server.servers[0].sockets[0]
+        self.port = int(sock.getsockname()[1])
+        return self.port
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

@@ -1,0 +1,90 @@
+"""The source's admin HTTP API: in the daemon process, loopback by default, token otherwise."""
+
+from __future__ import annotations
+
+import json
+import signal
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.config import AdminConfig, load_source
+from common.deployment import SourceProcess, run_target
+from common.errors import ConfigError
+
+from .helpers import synthetic_deployment
+
+
+def _get(port: int, path: str, token: str | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_admin_api_of_a_running_daemon(tmp_path) -> None:
+    dep = synthetic_deployment(tmp_path, peer_cap=3.5)
+    src = SourceProcess(dep)
+    try:
+        port = int((dep.source_state / "admin_port").read_text())
+        assert _get(port, "/healthz") == (200, b'{"status": "ok"}')
+        assert _get(port, "/readyz")[0] == 200
+        res = run_target(dep)
+        assert res.returncode == 0, res.stderr
+        refused = run_target(dep)  # the per-peer cap 3.5 is used up: refused, and counted
+        assert refused.returncode != 0 and "budget" in refused.stderr
+        code, body = _get(port, "/metrics")
+        assert code == 200
+        fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
+        rel = [s for s in fams["dpda_releases"].samples if s.name == "dpda_releases_total"]
+        assert rel and rel[0].value == 1 and rel[0].labels["mechanism"].startswith("gaussian")
+        eps = fams["dpda_epsilon_spent"].samples[0]
+        assert eps.labels["peer"] == "target-org" and 0 < eps.value <= 3.5
+        codes = {s.labels["code"]: s.value for s in fams["dpda_refusals"].samples
+                 if s.name == "dpda_refusals_total"}
+        assert codes.get("BUDGET_EXCEEDED", 0) >= 1
+        assert any(s.labels.get("method") == "ReleaseBatches"
+                   for s in fams["dpda_rpc_latency_seconds"].samples)
+        ledger = json.loads(_get(port, "/v1/ledger?dataset=synthetic")[1])
+        assert len(ledger) == 1 and ledger[0]["payload_sha256"]
+        audit = json.loads(_get(port, "/v1/audit")[1])
+        assert audit and all("payload" not in r for r in audit)
+        spec = json.loads(_get(port, "/openapi.json")[1])
+        assert set(spec["paths"]) >= {"/healthz", "/metrics", "/v1/ledger"}
+        assert _get(port, "/nope")[0] == 404
+        # one shutdown path: SIGTERM stops gRPC and HTTP and the process exits cleanly
+        src.proc.send_signal(signal.SIGTERM)
+        assert src.proc.wait(timeout=20) == 0
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+    finally:
+        src.stop()
+
+
+def test_token_required_beyond_loopback(tmp_path) -> None:
+    with pytest.raises(ValueError, match="token_file"):
+        AdminConfig(listen="0.0.0.0:9000")
+    assert AdminConfig(listen="0.0.0.0:9000", token_file=tmp_path / "t").token_file
+    dep = synthetic_deployment(tmp_path)
+    text = dep.source_config.read_text() + '\n[admin]\nlisten = "0.0.0.0:0"\n'
+    dep.source_config.write_text(text)
+    with pytest.raises(ConfigError, match="admin: .*token_file"):
+        load_source(dep.source_config)
+
+
+def test_bearer_token_is_checked(tmp_path) -> None:
+    from common.admin import AdminApp, Metrics
+
+    app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, token="s3cret")
+    assert app.handle({"path": "/healthz", "headers": []})[0] == 401
+    bad = [(b"authorization", b"Bearer nope")]
+    assert app.handle({"path": "/healthz", "headers": bad})[0] == 401
+    good = [(b"authorization", b"Bearer s3cret")]
+    assert app.handle({"path": "/healthz", "headers": good})[0] == 200
+    assert app.handle({"path": "/healthz", "method": "POST", "headers": good})[0] == 405
