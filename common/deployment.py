@@ -60,15 +60,16 @@ def make_deployment(
     peer_cap: float = 100.0,
     target_budget: float = 100.0,
     address: str = "",
+    source_host: str = "127.0.0.1",
 ) -> Deployment:
     """Keys for both parties (one throw-away CA), and ``source.toml`` / ``target.toml``."""
     workdir = workdir.resolve()
     keys = workdir / "keys"
-    sk = init_party(keys, "source-org")
+    sk = init_party(keys, "source-org", hosts=("localhost", source_host))
     tk = init_party(keys, "target-org", ca_dir=keys / "ca")
     src = {
         "state_dir": str(workdir / "source"),
-        "listen": "127.0.0.1:0",
+        "listen": f"{source_host}:0",
         "signing_key": str(sk.signing_key),
         **(source_extra or {}),
     }
@@ -112,6 +113,13 @@ def set_source_address(dep: Deployment, address: str) -> None:
     dep.target_config.write_text("\n".join(lines) + "\n")
 
 
+def _listen_host(config: Path) -> str:
+    for line in config.read_text().splitlines():
+        if line.startswith("listen"):
+            return line.split("=", 1)[1].strip().strip('"').rsplit(":", 1)[0]
+    return "127.0.0.1"
+
+
 def dpda_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "common.cli", *args]
 
@@ -119,7 +127,9 @@ def dpda_command(*args: str) -> list[str]:
 class SourceProcess:
     """``dpda source serve`` as a real child process; ``port`` once it listens."""
 
-    def __init__(self, dep: Deployment, log_path: Path | None = None) -> None:
+    def __init__(
+        self, dep: Deployment, log_path: Path | None = None, prefix: tuple[str, ...] = ()
+    ) -> None:
         self.dep = dep
         port_file = dep.source_state / "port"
         port_file.unlink(missing_ok=True)
@@ -127,7 +137,7 @@ class SourceProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
-                dpda_command("source", "serve", "--config", str(dep.source_config)),
+                [*prefix, *dpda_command("source", "serve", "--config", str(dep.source_config))],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -141,7 +151,8 @@ class SourceProcess:
                 raise RuntimeError("source did not start within 60 s")
             time.sleep(0.05)
         self.port = int(port_file.read_text())
-        set_source_address(dep, f"127.0.0.1:{self.port}")
+        host = _listen_host(dep.source_config)
+        set_source_address(dep, f"{host}:{self.port}")
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -160,9 +171,14 @@ class SourceProcess:
             self.proc.wait()
 
 
-def run_target(dep: Deployment, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_target(
+    dep: Deployment, *extra: str, timeout: float = 600, prefix: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        dpda_command("target", "run", "--config", str(dep.target_config), "--quiet", *extra),
+        [
+            *prefix,
+            *dpda_command("target", "run", "--config", str(dep.target_config), "--quiet", *extra),
+        ],
         capture_output=True,
         text=True,
         timeout=timeout,

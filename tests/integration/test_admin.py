@@ -46,11 +46,16 @@ def test_admin_api_of_a_running_daemon(tmp_path) -> None:
         assert rel and rel[0].value == 1 and rel[0].labels["mechanism"].startswith("gaussian")
         eps = fams["dpda_epsilon_spent"].samples[0]
         assert eps.labels["peer"] == "target-org" and 0 < eps.value <= 3.5
-        codes = {s.labels["code"]: s.value for s in fams["dpda_refusals"].samples
-                 if s.name == "dpda_refusals_total"}
+        codes = {
+            s.labels["code"]: s.value
+            for s in fams["dpda_refusals"].samples
+            if s.name == "dpda_refusals_total"
+        }
         assert codes.get("BUDGET_EXCEEDED", 0) >= 1
-        assert any(s.labels.get("method") == "ReleaseBatches"
-                   for s in fams["dpda_rpc_latency_seconds"].samples)
+        assert any(
+            s.labels.get("method") == "ReleaseBatches"
+            for s in fams["dpda_rpc_latency_seconds"].samples
+        )
         ledger = json.loads(_get(port, "/v1/ledger?dataset=synthetic")[1])
         assert len(ledger) == 1 and ledger[0]["payload_sha256"]
         audit = json.loads(_get(port, "/v1/audit")[1])
