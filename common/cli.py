@@ -161,7 +161,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         f"ε spent {data['epsilon_spent']:.3f} of {terms.epsilon} (δ={delta:.3g})  "
         f"σ/w={data['sigma']:.4f}  ℓ={data['projection_dim']} ({terms.projection})"
     )
-    print(f"  note: {terms.caveat}")
+    print(f"  note: {data['caveat']}")
     return 0
 
 

@@ -106,7 +106,7 @@ def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, An
         "rows_received": res.rows_received,
         "w_tilde": res.w_tilde,
         "solver_converged": res.solver_converged,
-        "caveat": terms.caveat,
+        "caveat": (res.terms or terms).caveat,
         "job_seconds": job_seconds,
         "method": cfg.job.method,
         "accuracy_by_method": res.accuracy_by_method,

@@ -103,6 +103,7 @@ class DPDAResult:
     accuracy_by_method: dict[str, float | None] = field(default_factory=dict)
     pate_queries: int = 0
     model: object = field(default=None, repr=False)  # the job's final classifier
+    terms: SessionTerms | None = None  # the terms the session ran under (clip norm chosen)
 
 
 @dataclass(frozen=True)
@@ -332,4 +333,5 @@ def run_dpda(
         accuracy_by_method=by_method,
         pate_queries=n_q,
         model=model,
+        terms=terms,
     )

@@ -118,7 +118,9 @@ class SimulationOutcome:
             "w_tilde": d.w_tilde,
             "solver_converged": d.solver_converged,
             "pate_queries": max(r.pate_queries for r in self.runs.values()),
-            "caveat": terms.caveat,
+            "release": terms.release,
+            "clip_norm": (d.terms or terms).clip_norm if terms.privacy_unit == "record" else None,
+            "caveat": (d.terms or terms).caveat,
         }
 
 
