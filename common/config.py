@@ -123,6 +123,9 @@ class TargetConfig(_Strict):
     job: TargetJob
     retain_payloads: bool = False
     timeout_s: float = Field(default=120.0, gt=0)
+    reconnect_s: float = Field(
+        default=60.0, ge=0, description="keep retrying an unavailable source this long"
+    )
 
 
 def _resolve(data: object, base: Path) -> object:

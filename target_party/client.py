@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import time
 from pathlib import Path
 
 import grpc
@@ -35,6 +37,8 @@ from common.terms import ReleasePlan, SessionTerms, plan_batches
 from common.tls import channel_credentials
 from source_party.releases import BatchRelease, SessionInfo, TargetDisclosure
 
+log = logging.getLogger("dpda.target")
+
 _CODES = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: BudgetExceeded,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidInput,
@@ -48,6 +52,40 @@ def _translate(exc: grpc.RpcError) -> DpdaError:
     cls = _CODES.get(code, DpdaError)
     detail = exc.details() if hasattr(exc, "details") else ""
     return cls(f"source refused: {detail}" if cls is not DpdaError else f"source error: {code}")
+
+
+class _Retrying:
+    """Calls the stub again, with exponential backoff, while the source is UNAVAILABLE.
+
+    Safe because every request is idempotent: a release or an answer is identified by its
+    request id (``session/index``), and the source returns the stored payload for a retried id
+    without charging it again. Gives up after ``reconnect_s`` seconds.
+    """
+
+    def __init__(self, stub: pb_grpc.SourceServiceStub, reconnect_s: float) -> None:
+        self.stub = stub
+        self.reconnect_s = reconnect_s
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        method = getattr(self.stub, name)
+
+        def call(request, timeout=None):  # noqa: ANN001, ANN202
+            deadline = time.monotonic() + self.reconnect_s
+            delay = 0.2
+            while True:
+                try:
+                    result = method(request, timeout=timeout)
+                    # a server stream is consumed here so that a broken stream is retried too
+                    return result if not hasattr(result, "__next__") else list(result)
+                except grpc.RpcError as exc:
+                    code = exc.code() if hasattr(exc, "code") else None
+                    if code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                        raise
+                    log.warning("source unavailable; retrying %s in %.1f s", name, delay)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+
+        return call
 
 
 class GrpcReleaseSource:
@@ -69,7 +107,7 @@ class GrpcReleaseSource:
         self.channel = grpc.intercept_channel(
             channel, ClientAuditInterceptor(audit, cfg.source_fingerprint)
         )
-        self.stub = pb_grpc.SourceServiceStub(self.channel)
+        self.stub = _Retrying(pb_grpc.SourceServiceStub(self.channel), cfg.reconnect_s)
         self._sessions: dict[str, tuple[SessionTerms, SessionInfo]] = {}
         self.job_file = cfg.state_dir / "job.json"
 

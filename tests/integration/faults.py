@@ -30,6 +30,7 @@ class TrialResult:
     kill_after_entries: int
     entries_at_kill: int
     payloads_at_kill: int
+    resumed_live: bool = False
 
 
 def _ledger_rows(db: Path) -> list[tuple[str, int, str]]:
@@ -73,6 +74,12 @@ def _retarget(dep: Deployment, state: Path) -> None:
     dep.target_config.write_text("\n".join(text) + "\n")
 
 
+def _set_listen(dep: Deployment, port: int) -> None:
+    lines = dep.source_config.read_text().splitlines()
+    lines = [f'listen = "127.0.0.1:{port}"' if ln.startswith("listen") else ln for ln in lines]
+    dep.source_config.write_text("\n".join(lines) + "\n")
+
+
 def _start_target(dep: Deployment, log: Path) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
@@ -107,12 +114,16 @@ def run_trial(dep: Deployment, trial: int, rng: random.Random, kill: str) -> Tri
     victim.kill()  # SIGKILL
     victim.wait()
     entries, payloads = check_source_invariants(dep.source_state)
+    resumed_live = False
     if kill == "source":
-        tgt.wait(timeout=120)
-        src = SourceProcess(dep)  # restart the source on its same state
+        # restart on the same state and the same port: the running target reconnects
+        _set_listen(dep, src.port)
+        src = SourceProcess(dep)
+        resumed_live = tgt.wait(timeout=180) == 0
     try:
-        res = run_target(dep, timeout=300)  # resume the job
-        assert res.returncode == 0, f"resumed job failed: {res.stderr[-2000:]}"
+        if not resumed_live:
+            res = run_target(dep, timeout=300)  # resume the job from the target's state
+            assert res.returncode == 0, f"resumed job failed: {res.stderr[-2000:]}"
     finally:
         src.stop()
     check_source_invariants(dep.source_state)
@@ -124,4 +135,4 @@ def run_trial(dep: Deployment, trial: int, rng: random.Random, kill: str) -> Tri
     for e in src_rows:
         sessions[e["session"]] = sessions.get(e["session"], 0) + 1
     assert all(n == STEPS for n in sessions.values()), "a session was charged a wrong count"
-    return TrialResult(kill, k, entries, payloads)
+    return TrialResult(kill, k, entries, payloads, resumed_live)
