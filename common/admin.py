@@ -1,9 +1,10 @@
 """The admin HTTP API of a daemon: a small ASGI app served by uvicorn in the daemon's process.
 
-Routes (all GET, JSON unless noted): ``/healthz`` (the process is up), ``/readyz`` (the gRPC
-server is serving and the state file answers), ``/metrics`` (Prometheus text format),
-``/v1/ledger`` (``?dataset=`` to filter), ``/v1/audit`` (records, never payload bytes),
-``/openapi.json``. Read-only: nothing here can release data or spend budget.
+Routes (GET, JSON unless noted): ``/healthz`` (the process is up), ``/readyz`` (the daemon is
+serving and the state file answers), ``/metrics`` (Prometheus text format), ``/v1/ledger``
+(``?dataset=`` to filter), ``/v1/audit`` (records, never payload bytes), ``/openapi.json``.
+These are read-only. A daemon may add routes (``extra``): the target adds its jobs API, whose
+``POST /v1/jobs`` spends budget — so the token rule below matters.
 
 Bound to 127.0.0.1 by default. On any other address a bearer token is required (the config
 refuses to start otherwise) and every request without ``Authorization: Bearer <token>`` gets 401.
@@ -135,12 +136,15 @@ class AdminApp:
         audit_records: Callable[[], list[Any]],
         ready: Callable[[], bool],
         token: str | None = None,
+        extra: Callable[[str, str, bytes], tuple[int, str, bytes] | None] | None = None,
     ) -> None:
         self.metrics = metrics
         self.ledger_entries = ledger_entries
         self.audit_records = audit_records
         self.ready = ready
         self.token = token
+        # (method, path, body) → response or None: routes a daemon adds (the target's jobs)
+        self.extra = extra
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -153,7 +157,14 @@ class AdminApp:
                     return
         if scope["type"] != "http":
             return
-        status, ctype, body = self.handle(scope)
+        body_in = b""
+        if scope.get("method") == "POST":
+            more = True
+            while more and len(body_in) <= 1 << 20:
+                msg = await receive()
+                body_in += msg.get("body", b"")
+                more = msg.get("more_body", False)
+        status, ctype, body = self.handle(scope, body_in)
         headers = [(b"content-type", ctype.encode()), (b"cache-control", b"no-store")]
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
@@ -168,15 +179,20 @@ class AdminApp:
                 return hmac.compare_digest(v, f"Bearer {self.token}".encode())
         return False
 
-    def handle(self, scope: Scope) -> tuple[int, str, bytes]:
+    def handle(self, scope: Scope, body: bytes = b"") -> tuple[int, str, bytes]:
         def js(code: int, data: Any) -> tuple[int, str, bytes]:
             return code, "application/json", json.dumps(data).encode()
 
-        if scope.get("method", "GET") != "GET":
-            return js(405, {"error": "read-only API: GET only"})
         if not self._authorized(scope):
             return js(401, {"error": "missing or wrong bearer token"})
+        method = scope.get("method", "GET")
         path = scope.get("path", "")
+        if self.extra is not None:
+            answer = self.extra(method, path, body)
+            if answer is not None:
+                return answer
+        if method != "GET":
+            return js(405, {"error": "method not allowed"})
         if path == "/healthz":
             return js(200, {"status": "ok"})
         if path == "/readyz":

@@ -82,6 +82,19 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_target_serve(args: argparse.Namespace) -> int:
+    from target_party.jobs import serve
+
+    from .config import load_target
+
+    _setup_logging(args.log_level)
+    cfg = load_target(args.config)
+    _write_keys_json(
+        cfg.state_dir, cfg.signing_key, {"source": cfg.source_signing_public_key}, "target"
+    )
+    return serve(cfg)
+
+
 # ------------------------------------------------------------------------- ledger / audit
 def _open_state(state_dir: str):  # noqa: ANN202
     from .dp.ledger_store import SqliteLedgerStore, connect
@@ -249,6 +262,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.add_argument("--log-level", default="warning")
     tr.set_defaults(func=_cmd_target_run)
+
+    tv = tsub.add_parser("serve", help="the target daemon: jobs over its admin HTTP API")
+    tv.add_argument("--config", required=True, help="target.toml")
+    tv.add_argument("--log-level", default="info")
+    tv.set_defaults(func=_cmd_target_serve)
 
     lg = sub.add_parser("ledger", help="inspect a daemon's privacy ledger")
     lsub = lg.add_subparsers(dest="ledger_command", required=True)

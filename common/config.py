@@ -126,6 +126,7 @@ class TargetConfig(_Strict):
     reconnect_s: float = Field(
         default=60.0, ge=0, description="keep retrying an unavailable source this long"
     )
+    admin: AdminConfig = Field(default_factory=AdminConfig)
 
 
 def _resolve(data: object, base: Path) -> object:

@@ -3,10 +3,12 @@ DPDA job → results on disk (``state_dir/results.json``, ``state_dir/model.pkl`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import pickle
 import time
+from collections.abc import Callable
 from typing import Any
 
 from common.audit import AuditLog
@@ -21,6 +23,7 @@ from common.terms import SessionTerms
 
 from .client import GrpcReleaseSource
 from .pipeline import AdaptConfig, run_dpda, target_view
+from .report import figures_of
 
 log = logging.getLogger("dpda.target")
 
@@ -71,7 +74,12 @@ def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
     return ledger, AuditLog(conn, "target", cfg.retain_payloads)
 
 
-def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, Any]:
+def run_job(
+    cfg: TargetConfig,
+    progress: Callable[[int, int], None] | None = None,
+    seed: int = 0,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One job: (the results written to ``results.json``, the arrays the report plots)."""
     ledger, audit = open_state(cfg)
     target = load_target_data(cfg)
     view = target_view(target, cfg.job.representation, scaling_mode=cfg.job.scaling)
@@ -82,14 +90,7 @@ def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, An
     source = GrpcReleaseSource(cfg, ledger, audit)
     t0 = time.perf_counter()
     try:
-        res = run_dpda(
-            source,
-            view,
-            terms,
-            acfg,
-            lambda: ledger.spent(cfg.job.dataset),
-            Progress("releases", enabled=None if progress else False),
-        )
+        res = run_dpda(source, view, terms, acfg, lambda: ledger.spent(cfg.job.dataset), progress)
     finally:
         source.close()
     job_seconds = time.perf_counter() - t0
@@ -110,7 +111,13 @@ def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, An
         "job_seconds": job_seconds,
         "method": cfg.job.method,
         "accuracy_by_method": res.accuracy_by_method,
-        "predictions_sha256": __import__("hashlib").sha256(res.predictions.tobytes()).hexdigest(),
+        "predictions_sha256": hashlib.sha256(res.predictions.tobytes()).hexdigest(),
     }
     (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))
-    return out
+    return out, figures_of(res, view, cfg.job.epsilon)
+
+
+def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, Any]:
+    """``dpda target run``: one job with a progress bar on a terminal."""
+    bar = Progress("releases", enabled=None if progress else False)
+    return run_job(cfg, bar, seed)[0]
