@@ -198,7 +198,21 @@ class GrpcReleaseSource:
         self.job_file.unlink(missing_ok=True)
 
     # -------------------------------------------------------------------------- releases
+    def _synced(self, fn, *args):  # noqa: ANN001, ANN202
+        """Run ``fn``; if the source says the ledger heads differ (another session or peer
+        released meanwhile), sync the ledger — verifying what arrives — and try once more."""
+        try:
+            return fn(*args)
+        except LedgerCorrupt as exc:
+            if "LEDGER_CORRUPT" not in str(exc):
+                raise
+            self.sync_ledger()
+            return fn(*args)
+
     def release(self, session_id: str, index: int, peer: str = "") -> BatchRelease:
+        return self._synced(self._release, session_id, index)
+
+    def _release(self, session_id: str, index: int) -> BatchRelease:
         terms, info = self._sessions[session_id]
         spec = info.plan.spec(terms)
         rid = f"{session_id}/{index}"
@@ -219,6 +233,9 @@ class GrpcReleaseSource:
 
     def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
         """PATE: labels for ``queries``, verified and countersigned like any release."""
+        return self._synced(self._query_teachers, session_id, index, queries)
+
+    def _query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
         terms, info = self._sessions[session_id]
         if info.plan.pate_scale is None:
             raise InvalidInput("PATE is not part of this session's terms")

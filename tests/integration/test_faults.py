@@ -22,8 +22,10 @@ def test_sigkill_never_loses_or_double_charges(tmp_path, kill: str) -> None:
     results = [run_trial(dep, t, rng, kill) for t in range(n)]
     live = sum(r.resumed_live for r in results)
     inside = sum(0 < r.kill_after_entries for r in results)
-    print(f"\n{kill} SIGKILL trials: {n}, kills inside the stream: {inside}, "
-          f"finished by live reconnection: {live}, invariants held in all")
+    print(
+        f"\n{kill} SIGKILL trials: {n}, kills inside the stream: {inside}, "
+        f"finished by live reconnection: {live}, invariants held in all"
+    )
     # the kills landed inside the stream, not only before or after it
     assert sum(0 < r.kill_after_entries for r in results) >= n // 2
     if kill == "source":

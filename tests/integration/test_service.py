@@ -145,3 +145,41 @@ def test_pate_channels_over_the_service_equal_simulate(tmp_path, method: str) ->
     assert out["epsilon_spent"] <= 4.0
     key = method.replace("+", "_")
     assert out["accuracy_by_method"][key] == out["accuracy"]
+
+
+def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> None:
+    from common.data.synthetic import two_domains
+    from target_party.client import GrpcReleaseSource
+    from target_party.pipeline import target_view
+
+    dep = synthetic_deployment(tmp_path, job={"batch_size": 100, "steps": 2})
+    with run_server(load_source(dep.source_config)) as rs:
+        set_source_address(dep, f"127.0.0.1:{rs.port}")
+        base = load_target(dep.target_config)
+        clients = []
+        for name in ("a", "b"):
+            cfg = base.model_copy(update={"state_dir": tmp_path / f"target-{name}"})
+            ledger, audit = open_state(cfg)
+            clients.append((GrpcReleaseSource(cfg, ledger, audit), ledger))
+        view = target_view(two_domains()[1], "raw")
+        from source_party.releases import TargetDisclosure
+
+        terms = SessionTerms(
+            dataset="synthetic",
+            epsilon=4.0,
+            delta=DELTA,
+            projection="jl",
+            projection_dim=10,
+            batch_size=100,
+            steps=2,
+        )
+        (ca, la), (cb, lb) = clients
+        sa = ca.open_session(terms, TargetDisclosure(view.scaling, None))
+        sb = cb.open_session(terms, TargetDisclosure(view.scaling, None))
+        cb.release(sb.session_id, 0)  # the source's head moves past what client a has seen
+        ca.release(sa.session_id, 0)  # a is told the heads differ, syncs, verifies, retries
+        source_rows = [e.to_json() for e in rs.handlers.ledger.store.entries("synthetic")]
+        assert len(source_rows) == 2
+        assert [e.to_json() for e in la.store.entries("synthetic")] == source_rows
+        for c, _ in clients:
+            c.close()
