@@ -13,8 +13,15 @@ def test_bench_speed_smoke(tmp_path, capsys) -> None:  # noqa: ANN001
     data = json.loads(out.read_text())
     for key in ("ot_gl", "sinkhorn"):
         row = data[key][0]
-        assert set(row) == {"n", "ours_s", "pot_s", "ratio", "ours_peak_mb", "pot_peak_mb",
-                            "plan_agreement"}
+        assert set(row) == {
+            "n",
+            "ours_s",
+            "pot_s",
+            "ratio",
+            "ours_peak_mb",
+            "pot_peak_mb",
+            "plan_agreement",
+        }
         assert row["n"] == 500 and row["ours_s"] > 0 and row["pot_s"] > 0
         assert row["plan_agreement"] > 0.95  # the same problem, nearly the same plan
     assert "plan agreement" in capsys.readouterr().out
