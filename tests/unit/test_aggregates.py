@@ -51,7 +51,7 @@ def test_noise_matches_the_ledger(release: str) -> None:
     b, entry, _ = _release(x, y, q, release)
     f = entry.params["spec"]["features"]
     claimed = f["noise_multiplier"] * f["sensitivity"]
-    noise = b.z if release == "prototypes" else b.z  # C = 1: scaled and raw units agree
+    noise = b.z  # all-zero data and C = 1: every released value is noise in the spec's units
     assert f["sensitivity"] == pytest.approx(1.0 if release == "prototypes" else np.sqrt(2))
     assert std_matches(noise, claimed)
     assert not std_matches(noise, claimed * 0.7)
