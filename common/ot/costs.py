@@ -14,13 +14,27 @@ import numpy as np
 
 from .solvers import MASK_COST
 
+_BLOCK = 1 << 20  # elements of the cost computed at a time (8 MB of float64 temporaries)
+
 
 @dataclass(frozen=True)
 class Cost:
-    debiased: np.ndarray  # (n, m) C̃ = raw − bias
-    normalized: np.ndarray  # (n, m) raw / scale, masked entries set to MASK_COST
+    normalized: np.ndarray  # (n, m) float32: raw / scale, masked entries set to MASK_COST
     bias: float  # ℓσ² (0 for a non-private cost)
     scale: float  # divisor used for normalization
+
+    @property
+    def debiased(self) -> np.ndarray:
+        """``C̃ = raw − bias`` (n, m) float64, made on demand (masked entries are meaningless)."""
+        return self.normalized.astype(np.float64) * self.scale - self.bias
+
+    def value(self, plan: np.ndarray) -> float:
+        """``W̃ = ⟨γ, C̃⟩`` for a plan that puts no mass on masked entries."""
+        from .fast import dot64
+
+        return self.scale * dot64(plan, self.normalized) - self.bias * float(
+            plan.sum(dtype=np.float64)
+        )
 
 
 def sq_euclidean(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -43,13 +57,28 @@ def label_mask(source_labels: np.ndarray, target_labels: np.ndarray) -> np.ndarr
 def dpot_cost(
     z: np.ndarray, xt_proj: np.ndarray, noise_std: float = 0.0, mask: np.ndarray | None = None
 ) -> Cost:
-    """Debiased, normalized cost between noisy source rows ``z (n, ℓ)`` and ``xt_proj (m, ℓ)``."""
-    raw = sq_euclidean(z, xt_proj)
+    """Debiased, normalized cost between noisy source rows ``z (n, ℓ)`` and ``xt_proj (m, ℓ)``.
+
+    Built a block of rows at a time (distances in float64, stored in float32), so an ``n × m``
+    cost costs ``4nm`` bytes and no ``n × m`` float64 temporaries.
+    """
+    n, m = z.shape[0], xt_proj.shape[0]
+    out = np.empty((n, m), dtype=np.float32)
+    rows = max(1, _BLOCK // max(m, 1))
+    yy = np.einsum("ij,ij->i", xt_proj, xt_proj)[None, :]
+    for i in range(0, n, rows):
+        zb = z[i : i + rows]
+        blk = zb @ xt_proj.T
+        blk *= -2.0
+        blk += np.einsum("ij,ij->i", zb, zb)[:, None]
+        blk += yy
+        np.maximum(blk, 0.0, out=blk)
+        out[i : i + rows] = blk
     bias = z.shape[1] * noise_std**2
-    scale = float(raw.max())
+    scale = float(out.max()) if out.size else 1.0
     if not np.isfinite(scale) or scale <= 0:
         scale = 1.0
-    norm = raw / scale
+    out *= np.float32(1.0 / scale)
     if mask is not None:
-        norm = np.where(mask, MASK_COST, norm)
-    return Cost(debiased=raw - bias, normalized=norm, bias=bias, scale=scale)
+        out[mask] = MASK_COST
+    return Cost(normalized=out, bias=bias, scale=scale)

@@ -9,9 +9,14 @@ def barycentric_map(plan: np.ndarray, xt: np.ndarray) -> np.ndarray:
     """``X̂s = diag(γ1)⁻¹ γ Xt``; ``plan (n, m)``, ``xt (m, d)`` → ``(n, d)``.
 
     Rows of the plan with (numerically) no mass are mapped to the target mean rather than to 0.
+    A float32 plan is multiplied in float32 (casting the ``m × d`` features, not the ``n × m``
+    plan); the result is float64 either way.
     """
-    row = plan.sum(axis=1, keepdims=True)
-    mapped = plan @ xt
+    row = plan.sum(axis=1, keepdims=True, dtype=np.float64)
+    if plan.dtype == np.float32:
+        mapped = (plan @ xt.astype(np.float32)).astype(np.float64)
+    else:
+        mapped = plan @ xt
     empty = row[:, 0] <= 1e-300
     out = mapped / np.where(empty[:, None], 1.0, row)
     if np.any(empty):

@@ -12,9 +12,13 @@ solve the plan is checked: non-finite entries or a plan whose mass is far from 1
 ``SolverFailed``; marginal violation above ``tol`` is reported as ``converged=False``. POT's
 warnings become data (``OTResult.warnings``), never silent.
 
-The group-lasso term is written with one-hot matrix products (``Yᵀ(γ∘γ)`` gives the per-class,
-per-column squared norms) inside ``ot.optim.gcg``: the same regularizer as POT's
-``ot.da.sinkhorn_l1l2_gl`` without its per-class copies of the plan (DESIGN.md §9).
+Two engines solve the same problems. ``engine="fast"`` (the default) is ``common.ot.fast``: the
+same Sinkhorn and conditional-gradient iterations as POT, in float32, in place, warm-started
+across outer steps, with an ``O(qm)`` line search (``dpda bench speed`` measures it against POT).
+``engine="pot"`` calls ``ot.sinkhorn`` and ``ot.optim.gcg`` with the group-lasso term written as
+one-hot matrix products (``Yᵀ(γ∘γ)`` gives the per-class, per-column squared norms): the same
+regularizer as POT's ``ot.da.sinkhorn_l1l2_gl`` without its per-class copies of the plan
+(DESIGN.md §9); it is the reference the fast engine is tested against.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 import ot
 
 from ..errors import SolverFailed
+from . import fast
 
 _EPS_NORM = 1e-12
 MASK_COST = 1e3  # masked entries of a normalized cost: exp(-1e3 / λe) underflows to exactly 0
@@ -74,14 +79,16 @@ def _finish(
 ) -> OTResult:
     if not np.all(np.isfinite(plan)):
         raise SolverFailed("transport plan has non-finite entries")
-    mass = float(plan.sum())
+    rows = plan.sum(axis=1, dtype=np.float64)
+    mass = float(rows.sum())
     if not (0.5 < mass < 1.5):
         raise SolverFailed("transport plan is degenerate (mass far from 1)")
-    err = max(float(np.abs(plan.sum(axis=1) - a).sum()), float(np.abs(plan.sum(axis=0) - b).sum()))
+    cols = plan.sum(axis=0, dtype=np.float64)
+    err = max(float(np.abs(rows - a).sum()), float(np.abs(cols - b).sum()))
     msgs = tuple(sorted({str(w.message) for w in caught}))
     return OTResult(
         plan=plan,
-        transport_cost=float(np.sum(plan * cost)),
+        transport_cost=fast.dot64(plan, cost),
         n_iter=n_iter,
         converged=err <= tol,
         marginal_error=err,
@@ -98,13 +105,31 @@ def sinkhorn(
     max_iter: int = 1000,
     stop_thr: float = 1e-9,
     tol: float = 1e-3,
+    engine: str = "fast",
 ) -> OTResult:
-    """Entropic OT ``min ⟨γ,C⟩ + reg·Σγlogγ`` with ``ot.sinkhorn`` (cost already normalized)."""
+    """Entropic OT ``min ⟨γ,C⟩ + reg·Σγlogγ`` (cost already normalized).
+
+    ``stop_thr`` is POT's (L2 column-marginal error) for ``engine="pot"``; the fast engine stops
+    at an L1 column-marginal error of ``max(stop_thr, 1e-6)`` (float32 resolution).
+    """
     _check_inputs(a, b, cost)
+    if engine == "fast":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            plan, info = fast.sinkhorn(
+                a, b, cost, reg, max_iter=max_iter, stop_thr=max(stop_thr, 1e-6)
+            )
+        return _finish(plan, a, b, cost, info.inner[0], caught, tol)
+    _check_engine(engine)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plan, log = ot.sinkhorn(a, b, cost, reg, numItermax=max_iter, stopThr=stop_thr, log=True)
     return _finish(np.asarray(plan), a, b, cost, int(log.get("niter", max_iter)), caught, tol)
+
+
+def _check_engine(engine: str) -> None:
+    if engine != "pot":
+        raise ValueError(f"unknown OT engine {engine!r} (expected 'fast' or 'pot')")
 
 
 def group_lasso_terms(y: np.ndarray):  # noqa: ANN201 - returns two closures
@@ -133,8 +158,9 @@ def sinkhorn_group_lasso(
     stop_thr: float = 1e-9,
     tol: float = 1e-3,
     warm_start: bool = True,
+    engine: str = "fast",
 ) -> OTResult:
-    """Entropic + group-lasso OT by generalized conditional gradient (``ot.optim.gcg``).
+    """Entropic + group-lasso OT by generalized conditional gradient (POT's ``gcg`` iterations).
 
     ``warm_start=False`` starts from ``a·bᵀ`` exactly as POT's ``sinkhorn_l1l2_gl`` does.
     """
@@ -142,6 +168,23 @@ def sinkhorn_group_lasso(
     labels = np.asarray(labels)
     if labels.shape != (a.size,):
         raise ValueError("labels must have shape (n,)")
+    if engine == "fast":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            plan, info = fast.group_lasso(
+                a,
+                b,
+                cost,
+                one_hot(labels),
+                reg_e,
+                reg_g,
+                outer_iter=outer_iter,
+                inner_iter=inner_iter,
+                stop_thr=stop_thr,
+                warm_start=warm_start,
+            )
+        return _finish(plan, a, b, cost, info.outer, caught, tol)
+    _check_engine(engine)
     f, df = group_lasso_terms(one_hot(labels))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -5,6 +5,7 @@ import ot
 import pytest
 
 from common.errors import SolverFailed
+from common.ot import fast
 from common.ot.costs import dpot_cost, label_mask, sq_euclidean
 from common.ot.mapping import barycentric_map
 from common.ot.solvers import group_lasso_terms, one_hot, sinkhorn, sinkhorn_group_lasso, uniform
@@ -35,11 +36,11 @@ def test_group_lasso_matches_pot_reference(rng: np.random.Generator) -> None:
     xs, ys, xt = _problem(rng)
     c = dpot_cost(xs, xt).normalized
     same_start = sinkhorn_group_lasso(
-        uniform(60), uniform(50), c, ys, 0.05, 0.5, warm_start=False
+        uniform(60), uniform(50), c, ys, 0.05, 0.5, warm_start=False, engine="pot"
     ).plan
     ref = ot.da.sinkhorn_l1l2_gl(uniform(60), ys, uniform(50), c, 0.05, eta=0.5)
     assert np.abs(same_start - ref).max() < 1e-12  # the same regularizer, the same iterates
-    ours = sinkhorn_group_lasso(uniform(60), uniform(50), c, ys, 0.05, 0.5).plan
+    ours = sinkhorn_group_lasso(uniform(60), uniform(50), c, ys, 0.05, 0.5, engine="pot").plan
     f, df = group_lasso_terms(one_hot(ys))
 
     def objective(g: np.ndarray) -> float:
@@ -53,11 +54,53 @@ def test_group_lasso_matches_pot_reference(rng: np.random.Generator) -> None:
     assert f(ours) == pytest.approx(slow)
 
 
+def test_fast_engine_runs_pots_iterations(rng: np.random.Generator) -> None:
+    xs, ys, xt = _problem(rng)
+    c = dpot_cost(xs, xt).normalized
+    a, b = uniform(60), uniform(50)
+    ref = ot.da.sinkhorn_l1l2_gl(a, ys, b, c, 0.05, eta=0.5)
+    # float64, POT's start, inner Sinkhorn run to convergence: the same fixed point as POT
+    f64, info = fast.group_lasso(
+        a, b, c, one_hot(ys), 0.05, 0.5, warm_start=False, dtype=np.float64, inner_stop_thr=1e-14
+    )
+    assert np.abs(f64 - ref).sum() < 1e-5
+    assert info.outer >= 2 and info.inner[0] > info.inner[-1]  # warm-started inner solves
+    # the default (float32, entropic start) moves < 1% of the mass relative to POT's engine
+    res = sinkhorn_group_lasso(a, b, c, ys, 0.05, 0.5)
+    pot = sinkhorn_group_lasso(a, b, c, ys, 0.05, 0.5, engine="pot")
+    assert res.plan.dtype == np.float32 and res.converged
+    assert 0.5 * np.abs(res.plan - pot.plan).sum() < 0.01
+    assert res.transport_cost == pytest.approx(pot.transport_cost, rel=1e-3)
+
+
+def test_fast_sinkhorn_matches_pot_and_survives_small_reg(rng: np.random.Generator) -> None:
+    xs, _, xt = _problem(rng)
+    c = dpot_cost(xs, xt).normalized
+    a, b = uniform(60), uniform(50)
+    ref = ot.sinkhorn(a, b, c, 0.05, stopThr=1e-12, numItermax=10_000)
+    assert np.abs(sinkhorn(a, b, c, 0.05).plan - ref).sum() < 1e-4
+    # reg 1e-3 on a normalized cost: exp(−C/reg) underflows float32 without the row/column
+    # shifts; with them every row still carries its mass
+    tight = sinkhorn(a, b, c, 1e-3, max_iter=5000)
+    assert np.allclose(tight.plan.sum(1), a, rtol=1e-2)
+
+
+def test_unknown_engine_is_refused(rng: np.random.Generator) -> None:
+    xs, ys, xt = _problem(rng)
+    c = dpot_cost(xs, xt).normalized
+    with pytest.raises(ValueError, match="engine"):
+        sinkhorn_group_lasso(uniform(60), uniform(50), c, ys, 0.05, 0.5, engine="gpu")
+
+
 def test_degenerate_plan_is_an_error_not_a_result(rng: np.random.Generator) -> None:
     xs, _, xt = _problem(rng)
     raw = sq_euclidean(xs * 30, xt * 30)  # unnormalized cost in the hundreds
     with pytest.raises(SolverFailed):
-        sinkhorn(uniform(60), uniform(50), raw, 0.01)
+        sinkhorn(uniform(60), uniform(50), raw, 0.01, engine="pot")  # POT's kernel underflows
+    # the fast engine's shifted kernel keeps some mass in every row and column, but most entries
+    # still underflow float32: the plan cannot be balanced, and the result says so
+    res = sinkhorn(uniform(60), uniform(50), raw, 0.01)
+    assert not res.converged and res.marginal_error > 1e-3
 
 
 def test_debiasing_leaves_plan_unchanged(rng: np.random.Generator) -> None:
