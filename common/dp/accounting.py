@@ -236,18 +236,29 @@ def max_sampled_gaussian_steps(
 
 
 def sampled_sigma_for_epsilon(
-    sampling_rate: float, steps: int, epsilon: float, delta: float, accountant: Accountant | str
+    sampling_rate: float,
+    steps: int,
+    epsilon: float,
+    delta: float,
+    accountant: Accountant | str,
+    pld_interval: float = TABLE_PLD_INTERVAL,
 ) -> float:
     """Smallest noise multiplier (rounded up) so that ``steps`` sampled releases cost ≤ ε."""
     _check_eps_delta(epsilon, delta)
+
+    def eps(sigma: float) -> float:
+        return sampled_gaussian_epsilon(
+            sigma, sampling_rate, steps, delta, accountant, pld_interval
+        )
+
     lo, hi = 1e-2, 1.0
-    while sampled_gaussian_epsilon(hi, sampling_rate, steps, delta, accountant) > epsilon:
+    while eps(hi) > epsilon:
         lo, hi = hi, hi * 2
         if hi > 1e6:
             raise ValueError("no noise level reaches that epsilon")
     for _ in range(40):  # invariant: hi satisfies the target
         mid = 0.5 * (lo + hi)
-        if sampled_gaussian_epsilon(mid, sampling_rate, steps, delta, accountant) <= epsilon:
+        if eps(mid) <= epsilon:
             hi = mid
         else:
             lo = mid

@@ -120,3 +120,15 @@ def test_bad_parameters_are_refused() -> None:
         sigma_analytic(1, 2.0)
     with pytest.raises(ValueError):
         sampled_gaussian_epsilon(1.0, 1.5, 10, 1e-5, "pld")
+
+
+def test_calibrated_minibatch_noise_needs_batches_and_steps() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from common.terms import SessionTerms
+
+    with pytest.raises(ValidationError, match="noise_multiplier"):
+        SessionTerms(dataset="d", epsilon=1, delta=1e-5, noise_multiplier=0.0)
+    with pytest.raises(ValidationError, match="noise_multiplier"):
+        SessionTerms(dataset="d", epsilon=1, delta=1e-5, noise_multiplier=0.0, batch_size=10)
