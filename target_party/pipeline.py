@@ -17,6 +17,7 @@ import numpy as np
 from common.data.loaders import Domain
 from common.data.preprocessing import Scaling, per_row
 from common.dp.mechanisms import counts_to_labels
+from common.errors import ConfigError
 from common.ot.costs import dpot_cost, label_mask
 from common.ot.mapping import barycentric_map
 from common.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
@@ -52,6 +53,10 @@ class AdaptConfig:
     # projected rows (public to the source: the target's choice); 0 keeps the terms' clip_norm
     clip_quantile: float = 0.9
     synthetic_per_class: int = 200  # class-gaussians: points drawn per class (at most)
+    # minibatch OT on the target side too: each release is transported onto this many target
+    # rows drawn at random (0: all of them). Post-processing; keeps a batch's plan small when the
+    # target is large (VisDA scale). Not combined with PATE queries.
+    target_batch: int = 0
 
 
 @dataclass(frozen=True)
@@ -143,7 +148,7 @@ def fit_points(
     return BatchFit(
         mapped=barycentric_map(res.plan, view.x),
         labels=ys,
-        w_tilde=float(np.sum(res.plan * cost.debiased)),
+        w_tilde=cost.value(res.plan),
         converged=res.converged,
         class_mass=one_hot(ys, n_classes).T @ res.plan,
         back_mapped=barycentric_map(res.plan.T, pts),
@@ -247,6 +252,8 @@ def run_dpda(
     they label the target rows least certain under the plan, which then forbid mass from source
     rows of other classes in a second solve on the *same* releases (post-processing, no budget).
     """
+    if cfg.target_batch and terms.pate_queries:  # checked before anything is spent
+        raise ConfigError("target_batch: target-side minibatches are not combined with PATE yet")
     basis = (
         target_pca_basis(view.x, terms.projection_dim) if terms.projection == "target-pca" else None
     )
@@ -257,6 +264,11 @@ def run_dpda(
 
     def fit(rel: BatchRelease, v: TargetView) -> BatchFit:
         if terms.release == "rows":
+            if 0 < cfg.target_batch < v.x.shape[0]:
+                rng = np.random.default_rng([cfg.seed, rel.index])
+                idx = np.sort(rng.choice(v.x.shape[0], cfg.target_batch, replace=False))
+                sub = TargetView(v.x[idx], v.scaling, None, v.known[idx])
+                return adapt_batch(rel, xt_proj[idx], sub, cfg, q)
             return adapt_batch(rel, xt_proj, v, cfg, q)
         return adapt_aggregate(rel, xt_proj, v, cfg, q, terms.release)
 
