@@ -181,95 +181,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--batch-size", type=int, default=500)
     s.add_argument("--steps", type=int, default=4)
     s.set_defaults(func=run_bench_service)
+    from .bench_accuracy import register_accuracy
+    from .bench_figures import register_figures
+    from .bench_speed import register_speed
+
     register_speed(bsub)
-
-
-# ------------------------------------------------------------------------------ bench speed
-def _solve_in_child(kind: str, n: int, seed: int, out_dir: str, conn) -> None:  # noqa: ANN001
-    """Runs in a fresh process: build the problem, measure the solve's time and peak RSS."""
-    import resource
-
-    import numpy as np
-    import ot
-
-    from .data.synthetic import two_domains
-    from .ot.costs import dpot_cost
-    from .ot.solvers import sinkhorn_group_lasso, uniform
-
-    src, tgt = two_domains(n, n, seed=seed)
-    cost = dpot_cost(src.x, tgt.x).normalized
-    a, b = uniform(n), uniform(n)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
-    if kind == "ours_gl":
-        plan = sinkhorn_group_lasso(a, b, cost, src.y, 0.02, 0.5).plan
-    elif kind == "pot_gl":
-        plan = ot.da.sinkhorn_l1l2_gl(a, src.y, b, cost, 0.02, eta=0.5)
-    elif kind == "ours_sinkhorn":
-        from .ot.solvers import sinkhorn
-
-        plan = sinkhorn(a, b, cost, 0.02).plan
-    else:
-        plan = ot.sinkhorn(a, b, cost, 0.02)
-    seconds = time.perf_counter() - t0
-    peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024.0
-    np.save(Path(out_dir) / f"{kind}-{n}.npy", plan)
-    conn.send({"seconds": seconds, "peak_mb": max(peak_mb, 0.0)})
-    conn.close()
-
-
-def _measure(kind: str, n: int, seed: int, out_dir: str) -> dict[str, float]:
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    p = ctx.Process(target=_solve_in_child, args=(kind, n, seed, out_dir, child))
-    p.start()
-    out = parent.recv()
-    p.join()
-    return out
-
-
-def run_bench_speed(args: argparse.Namespace) -> int:
-    """Our OT solves against POT's on identical problems, each in a fresh process."""
-    import numpy as np
-
-    rows: dict[str, list[dict[str, Any]]] = {"ot_gl": [], "sinkhorn": []}
-    tmp = tempfile.TemporaryDirectory(prefix="dpda-bench-")
-    for n in args.sizes:
-        for key, ours, pot in (
-            ("ot_gl", "ours_gl", "pot_gl"),
-            ("sinkhorn", "ours_sinkhorn", "pot_sinkhorn"),
-        ):
-            a = _measure(ours, n, 0, tmp.name)
-            b = _measure(pot, n, 0, tmp.name)
-            pa = np.load(Path(tmp.name) / f"{ours}-{n}.npy")
-            pb = np.load(Path(tmp.name) / f"{pot}-{n}.npy")
-            agreement = float(1.0 - 0.5 * np.abs(pa - pb).sum() / max(pb.sum(), 1e-300))
-            row = {
-                "n": n,
-                "ours_s": a["seconds"],
-                "pot_s": b["seconds"],
-                "ratio": a["seconds"] / b["seconds"],
-                "ours_peak_mb": a["peak_mb"],
-                "pot_peak_mb": b["peak_mb"],
-                "plan_agreement": agreement,
-            }
-            rows[key].append(row)
-            print(
-                f"{key:9s} n={n:>5}  ours {a['seconds']:8.2f} s {a['peak_mb']:8.0f} MB | "
-                f"POT {b['seconds']:8.2f} s {b['peak_mb']:8.0f} MB | ratio {row['ratio']:.3f} | "
-                f"plan agreement {agreement:.4f}",
-                flush=True,
-            )
-    tmp.cleanup()
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
-    return 0
-
-
-def register_speed(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    s = bsub.add_parser("speed", help="our OT solves against POT's: time, peak memory, agreement")
-    s.add_argument("--sizes", type=int, nargs="+", default=[1000, 2000, 4000])
-    s.add_argument("--json", default=None, metavar="OUT")
-    s.set_defaults(func=run_bench_speed)
+    register_accuracy(bsub)
+    register_figures(bsub)

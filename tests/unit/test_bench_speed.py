@@ -1,15 +1,22 @@
-"""`dpda bench speed` runs end to end on a tiny problem and writes the JSON the issue names."""
+"""`dpda bench speed` runs end to end on tiny problems and writes the JSON the issue names."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
+
+from common.bench_speed import PeakMemory
 from common.cli import main
 
 
 def test_bench_speed_smoke(tmp_path, capsys) -> None:  # noqa: ANN001
     out = tmp_path / "speed.json"
-    assert main(["bench", "speed", "--sizes", "500", "--json", str(out)]) == 0
+    argv = ["bench", "speed", "--sizes", "500", "--job-sizes", "400", "--json", str(out)]
+    argv += ["--visda-source", "3000", "--visda-target", "1000", "--visda-batch", "300"]
+    argv += ["--visda-steps", "3", "--visda-target-batch", "400", "--visda-dim", "16"]
+    argv += ["--bandwidth-n", "1500"]
+    assert main(argv) == 0
     data = json.loads(out.read_text())
     for key in ("ot_gl", "sinkhorn"):
         row = data[key][0]
@@ -24,4 +31,24 @@ def test_bench_speed_smoke(tmp_path, capsys) -> None:  # noqa: ANN001
         }
         assert row["n"] == 500 and row["ours_s"] > 0 and row["pot_s"] > 0
         assert row["plan_agreement"] > 0.95  # the same problem, nearly the same plan
+    job = data["job_scaling"][0]
+    assert job["n_source"] == 400 and job["seconds"] > 0 and job["peak_mb"] > 50
+    assert 0 <= job["accuracy"] <= 100 and job["solver_converged"]
+    visda = data["visda"]
+    assert {"seconds", "peak_mb", "accuracy"} <= set(visda)
+    assert visda["batches"] == 3 and visda["epsilon_spent"] > 0
+    assert 0 < data["bandwidth_fraction"] < 5
+    assert data["bandwidth"]["read_gbs"] > 0
     assert "plan agreement" in capsys.readouterr().out
+
+
+def test_peak_memory_counts_the_block_not_what_came_before() -> None:
+    before = np.ones(40 * 2**20 // 8)  # 40 MB held (and touched) before the block
+    with PeakMemory() as small:
+        np.ones(2**20 // 8).sum()
+    with PeakMemory() as big:
+        x = np.ones(120 * 2**20 // 8)  # 120 MB inside the block
+        del x
+    assert big.peak_mb > 100
+    assert small.peak_mb < 30
+    assert before[0] == 1.0

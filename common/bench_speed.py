@@ -1,0 +1,369 @@
+"""``dpda bench speed``: our OT solves against POT's, whole-job scaling, a VisDA-scale job and
+Sinkhorn's share of the machine's memory bandwidth — all measured in the same run.
+
+Every measurement runs in a fresh process (``spawn``), so one solve's allocations do not inflate
+the next one's peak. Peak memory is the child's maximum resident set size: for solver
+comparisons, less what the child held before the solve started (the problem itself); for whole
+jobs, all of it (data, releases, plans, classifier).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+
+def _rss_mb() -> float:
+    """Peak resident set size of this process so far, MB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _status_mb(field: str) -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
+class PeakMemory:
+    """Peak resident memory added by a block of code, MB.
+
+    On Linux the kernel's high-water mark is reset first (``/proc/self/clear_refs``), so the peak
+    is the block's own, not an earlier one's; elsewhere it falls back to ``ru_maxrss``.
+    """
+
+    def __enter__(self) -> PeakMemory:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.reset = True
+        except OSError:
+            self.reset = False
+        self.base = (_status_mb("VmRSS") if self.reset else None) or _rss_mb()
+        self.peak_mb = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        high = _status_mb("VmHWM") if self.reset else None
+        self.peak_mb = max((high if high is not None else _rss_mb()) - self.base, 0.0)
+
+
+def _in_child(target: Any, *args: Any) -> dict[str, Any]:  # noqa: ANN401
+    """Run ``target(*args, conn)`` in a fresh interpreter; return what it sends."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=target, args=(*args, child))
+    p.start()
+    child.close()
+    try:
+        out = parent.recv()
+    except EOFError as exc:
+        p.join()
+        raise RuntimeError(f"benchmark child exited with code {p.exitcode}") from exc
+    p.join()
+    return out
+
+
+# ------------------------------------------------------------------------------ (a) solvers
+def _solve_child(kind: str, n: int, seed: int, out_dir: str, conn) -> None:  # noqa: ANN001
+    import numpy as np
+    import ot
+
+    from .data.synthetic import two_domains
+    from .ot.costs import dpot_cost
+    from .ot.solvers import sinkhorn, sinkhorn_group_lasso, uniform
+
+    src, tgt = two_domains(n, n, seed=seed)
+    # float64: POT's default precision; ours converts to float32 inside and counts that copy
+    cost = dpot_cost(src.x, tgt.x).normalized.astype(np.float64)
+    a, b = uniform(n), uniform(n)
+    with PeakMemory() as mem:
+        t0 = time.perf_counter()
+        if kind == "ours_gl":
+            plan = sinkhorn_group_lasso(a, b, cost, src.y, 0.02, 0.5).plan
+        elif kind == "pot_gl":
+            plan = ot.da.sinkhorn_l1l2_gl(a, src.y, b, cost, 0.02, eta=0.5)
+        elif kind == "ours_sinkhorn":
+            plan = sinkhorn(a, b, cost, 0.02).plan
+        else:
+            plan = ot.sinkhorn(a, b, cost, 0.02)
+        seconds = time.perf_counter() - t0
+    peak = mem.peak_mb
+    np.save(Path(out_dir) / f"{kind}-{n}.npy", np.asarray(plan, dtype=np.float64))
+    conn.send({"seconds": seconds, "peak_mb": peak})
+    conn.close()
+
+
+def solver_rows(sizes: list[int], pot_max_n: int) -> dict[str, list[dict[str, Any]]]:
+    import numpy as np
+
+    rows: dict[str, list[dict[str, Any]]] = {"ot_gl": [], "sinkhorn": []}
+    with tempfile.TemporaryDirectory(prefix="dpda-bench-") as tmp:
+        for n in sizes:
+            for key, ours, pot in (
+                ("ot_gl", "ours_gl", "pot_gl"),
+                ("sinkhorn", "ours_sinkhorn", "pot_sinkhorn"),
+            ):
+                a = _in_child(_solve_child, ours, n, 0, tmp)
+                if key == "ot_gl" and n > pot_max_n:
+                    print(
+                        f"{key:9s} n={n:>5}  ours {a['seconds']:8.2f} s {a['peak_mb']:8.0f} MB"
+                        f" | POT skipped (--pot-max-n {pot_max_n})",
+                        flush=True,
+                    )
+                    rows[key].append(
+                        {
+                            "n": n,
+                            "ours_s": a["seconds"],
+                            "pot_s": None,
+                            "ratio": None,
+                            "ours_peak_mb": a["peak_mb"],
+                            "pot_peak_mb": None,
+                            "plan_agreement": None,
+                        }
+                    )
+                    continue
+                b = _in_child(_solve_child, pot, n, 0, tmp)
+                pa = np.load(Path(tmp) / f"{ours}-{n}.npy")
+                pb = np.load(Path(tmp) / f"{pot}-{n}.npy")
+                agreement = float(1.0 - 0.5 * np.abs(pa - pb).sum() / max(pb.sum(), 1e-300))
+                row = {
+                    "n": n,
+                    "ours_s": a["seconds"],
+                    "pot_s": b["seconds"],
+                    "ratio": a["seconds"] / b["seconds"],
+                    "ours_peak_mb": a["peak_mb"],
+                    "pot_peak_mb": b["peak_mb"],
+                    "plan_agreement": agreement,
+                }
+                rows[key].append(row)
+                print(
+                    f"{key:9s} n={n:>5}  ours {a['seconds']:8.2f} s {a['peak_mb']:8.0f} MB | "
+                    f"POT {b['seconds']:8.2f} s {b['peak_mb']:8.0f} MB | "
+                    f"ratio {row['ratio']:.3f} | plan agreement {agreement:.4f}",
+                    flush=True,
+                )
+    return rows
+
+
+# ------------------------------------------------------------------------------ (b) whole jobs
+def _job_child(spec: dict[str, Any], conn) -> None:  # noqa: ANN001
+    from target_party.pipeline import AdaptConfig
+    from target_party.simulate import simulate
+
+    from .data.synthetic import two_domains
+    from .terms import SessionTerms
+
+    t0 = time.perf_counter()
+    src, tgt = two_domains(spec["n_source"], spec["n_target"], k=spec["dim"], seed=spec["seed"])
+    terms = SessionTerms(
+        dataset="synthetic",
+        epsilon=spec["epsilon"],
+        delta=1.0 / (1.2 * spec["n_source"]),
+        projection_dim=spec["projection_dim"],
+        batch_size=spec["batch_size"],
+        steps=spec["steps"],
+        max_steps=max(spec["steps"], 1),
+    )
+    cfg = AdaptConfig(classifier=spec["classifier"], target_batch=spec["target_batch"])
+    data_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    out = simulate(src, tgt, terms, "raw", cfg, seed=spec["seed"], baselines=False)
+    d = out.dpda
+    conn.send(
+        {
+            "seconds": time.perf_counter() - t1,
+            "data_seconds": data_s,
+            "peak_mb": _rss_mb(),
+            "accuracy": d.accuracy,
+            "epsilon_spent": d.epsilon_spent,
+            "batches": d.n_batches,
+            "rows_received": d.rows_received,
+            "solver_converged": d.solver_converged,
+        }
+    )
+    conn.close()
+
+
+def job_spec(n_source: int, n_target: int, **kw: Any) -> dict[str, Any]:  # noqa: ANN401
+    spec = {
+        "n_source": n_source,
+        "n_target": n_target,
+        "dim": 64,
+        "projection_dim": 20,
+        "epsilon": 8.0,
+        "batch_size": 0,
+        "steps": 0,
+        "target_batch": 0,
+        "classifier": "1nn",
+        "seed": 0,
+    }
+    spec.update(kw)
+    spec["projection_dim"] = min(spec["projection_dim"], spec["dim"])
+    return spec
+
+
+def run_job(spec: dict[str, Any]) -> dict[str, Any]:
+    out = _in_child(_job_child, spec)
+    return {**{k: spec[k] for k in ("n_source", "n_target", "batch_size", "target_batch")}, **out}
+
+
+def _print_job(label: str, r: dict[str, Any]) -> None:
+    print(
+        f"{label:9s} {r['n_source']:>7} × {r['n_target']:<7} batches {r['batches']:>4} "
+        f"{r['seconds']:8.1f} s {r['peak_mb']:8.0f} MB peak | accuracy {r['accuracy']:.2f} | "
+        f"ε {r['epsilon_spent']:.3f}",
+        flush=True,
+    )
+
+
+# ------------------------------------------------------------------------------ (c) bandwidth
+def memory_bandwidth_gbs(mb: int = 1024, repeats: int = 5) -> dict[str, float]:
+    """Best-of-``repeats`` read and copy bandwidth of this machine in GB/s, one thread per core
+    (numpy releases the GIL), on arrays far larger than the last-level cache."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    workers = max(os.cpu_count() or 1, 1)
+    x = np.ones(mb * 2**20 // 8, dtype=np.float64)
+    y = np.empty_like(x)
+    parts = np.array_split(np.arange(x.size), workers)
+    spans = [(int(p[0]), int(p[-1]) + 1) for p in parts]
+    read, copy = 0.0, 0.0
+    with ThreadPoolExecutor(workers) as pool:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            list(pool.map(lambda s: np.add.reduce(x[s[0] : s[1]]), spans))
+            read = max(read, x.nbytes / (time.perf_counter() - t0) / 1e9)
+            t0 = time.perf_counter()
+            list(pool.map(lambda s: np.copyto(y[s[0] : s[1]], x[s[0] : s[1]]), spans))
+            copy = max(copy, 2 * x.nbytes / (time.perf_counter() - t0) / 1e9)
+    return {"read_gbs": read, "copy_gbs": copy, "threads": workers}
+
+
+def sinkhorn_throughput(n: int = 8000, iters: int = 20) -> dict[str, float]:
+    """Bytes of kernel read per second by our Sinkhorn iteration (two passes) and POT's."""
+    import numpy as np
+    import ot
+
+    from .ot import fast
+
+    rng = np.random.default_rng(0)
+    k32 = rng.random((n, n), dtype=np.float32) + 0.5
+    a = np.full(n, 1.0 / n)
+    t0 = time.perf_counter()
+    fast.sinkhorn_scalings(k32, a, a, np.ones(n), iters, 0.0)
+    ours = 2 * k32.nbytes * iters / (time.perf_counter() - t0) / 1e9
+    # POT: ot.sinkhorn on a cost whose kernel is the same matrix, float64, no early stop
+    m64 = -np.log(k32.astype(np.float64))
+    del k32
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "did not converge": it is stopped on purpose
+        ot.sinkhorn(a, a, m64, 1.0, numItermax=iters, stopThr=0.0)
+    pot = 2 * m64.nbytes * iters / (time.perf_counter() - t0) / 1e9
+    return {"ours_gbs": ours, "pot_gbs": pot, "n": n}
+
+
+# ------------------------------------------------------------------------------ command
+def run_bench_speed(args: argparse.Namespace) -> int:
+    result: dict[str, Any] = solver_rows(args.sizes, args.pot_max_n)
+    result["job_scaling"] = []
+    if args.job_sizes:
+        print("whole DPDA jobs (synthetic, 64-d, whole batch, ε = 8, target-PCA ℓ = 20, 1-NN):")
+        for n in args.job_sizes:
+            r = run_job(job_spec(n, n))
+            result["job_scaling"].append(r)
+            _print_job("job", r)
+    result["visda"] = None
+    if args.visda:
+        spec = job_spec(
+            args.visda_source,
+            args.visda_target,
+            dim=args.visda_dim,
+            epsilon=args.visda_epsilon,
+            batch_size=args.visda_batch,
+            steps=args.visda_steps,
+            target_batch=args.visda_target_batch,
+            classifier="logistic",
+        )
+        print(
+            f"VisDA-scale job ({args.visda_dim}-d synthetic, Poisson minibatches of "
+            f"{args.visda_batch}, {args.visda_steps} steps, {args.visda_target_batch} target rows "
+            "per batch, logistic regression):",
+            flush=True,
+        )
+        r = run_job(spec)
+        _print_job("visda", r)
+        result["visda"] = {**r, "spec": spec}
+    result["bandwidth_fraction"] = None
+    if not args.skip_bandwidth:
+        bw = _in_child(_bandwidth_child, args.bandwidth_n)
+        result["bandwidth"] = bw
+        result["bandwidth_fraction"] = bw["ours_gbs"] / bw["read_gbs"]
+        print(
+            f"memory bandwidth: read {bw['read_gbs']:.1f} GB/s, copy {bw['copy_gbs']:.1f} GB/s | "
+            f"Sinkhorn kernel reads: ours {bw['ours_gbs']:.1f} GB/s "
+            f"({result['bandwidth_fraction']:.2f} of read bandwidth), "
+            f"POT {bw['pot_gbs']:.1f} GB/s ({bw['pot_gbs'] / bw['read_gbs']:.2f})",
+            flush=True,
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _bandwidth_child(n: int, conn) -> None:  # noqa: ANN001
+    out = memory_bandwidth_gbs()
+    out.update(sinkhorn_throughput(n))
+    conn.send(out)
+    conn.close()
+
+
+def register_speed(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    s = bsub.add_parser(
+        "speed",
+        help="OT solves against POT's, whole-job scaling, a VisDA-scale job, bandwidth use",
+    )
+    s.add_argument("--sizes", type=int, nargs="+", default=[1000, 2000, 4000, 8000])
+    s.add_argument(
+        "--pot-max-n",
+        type=int,
+        default=8000,
+        help="skip POT's group-lasso solver above this n (it needs ~GBs per class)",
+    )
+    s.add_argument(
+        "--job-sizes",
+        type=int,
+        nargs="*",
+        default=[2000, 5000, 10000, 20000],
+        help="n for whole-batch n × n DPDA jobs (none: skip)",
+    )
+    s.add_argument("--visda", action=argparse.BooleanOptionalAction, default=True)
+    s.add_argument("--visda-source", type=int, default=150_000)
+    s.add_argument("--visda-target", type=int, default=50_000)
+    s.add_argument("--visda-dim", type=int, default=256)
+    s.add_argument("--visda-batch", type=int, default=1000)
+    s.add_argument("--visda-steps", type=int, default=150)
+    s.add_argument(
+        "--visda-target-batch", type=int, default=0, help="target rows per batch plan (0: all)"
+    )
+    s.add_argument("--visda-epsilon", type=float, default=8.0)
+    s.add_argument("--skip-bandwidth", action="store_true")
+    s.add_argument("--bandwidth-n", type=int, default=8000, help="Sinkhorn kernel n × n for (c)")
+    s.add_argument("--json", default=None, metavar="OUT")
+    s.set_defaults(func=run_bench_speed)
