@@ -1,0 +1,328 @@
+"""``dpda bench dpot-error`` (the DPOT paper's Figure 2) and ``dpda bench privacy-utility``.
+
+dpot-error: Algorithm 1 on one domain pair. The source projects its rows with a JL matrix ``M``
+(``ℓ`` columns, ``w`` = its largest row norm, the attribute-unit sensitivity of a row) and adds
+``N(0, (σ/w · w)²)`` noise; the target computes the debiased cost ``‖Z_i − (Xt·M)_j‖² − ℓσ²``.
+``W̃`` is the exact (EMD) transport value on that cost, ``W`` the exact value on the squared
+Euclidean cost between the preprocessed features (what DPOT estimates), and ``Err = |W̃ − W|/W``,
+averaged over runs. Whole batch: every row; minibatch: ``B`` Poisson-sampled source rows against
+``B`` random target rows, averaged over many batches. Also reported: how much of the private
+plan's mass sits where the non-private plan's does (``1 − ½‖γ̃ − γ‖₁``, same cost ``W`` uses).
+
+privacy-utility: accuracy against ε for DPDA, PATE and DPDA+PATE (each its own session at the
+same ε), with the non-private OTDA and source-only lines, averaged over pairs and seeds; PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _load_pair(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str]:
+    """Preprocessed source and target features (target scaling applied to both)."""
+    from target_party.pipeline import target_view
+    from target_party.simulate import source_in_target_scaling
+
+    from .data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
+
+    if args.dataset == "synthetic":
+        from .data.synthetic import two_domains
+
+        s, t = two_domains(1000, 1000, seed=0)
+        label = "synthetic"
+    else:
+        from .data.loaders import default_data_dir, load_domain
+        from .errors import ConfigError
+
+        data_dir = args.data_dir or default_data_dir()
+        if data_dir is None:
+            raise ConfigError("--data-dir: no data directory given and DPDA_DATA is not set")
+        s = load_domain(data_dir, args.dataset, args.source)
+        t = load_domain(data_dir, args.dataset, args.target)
+        label = f"{args.dataset} {args.source}→{args.target}"
+    rep = DEFAULT_REPRESENTATION[args.dataset]
+    view = target_view(t, rep, scaling_mode=DEFAULT_SCALING[args.dataset])
+    return source_in_target_scaling(s, view, rep), view.x, label
+
+
+def _emd(a_rows: int, b_rows: int, cost: np.ndarray) -> tuple[np.ndarray, float]:
+    import ot
+
+    from .ot.solvers import uniform
+
+    plan = ot.emd(uniform(a_rows), uniform(b_rows), cost, numItermax=10_000_000)
+    return plan, float(np.sum(plan * cost))
+
+
+def dpot_errors(
+    xs: np.ndarray,
+    xt: np.ndarray,
+    ratios: list[float],
+    ell: int,
+    runs: int,
+    rng: np.random.Generator,
+    batch: int = 0,
+) -> list[dict[str, float]]:
+    """Mean Err and plan agreement per σ/w; ``batch = 0``: whole batch."""
+    from .dp.mechanisms import gaussian_noise, jl_matrix, projection_sensitivity
+    from .ot.costs import sq_euclidean
+
+    out = []
+    for ratio in ratios:
+        errs, agree = [], []
+        for _ in range(runs):
+            if batch:
+                s_rows = np.flatnonzero(rng.random(xs.shape[0]) < batch / xs.shape[0])
+                t_rows = rng.choice(xt.shape[0], min(batch, xt.shape[0]), replace=False)
+                if s_rows.size == 0:
+                    continue
+                s, t = xs[s_rows], xt[t_rows]
+            else:
+                s, t = xs, xt
+            raw = sq_euclidean(s, t)
+            plan, w = _emd(s.shape[0], t.shape[0], raw)
+            m = jl_matrix(xs.shape[1], ell, rng)
+            std = ratio * projection_sensitivity(m, "attribute", "add-remove")
+            z = s @ m + gaussian_noise((s.shape[0], ell), std, rng)
+            debiased = sq_euclidean(z, t @ m) - ell * std**2
+            plan_t, w_t = _emd(s.shape[0], t.shape[0], debiased)
+            errs.append(abs(w_t - w) / w)
+            agree.append(1.0 - 0.5 * float(np.abs(plan_t - plan).sum()))
+        out.append(
+            {
+                "sigma_over_w": ratio,
+                "err": float(np.mean(errs)),
+                "err_std": float(np.std(errs)),
+                "plan_agreement": float(np.mean(agree)),
+                "runs": len(errs),
+            }
+        )
+    return out
+
+
+def _plot_dpot(result: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, key, title in (
+        (axes[0], "whole_batch", "whole batch"),
+        (axes[1], "minibatch", f"minibatches of {result['batch_size']}"),
+    ):
+        rows = result[key]
+        x = [r["sigma_over_w"] for r in rows]
+        ax.errorbar(
+            x,
+            [r["err"] for r in rows],
+            yerr=[r["err_std"] for r in rows],
+            marker="o",
+            capsize=3,
+            label="Err = |W̃ − W| / W",
+        )
+        ax.plot(
+            x,
+            [1 - r["plan_agreement"] for r in rows],
+            marker="s",
+            linestyle="--",
+            label="plan mass moved (1 − agreement)",
+        )
+        ax.set_xlabel("noise ratio σ/w")
+        ax.set_title(f"{title} ({rows[0]['runs']} runs)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("relative error / fraction of mass")
+    axes[0].legend(loc="upper left", fontsize=8)
+    fig.suptitle(f"DPOT error, {result['data']}, JL ℓ = {result['projection_dim']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_dpot_error(args: argparse.Namespace) -> int:
+    xs, xt, label = _load_pair(args)
+    rng = np.random.default_rng(args.seed)
+    ratios = args.ratios
+    result: dict[str, Any] = {
+        "data": label,
+        "projection_dim": args.projection_dim,
+        "batch_size": args.batch_size,
+    }
+    for key, batch, runs in (
+        ("whole_batch", 0, args.runs),
+        ("minibatch", args.batch_size, args.batch_runs),
+    ):
+        rows = dpot_errors(xs, xt, ratios, args.projection_dim, runs, rng, batch)
+        result[key] = rows
+        print(f"{key} ({label}, JL ℓ={args.projection_dim}, {runs} runs per point)")
+        print(f"  {'σ/w':>6s} {'Err':>14s} {'plan agreement':>16s}")
+        for r in rows:
+            print(
+                f"  {r['sigma_over_w']:6.2f} {r['err']:7.4f} ± {r['err_std']:.4f} "
+                f"{r['plan_agreement']:16.4f}"
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    if args.png:
+        _plot_dpot(result, args.png)
+        print(f"wrote {args.png}")
+    return 0
+
+
+# ------------------------------------------------------------------------------ privacy-utility
+def _pu_task(data_dir: str, src: str, tgt: str, eps: float, seed: int, batch: int) -> dict:
+    from target_party.pipeline import AdaptConfig
+    from target_party.simulate import METHODS, simulate
+
+    from .bench_accuracy import dataset_of
+    from .data.loaders import load_domain
+    from .data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
+    from .terms import SessionTerms
+
+    ds = dataset_of(src)
+    s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
+    terms = SessionTerms(
+        dataset=f"{ds}:{src}", epsilon=eps, delta=1.0 / (1.2 * s.x.shape[0]), batch_size=batch
+    )
+    out = simulate(
+        s,
+        t,
+        terms,
+        DEFAULT_REPRESENTATION[ds],
+        AdaptConfig(seed=seed),
+        seed,
+        scaling_mode=DEFAULT_SCALING[ds],
+        methods=METHODS,
+        pate_queries=100,
+        pate_share=0.25,
+    )
+    data = out.to_json(terms)
+    return {
+        "pair": f"{src}→{tgt}",
+        "epsilon": eps,
+        "seed": seed,
+        **data["accuracy"],
+        "epsilon_spent": data["epsilon_by_method"],
+    }
+
+
+def _plot_pu(table: list[dict[str, Any]], pairs: list[str], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    eps = [r["epsilon"] for r in table]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, name, style in (
+        ("dpda", "DPDA", "o-"),
+        ("pate", "PATE", "s-"),
+        ("dpda_pate", "DPDA+PATE", "^-"),
+    ):
+        ax.plot(eps, [r[key] for r in table], style, label=name)
+    ax.axhline(
+        np.mean([r["otda"] for r in table]), color="k", linestyle="--", label="OTDA (non-private)"
+    )
+    ax.axhline(
+        np.mean([r["source_only"] for r in table]), color="grey", linestyle=":", label="source only"
+    )
+    ax.set_xscale("log")
+    ax.set_xticks(eps)
+    ax.set_xticklabels([f"{e:g}" for e in eps])
+    ax.set_xlabel("ε (δ = 1/(1.2·ns))")
+    ax.set_ylabel("target accuracy, % (1-NN)")
+    ax.set_title(f"privacy–utility, mean over {', '.join(pairs)}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_privacy_utility(args: argparse.Namespace) -> int:
+    from .bench_accuracy import _pairs, _worker_init
+    from .data.loaders import default_data_dir
+    from .errors import ConfigError
+    from .progress import Progress
+
+    data_dir = args.data_dir or default_data_dir()
+    if data_dir is None:
+        raise ConfigError("--data-dir: no data directory given and DPDA_DATA is not set")
+    pairs = _pairs(args.pairs)
+    names = [f"{s}→{t}" for s, t in pairs]
+    with ProcessPoolExecutor(args.jobs or os.cpu_count() or 1, initializer=_worker_init) as pool:
+        tasks = [
+            pool.submit(_pu_task, str(data_dir), s, t, e, seed, args.batch_size)
+            for e in args.epsilons
+            for s, t in pairs
+            for seed in range(args.seeds)
+        ]
+        bar = Progress("privacy-utility runs")
+        rows = []
+        for i, f in enumerate(tasks):
+            rows.append(f.result())
+            bar(i + 1, len(tasks))
+    cols = ("source_only", "otda", "dpda", "pate", "dpda_pate")
+    table = [
+        {
+            "epsilon": e,
+            **{c: float(np.mean([r[c] for r in rows if r["epsilon"] == e])) for c in cols},
+        }
+        for e in args.epsilons
+    ]
+    print(f"accuracy (%) against ε, mean over {', '.join(names)} × {args.seeds} seeds")
+    print(f"{'ε':>6s}" + "".join(f"{c:>13s}" for c in cols))
+    for r in table:
+        print(f"{r['epsilon']:6g}" + "".join(f"{r[c]:13.2f}" for c in cols))
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"pairs": names, "table": table, "runs": rows}, indent=2)
+        )
+        print(f"wrote {args.json}")
+    if args.png:
+        _plot_pu(table, names, args.png)
+        print(f"wrote {args.png}")
+    return 0
+
+
+def register_figures(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    d = bsub.add_parser("dpot-error", help="DPOT's |W̃ − W|/W against σ/w (paper Figure 2)")
+    d.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
+    d.add_argument(
+        "--dataset", choices=["office-caltech", "mnist-usps", "synthetic"], default="office-caltech"
+    )
+    d.add_argument("--source", default="C")
+    d.add_argument("--target", default="A")
+    d.add_argument("--projection-dim", type=int, default=80, help="JL ℓ (default 80 = k/10)")
+    d.add_argument(
+        "--ratios",
+        type=float,
+        nargs="+",
+        default=[0.0, 0.2, 0.4, 0.6, 0.7, 0.8, 1.0, 1.2, 1.3, 1.5],
+    )
+    d.add_argument("--runs", type=int, default=10, help="whole-batch runs per σ/w")
+    d.add_argument("--batch-size", type=int, default=128)
+    d.add_argument("--batch-runs", type=int, default=200, help="minibatches per σ/w")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--json", default=None, metavar="OUT")
+    d.add_argument("--png", default=None, metavar="OUT")
+    d.set_defaults(func=run_dpot_error)
+
+    p = bsub.add_parser("privacy-utility", help="accuracy against ε for DPDA, PATE, DPDA+PATE")
+    p.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
+    p.add_argument("--pairs", nargs="*", default=["C:A", "A:W", "W:D", "M:U"])
+    p.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8, 20])
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=0, help="0: whole batch (default)")
+    p.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
+    p.add_argument("--json", default=None, metavar="OUT")
+    p.add_argument("--png", default=None, metavar="OUT")
+    p.set_defaults(func=run_privacy_utility)
