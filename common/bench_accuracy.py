@@ -261,7 +261,7 @@ def summarize_paper(rows: list[dict], pairs: list[str], title: str) -> dict[str,
             c: {"mean": _mean([per_pair[p][c]["mean"] for p in office]), "std": None} for c in cols
         }
         table[unit] = per_pair
-        release = rows[0]["release"] if unit == "record" else "rows"
+        release = next(r["release"] for r in rows if r["unit"] == unit)
         print(f"\n{title}, {unit} unit, {release} (accuracy %, mean ± std over seeds)")
         print(f"{'pair':22s}" + "".join(f"{c:>18s}" for c in cols))
         for p, vals in per_pair.items():

@@ -150,7 +150,7 @@ def fit_points(
         labels=ys,
         w_tilde=cost.value(res.plan),
         converged=res.converged,
-        class_mass=one_hot(ys, n_classes).T @ res.plan,
+        class_mass=one_hot(ys, n_classes).astype(res.plan.dtype).T @ res.plan,
         back_mapped=barycentric_map(res.plan.T, pts),
     )
 
