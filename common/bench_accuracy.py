@@ -69,44 +69,24 @@ def _worker_init() -> None:
 
 
 # ------------------------------------------------------------------------------ (a) paper
-def paper_pair(
+def run_methods(
     data_dir: str,
     src: str,
     tgt: str,
-    unit: str,
     seed: int,
-    batch: int,
-    protocol: str = "dpda-paper",
-    record_release: str = "prototypes",
-) -> dict:
-    """One pair, unit and seed; ``protocol`` ``whole-batch``: ε = 8 for every source, one
-    whole-dataset release (the simulate defaults)."""
+    terms_for: Any,  # noqa: ANN401
+) -> tuple[Any, dict[str, Any]]:
+    """Source-only, OTDA, DPDA, PATE and DPDA+PATE on one pair; ``terms_for(dataset, ns)`` gives
+    the session terms. Returns the terms and ``SimulationOutcome.to_json``."""
     from target_party.pipeline import AdaptConfig
     from target_party.simulate import METHODS, simulate
 
     from .data.loaders import load_domain
     from .data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
-    from .terms import SessionTerms
 
     ds = dataset_of(src)
     s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
-    ns = s.x.shape[0]
-    eps = paper_epsilon(src) if protocol == "dpda-paper" else 8.0
-    common = {"dataset": f"{ds}:{src}", "epsilon": eps, "delta": 1 / (1.2 * ns)}
-    if unit == "attribute" and protocol == "whole-batch":
-        terms = SessionTerms(**common)
-    elif unit == "attribute":
-        steps = max(1, -(-ns // batch))  # one epoch in expectation
-        terms = SessionTerms(
-            **common,
-            batch_size=batch,
-            steps=steps,
-            noise_multiplier=0.0,
-            histogram_noise_ratio=HISTOGRAM_RATIO,
-        )
-    else:
-        terms = SessionTerms(**common, privacy_unit="record", release=record_release)
-    t0 = time.perf_counter()
+    terms = terms_for(f"{ds}:{src}", s.x.shape[0])
     out = simulate(
         s,
         t,
@@ -119,7 +99,41 @@ def paper_pair(
         pate_queries=100,
         pate_share=0.25,
     )
-    acc = out.to_json(terms)
+    return terms, out.to_json(terms)
+
+
+def paper_pair(
+    data_dir: str,
+    src: str,
+    tgt: str,
+    unit: str,
+    seed: int,
+    batch: int,
+    protocol: str = "dpda-paper",
+    record_release: str = "prototypes",
+) -> dict:
+    """One pair, unit and seed; ``protocol`` ``whole-batch``: ε = 8 for every source, one
+    whole-dataset release (the simulate defaults)."""
+    from .terms import SessionTerms
+
+    eps = paper_epsilon(src) if protocol == "dpda-paper" else 8.0
+
+    def terms_for(dataset: str, ns: int) -> SessionTerms:
+        common = {"dataset": dataset, "epsilon": eps, "delta": 1 / (1.2 * ns)}
+        if unit == "record":
+            return SessionTerms(**common, privacy_unit="record", release=record_release)
+        if protocol == "whole-batch":
+            return SessionTerms(**common)
+        return SessionTerms(
+            **common,
+            batch_size=batch,
+            steps=max(1, -(-ns // batch)),  # one epoch in expectation
+            noise_multiplier=0.0,
+            histogram_noise_ratio=HISTOGRAM_RATIO,
+        )
+
+    t0 = time.perf_counter()
+    terms, acc = run_methods(data_dir, src, tgt, seed, terms_for)
     return {
         "pair": f"{src}→{tgt}",
         "protocol": protocol,

@@ -105,6 +105,18 @@ def _solve_child(kind: str, n: int, seed: int, out_dir: str, conn) -> None:  # n
     conn.close()
 
 
+def _timed(kind: str, n: int, tmp: str, short_s: float = 1.0, repeats: int = 3) -> dict[str, Any]:
+    """One solve in a fresh process; a solve shorter than ``short_s`` is repeated (each in its
+    own process) and the fastest kept, since sub-second timings vary a lot between runs."""
+    best = _in_child(_solve_child, kind, n, 0, tmp)
+    if best["seconds"] < short_s:
+        for _ in range(repeats - 1):
+            again = _in_child(_solve_child, kind, n, 0, tmp)
+            if again["seconds"] < best["seconds"]:
+                best = again
+    return best
+
+
 def solver_rows(sizes: list[int], pot_max_n: int) -> dict[str, list[dict[str, Any]]]:
     import numpy as np
 
@@ -115,7 +127,7 @@ def solver_rows(sizes: list[int], pot_max_n: int) -> dict[str, list[dict[str, An
                 ("ot_gl", "ours_gl", "pot_gl"),
                 ("sinkhorn", "ours_sinkhorn", "pot_sinkhorn"),
             ):
-                a = _in_child(_solve_child, ours, n, 0, tmp)
+                a = _timed(ours, n, tmp)
                 if key == "ot_gl" and n > pot_max_n:
                     print(
                         f"{key:9s} n={n:>5}  ours {a['seconds']:8.2f} s {a['peak_mb']:8.0f} MB"
@@ -134,7 +146,7 @@ def solver_rows(sizes: list[int], pot_max_n: int) -> dict[str, list[dict[str, An
                         }
                     )
                     continue
-                b = _in_child(_solve_child, pot, n, 0, tmp)
+                b = _timed(pot, n, tmp)
                 pa = np.load(Path(tmp) / f"{ours}-{n}.npy")
                 pb = np.load(Path(tmp) / f"{pot}-{n}.npy")
                 agreement = float(1.0 - 0.5 * np.abs(pa - pb).sum() / max(pb.sum(), 1e-300))

@@ -24,6 +24,7 @@ def test_dpot_error_grows_with_noise_and_writes_a_plot(tmp_path) -> None:  # noq
         assert clean["err"] < noisy["err"]
         assert clean["plan_agreement"] > noisy["plan_agreement"]
         assert 0 <= noisy["plan_agreement"] <= 1
+        assert clean["err_noise"] == 0.0 and noisy["err_noise"] > 0  # no noise, no noise error
     assert png.read_bytes()[:8] == PNG
 
 
