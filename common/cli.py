@@ -181,6 +181,9 @@ def _terms(args: argparse.Namespace, dataset: str, delta: float):  # noqa: ANN20
             projection=args.projection,
             projection_dim=args.projection_dim,
             batch_size=args.batch_size,
+            steps=args.steps,
+            noise_multiplier=args.noise_multiplier,
+            histogram_noise_ratio=args.histogram_noise_ratio,
             calibration=args.calibration,
             clip_norm=args.clip_norm,
             feature_bound=args.feature_bound,
@@ -191,8 +194,11 @@ def _terms(args: argparse.Namespace, dataset: str, delta: float):  # noqa: ANN20
         )
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "terms"
-        raise ConfigError(f"{field}: {err['msg']}") from None
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if not err["loc"]:  # a cross-field rule: its message starts with the field it names
+            raise ConfigError(msg) from None
+        field = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"{field}: {msg}") from None
 
 
 def _add_terms_args(p: argparse.ArgumentParser) -> None:
@@ -207,6 +213,21 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="Poisson minibatch size B (default 0: one whole-dataset release)",
+    )
+    p.add_argument(
+        "--steps", type=int, default=0, help="minibatches (default 0: as many as ε allows, ≤ 64)"
+    )
+    p.add_argument(
+        "--noise-multiplier",
+        type=float,
+        default=1.1,
+        help="minibatch σ/w (default 1.1; 0: the smallest σ whose --steps batches spend ε)",
+    )
+    p.add_argument(
+        "--histogram-noise-ratio",
+        type=float,
+        default=2.0,
+        help="minibatch histogram σ_h/σ (default 2; 0.5 measured best with a calibrated σ)",
     )
     p.add_argument("--calibration", choices=["theorem2", "analytic"], default="theorem2")
     p.add_argument("--clip-norm", type=float, default=1.0, help="record unit: row norm bound C")

@@ -42,3 +42,19 @@ def test_missing_and_broken_files(tmp_path) -> None:
     (tmp_path / "b.toml").write_text("x = [")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_source(tmp_path / "b.toml")
+
+
+def test_simulate_terms_error_names_the_field() -> None:
+    import pytest
+
+    from common.cli import _terms, build_parser
+    from common.errors import ConfigError
+
+    argv = ["simulate", "--dataset", "office-caltech", "--source", "C", "--target", "A"]
+    args = build_parser().parse_args([*argv, "--noise-multiplier", "0"])
+    with pytest.raises(ConfigError, match=r"^noise_multiplier: 0 \(calibrate to ε\) needs"):
+        _terms(args, "office-caltech:C", 1e-3)
+    args = build_parser().parse_args(
+        [*argv, "--batch-size", "128", "--steps", "9", "--noise-multiplier", "0"]
+    )
+    assert _terms(args, "office-caltech:C", 1e-3).steps == 9
