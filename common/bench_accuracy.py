@@ -62,6 +62,18 @@ def paper_epsilon(src: str) -> float:
     return 20.0 if src in "DW" else 8.0
 
 
+def gather(tasks: list[Any], label: str) -> list[Any]:
+    """Results of submitted futures in submission order, with a progress bar."""
+    from .progress import Progress
+
+    bar = Progress(label)
+    rows = []
+    for i, f in enumerate(tasks):
+        rows.append(f.result())
+        bar(i + 1, len(tasks))
+    return rows
+
+
 def _worker_init() -> None:
     from threadpoolctl import threadpool_limits
 
@@ -338,13 +350,9 @@ def _pairs(spec: list[str] | None) -> list[tuple[str, str]]:
 
 
 def run_bench_accuracy(args: argparse.Namespace) -> int:
-    from .data.loaders import default_data_dir
-    from .errors import ConfigError
-    from .progress import Progress
+    from .data.loaders import require_data_dir
 
-    data_dir = args.data_dir or default_data_dir()
-    if data_dir is None:
-        raise ConfigError("--data-dir: no data directory given and DPDA_DATA is not set")
+    data_dir = require_data_dir(args.data_dir)
     pairs = _pairs(args.pairs)
     names = [f"{s}→{t}" for s, t in pairs]
     result: dict[str, Any] = {"pairs": names}
@@ -372,11 +380,7 @@ def run_bench_accuracy(args: argparse.Namespace) -> int:
                 for unit in args.units
                 for seed in range(args.seeds)
             ]
-            bar = Progress(f"{protocol} runs")
-            rows = []
-            for i, f in enumerate(tasks):
-                rows.append(f.result())
-                bar(i + 1, len(tasks))
+            rows = gather(tasks, f"{protocol} runs")
             table = summarize_paper(rows, names, title)
             result[protocol.replace("-", "_")] = {"runs": rows, "table": table}
         if "otda-tpami" in args.protocol:
@@ -385,11 +389,7 @@ def run_bench_accuracy(args: argparse.Namespace) -> int:
                 for s, t in pairs
                 for run in range(args.runs)
             ]
-            bar = Progress("otda-tpami runs")
-            rows = []
-            for i, f in enumerate(tasks):
-                rows.append(f.result())
-                bar(i + 1, len(tasks))
+            rows = gather(tasks, "otda-tpami runs")
             result["otda_tpami"] = {"runs": rows, "table": summarize_tpami(rows, names)}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -40,12 +40,9 @@ def _load_pair(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str]:
         s, t = two_domains(1000, 1000, seed=0)
         label = "synthetic"
     else:
-        from .data.loaders import default_data_dir, load_domain
-        from .errors import ConfigError
+        from .data.loaders import load_domain, require_data_dir
 
-        data_dir = args.data_dir or default_data_dir()
-        if data_dir is None:
-            raise ConfigError("--data-dir: no data directory given and DPDA_DATA is not set")
+        data_dir = require_data_dir(args.data_dir)
         s = load_domain(data_dir, args.dataset, args.source)
         t = load_domain(data_dir, args.dataset, args.target)
         label = f"{args.dataset} {args.source}→{args.target}"
@@ -235,14 +232,10 @@ def _plot_pu(table: list[dict[str, Any]], pairs: list[str], path: str) -> None:
 
 
 def run_privacy_utility(args: argparse.Namespace) -> int:
-    from .bench_accuracy import _pairs, _worker_init
-    from .data.loaders import default_data_dir
-    from .errors import ConfigError
-    from .progress import Progress
+    from .bench_accuracy import _pairs, _worker_init, gather
+    from .data.loaders import require_data_dir
 
-    data_dir = args.data_dir or default_data_dir()
-    if data_dir is None:
-        raise ConfigError("--data-dir: no data directory given and DPDA_DATA is not set")
+    data_dir = require_data_dir(args.data_dir)
     pairs = _pairs(args.pairs)
     names = [f"{s}→{t}" for s, t in pairs]
     with ProcessPoolExecutor(args.jobs or os.cpu_count() or 1, initializer=_worker_init) as pool:
@@ -252,11 +245,7 @@ def run_privacy_utility(args: argparse.Namespace) -> int:
             for s, t in pairs
             for seed in range(args.seeds)
         ]
-        bar = Progress("privacy-utility runs")
-        rows = []
-        for i, f in enumerate(tasks):
-            rows.append(f.result())
-            bar(i + 1, len(tasks))
+        rows = gather(tasks, "privacy-utility runs")
     cols = ("source_only", "otda", "dpda", "pate", "dpda_pate")
     table = [
         {

@@ -113,14 +113,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from target_party.pipeline import AdaptConfig
     from target_party.simulate import METHODS, simulate
 
-    from .data.loaders import default_data_dir, load_domain
+    from .data.loaders import load_domain, require_data_dir
     from .data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
-    from .errors import ConfigError
     from .progress import Progress
 
-    data_dir = args.data_dir or default_data_dir()
-    if data_dir is None:
-        raise ConfigError("--data-dir: no data directory given and DPDA_DATA is not set")
+    data_dir = require_data_dir(args.data_dir)
     src = load_domain(data_dir, args.dataset, args.source)
     tgt = load_domain(data_dir, args.dataset, args.target)
     delta = args.delta if args.delta is not None else 1.0 / (1.2 * src.x.shape[0])

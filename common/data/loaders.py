@@ -42,6 +42,16 @@ def default_data_dir() -> Path | None:
     return None
 
 
+def require_data_dir(given: str | Path | None) -> Path:
+    """``--data-dir`` if given, else the default; a clear error naming the flag if neither."""
+    from ..errors import ConfigError
+
+    data_dir = Path(given) if given else default_data_dir()
+    if data_dir is None:
+        raise ConfigError("--data-dir: no data directory given and DPDA_DATA is not set")
+    return data_dir
+
+
 def _loadmat(path: Path) -> dict:
     from scipy.io import loadmat
 
