@@ -9,8 +9,10 @@ Neighbouring relations and units (DESIGN.md §2)
 * ``add-remove`` (default): datasets differ by one record; a removed record counts as a zero row
   for per-row releases; ``ns`` and all mechanism parameters are public metadata.
 * ``replace-one``: one record is replaced; every sensitivity below doubles.
-* Unit ``attribute``: one feature of one record moves by at most ``feature_bound``.
-  L2 sensitivity of ``X·M`` = ``feature_bound · max_i ‖M_i‖₂`` (max row norm of M).
+* Unit ``attribute``: one feature of one record moves by at most ``b`` (the source policy's
+  ``attribute_bound``, in the source's per-row representation). After the target's column
+  scaling the L2 sensitivity of ``((x − mean)/std)·M`` is ``b · max_j ‖M_j‖₂ / std_j``
+  (``attribute_sensitivity``). The record and its label are in both neighbours.
 * Unit ``record``: each *projected* row is clipped to ``‖x·M‖₂ ≤ C`` (M is data-independent,
   so clipping after projecting is a per-row operation); L2 sensitivity of a row = ``C``. (DESIGN.md
   clips before projecting, sensitivity ``C·‖M‖₂``; clipping after is never looser.)
@@ -21,7 +23,9 @@ Neighbouring relations and units (DESIGN.md §2)
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
+from fractions import Fraction
 
 import numpy as np
 
@@ -66,24 +70,67 @@ def projection_sensitivity(
     feature_bound: float = 1.0,
     clip_norm: float = 1.0,
 ) -> float:
-    """L2 sensitivity of one released row ``x·M`` under the unit and relation (see module doc)."""
+    """L2 sensitivity of one released row ``x·M`` (no column scaling; see module doc).
+
+    Record unit: rows clipped to C, so ``C`` (add/remove) or ``2C`` (replace-one). Attribute
+    unit: the attribute relation is its own (one feature moves by ≤ b; the record stays), so no
+    relation factor applies: ``b · max_j ‖M_j‖`` (``attribute_sensitivity`` with unit scale).
+    """
     unit = PrivacyUnit(unit)
-    factor = relation_factor(relation)
     if unit is PrivacyUnit.ATTRIBUTE:
-        if feature_bound <= 0:
-            raise ValueError("feature_bound must be > 0")
-        w = float(np.max(np.linalg.norm(m, axis=1)))
-        return factor * feature_bound * w
-    if clip_norm <= 0:
+        return attribute_sensitivity(m, np.ones(m.shape[0]), feature_bound)
+    if not (np.isfinite(clip_norm) and clip_norm > 0):
         raise ValueError("clip_norm must be > 0")
-    return factor * clip_norm
+    return relation_factor(relation) * clip_norm
+
+
+def attribute_sensitivity(m: np.ndarray, std: np.ndarray, bound: float) -> float:
+    """L2 sensitivity of ``((x − mean) / std)·M`` when one feature of one record moves by ≤ b.
+
+    The change is stated in the source's per-row representation (before the target's scaling):
+    feature j moving by b moves the scaled row by b / std_j in coordinate j and the projected
+    row by ``b · ‖M_j‖ / std_j``. The maximum over j is the sensitivity of the whole map, so a
+    target that sends a tiny std (or a basis concentrated on a low-variance feature) gets
+    proportionally more noise, never a smaller unit of privacy. Elementwise clamping and
+    non-finite-to-zero mapping applied after the scaling are 1-Lipschitz per coordinate or act
+    on values no neighbour pair reaches, so they do not increase it.
+    """
+    if not (np.isfinite(bound) and bound > 0):
+        raise ValueError("attribute bound must be a finite number > 0")
+    std = np.asarray(std, dtype=np.float64)
+    if std.shape != (m.shape[0],) or not np.all(np.isfinite(std)) or np.any(std <= 0):
+        raise ValueError("column scale must be finite and positive, one per feature")
+    return float(bound * np.max(np.linalg.norm(m, axis=1) / std))
+
+
+def finite_rows(x: np.ndarray) -> np.ndarray:
+    """Each row with a non-finite entry becomes the zero row (a per-row map, applied *before*
+    clipping). Refusing such rows instead would itself tell the peer something about the data;
+    letting them through would turn into NaN rows whose count is data (the overflow channel)."""
+    bad = ~np.all(np.isfinite(x), axis=1)
+    if not np.any(bad):
+        return x
+    out = np.array(x, dtype=np.float64, copy=True)
+    out[bad] = 0.0
+    return out
 
 
 def clip_rows(x: np.ndarray, clip_norm: float) -> np.ndarray:
-    """Scale each row down to ``‖x_i‖₂ ≤ C`` (a per-row operation, so DP-clean)."""
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    scale = np.minimum(1.0, clip_norm / np.maximum(norms, 1e-300))
-    return x * scale
+    """Scale each row down to ``‖x_i‖₂ ≤ C`` (a per-row operation, so DP-clean).
+
+    Rows with non-finite entries become zero rows first; norms are computed on rows divided by
+    their largest magnitude, so no intermediate overflows.
+    """
+    x = finite_rows(np.asarray(x, dtype=np.float64))
+    if x.size == 0:
+        return x
+    peak = np.max(np.abs(x), axis=1, keepdims=True)
+    safe = np.where(peak > 0, peak, 1.0)
+    unit = x / safe  # entries in [-1, 1]; ‖unit‖ ∈ [1, √ℓ] for non-zero rows
+    nu = np.linalg.norm(unit, axis=1, keepdims=True)
+    over = peak * nu > clip_norm  # ‖x‖ > C, without forming ‖x‖ (it may overflow)
+    clipped = unit * (clip_norm / np.where(nu > 0, nu, 1.0))
+    return np.where(over, clipped, x)
 
 
 def class_sums(z: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
@@ -93,33 +140,198 @@ def class_sums(z: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
     return out
 
 
+#: Floor on σ for :func:`gaussian_noise`: a positive std below it is refused. ``rng.normal``
+#: draws ``std · N(0,1)``; at such scales the products sit in or near the subnormal range and
+#: the noise would be lost to rounding when added to any value (a "noisy" release equal to the
+#: exact one). ``std == 0`` stays allowed for the noise-free baselines of the benchmarks.
+MIN_GAUSSIAN_STD = 1e-200
+
+
 def gaussian_noise(shape: tuple[int, ...], std: float, rng: np.random.Generator) -> np.ndarray:
-    """I.i.d. ``N(0, std²)`` noise; ``std`` is absolute (noise multiplier × sensitivity)."""
-    if not (np.isfinite(std) and std >= 0):
+    """I.i.d. ``N(0, std²)`` noise; ``std`` is absolute (noise multiplier × sensitivity).
+
+    Refused (``ValueError``) for a non-finite or negative std and for ``0 < std <
+    MIN_GAUSSIAN_STD``; ``std == 0`` (no noise) is accepted for the benchmarks' noise-free
+    baselines only — no release path computes it.
+    """
+    std = float(std)
+    if not (math.isfinite(std) and std >= 0):
         raise ValueError("noise std must be finite and ≥ 0")
+    if 0 < std < MIN_GAUSSIAN_STD:
+        raise ValueError(f"noise std below the floor {MIN_GAUSSIAN_STD:g}: lost to rounding")
     return rng.normal(0.0, std, size=shape)
+
+
+# ---------------------------------------------------------------------------- discrete Laplace
+#: Floor on the DLap parameter a (pmf ∝ exp(−a|x|)); smaller values are refused. At the floor
+#: the noise std is ≈ √2/a ≈ 1414 counts, already far beyond any useful histogram, so a smaller
+#: a only arises from a mistake (ε in the wrong unit, a tiny share). Down to the floor the sampler
+#: below stays exact and runs in O(1) expected time per draw, with every intermediate integer
+#: below 2^62 (see :func:`discrete_laplace_noise`).
+MIN_DISCRETE_LAPLACE_PARAMETER = 1e-3
+#: Ceiling on a (ε ≤ 100 in the session terms, so a ≤ 100 in practice). It keeps the numerator
+#: s ≤ a·t < 2^52 so that every integer of the sampler is an exact int64.
+MAX_DISCRETE_LAPLACE_PARAMETER = 2.0**20
+#: Largest denominator t of the rational s/t the sampler uses. The rational is the largest one
+#: ≤ a with t ≤ 2^32 (the lower Farey neighbour of a of that order; the upper one, t', is
+#: 1/(t·t') away and t' ≥ 1), so 0 ≤ a − s/t ≤ 2^-32: a relative change of at most 2^-32/a
+#: (≤ 2.4e-7 at the floor, ≤ 2.4e-10 at a = 1), always towards more noise.
+DISCRETE_LAPLACE_MAX_DENOMINATOR = 2**32
+_INT64_SAFE = 2**62
+
+
+def _check_discrete_laplace_parameter(parameter: float) -> float:
+    a = float(parameter)
+    if not math.isfinite(a):
+        raise ValueError("discrete Laplace parameter must be finite")
+    if a < MIN_DISCRETE_LAPLACE_PARAMETER:
+        raise ValueError(
+            f"discrete Laplace parameter below the floor {MIN_DISCRETE_LAPLACE_PARAMETER:g} "
+            "(refused: no exact sampler is offered there)"
+        )
+    if a > MAX_DISCRETE_LAPLACE_PARAMETER:
+        raise ValueError(
+            f"discrete Laplace parameter above the ceiling {MAX_DISCRETE_LAPLACE_PARAMETER:g}"
+        )
+    return a
+
+
+def _largest_rational_at_most(x: Fraction, max_den: int) -> Fraction:
+    """The largest p/q ≤ x with 1 ≤ q ≤ max_den (the lower Farey neighbour of x of that order).
+
+    Same continued-fraction walk as ``Fraction.limit_denominator``, which ends with the two
+    best approximations of x with denominator ≤ max_den on either side of x (the last
+    convergent and the last admissible semiconvergent); ``limit_denominator`` returns the
+    *closer* one, which may lie above x (e.g. 7/10 > float(0.7)), so we take the one below.
+    """
+    if x.denominator <= max_den:
+        return x
+    p0, q0, p1, q1 = 0, 1, 1, 0
+    n, d = x.numerator, x.denominator
+    while True:
+        a = n // d
+        q2 = q0 + a * q1
+        if q2 > max_den:
+            break
+        p0, q0, p1, q1 = p1, q1, p0 + a * p1, q2
+        n, d = d, n - a * d
+    k = (max_den - q0) // q1
+    bound1 = Fraction(p0 + k * p1, q0 + k * q1)
+    bound2 = Fraction(p1, q1)
+    low = bound1 if bound1 <= x else bound2
+    assert low <= x and low.denominator <= max_den
+    return low
+
+
+def discrete_laplace_rational(parameter: float) -> Fraction:
+    """The exact rational s/t that :func:`discrete_laplace_noise` uses for the parameter a.
+
+    The float a (from ε/Δ) is read exactly (``Fraction(a)``, a dyadic rational) and replaced by
+    the largest s/t ≤ a with t ≤ ``DISCRETE_LAPLACE_MAX_DENOMINATOR``. Rounding *down* means
+    more noise: DLap(s/t) is (s/t·Δ)-DP ⊆ (a·Δ)-DP, so the ledger's ε = a·Δ is never
+    under-stated. (``limit_denominator`` alone rounds to the nearest, which can be above a:
+    float(0.7) < 7/10.) Raises ``ValueError`` outside [floor, ceiling] or for non-finite a.
+    """
+    a = _check_discrete_laplace_parameter(parameter)
+    r = _largest_rational_at_most(Fraction(a), DISCRETE_LAPLACE_MAX_DENOMINATOR)
+    if r <= 0 or r > Fraction(a):  # cannot happen at a ≥ floor ≫ 1/max_den
+        raise ValueError("discrete Laplace parameter has no admissible rational")
+    return r
+
+
+def _bernoulli_exp_fraction(num: np.ndarray, den: int, rng: np.random.Generator) -> np.ndarray:
+    """Vectorised Bernoulli(exp(−num_i/den)) for integers 0 ≤ num_i ≤ den (γ_i ∈ [0, 1]).
+
+    Canonne, Kamath & Steinke 2020, Algorithm 1, case γ ≤ 1: K ← 1; while Bernoulli(γ/K): K += 1;
+    return K odd. Bernoulli(γ/K) is drawn as Bernoulli(num/den) ∧ Bernoulli(1/K) with two
+    independent exact uniform integers (``integers(0, den) < num`` and ``integers(0, K) == 0``):
+    the product of the probabilities is γ/K and no product den·K is ever formed. All elements
+    still running share the same K, so each round is one pair of array draws.
+    """
+    m = num.size
+    out = np.empty(m, dtype=bool)
+    idx = np.arange(m)
+    nums = num
+    k = 1
+    while idx.size:
+        go = rng.integers(0, den, size=idx.size) < nums
+        if k > 1:
+            go &= rng.integers(0, k, size=idx.size) == 0
+        out[idx[~go]] = k % 2 == 1
+        idx, nums = idx[go], nums[go]
+        k += 1
+    return out
+
+
+def _bernoulli_exp_minus_one(m: int, rng: np.random.Generator) -> np.ndarray:
+    """``m`` i.i.d. Bernoulli(exp(−1)) (Algorithm 1 with γ = 1: Bernoulli(1/K) rounds)."""
+    out = np.empty(m, dtype=bool)
+    idx = np.arange(m)
+    k = 2  # K = 1: Bernoulli(1/1) always continues
+    while idx.size:
+        go = rng.integers(0, k, size=idx.size) == 0
+        out[idx[~go]] = k % 2 == 1
+        idx = idx[go]
+        k += 1
+    return out
 
 
 def discrete_laplace_noise(
     shape: tuple[int, ...], parameter: float, rng: np.random.Generator
 ) -> np.ndarray:
-    """Two-sided geometric noise DLap(a): ``P(x) = tanh(a/2)·exp(-a|x|)`` on the integers.
+    """Exact DLap(a) noise, ``P(x) = tanh(a/2)·exp(−a|x|)`` on the integers, as int64.
 
-    Drawn as the difference of two i.i.d. geometric variables with success probability
-    ``1 - e^{-a}`` (failures before success), which is exactly DLap(a); integers throughout, so
-    no floating-point leak in the noisy counts. Variance: ``2e^{-a} / (1 - e^{-a})²``.
+    *Exact or refused*: a is first replaced by the rational s/t ≤ a of
+    :func:`discrete_laplace_rational` (``ValueError`` below ``MIN_DISCRETE_LAPLACE_PARAMETER``,
+    above the ceiling, or non-finite, before anything is drawn); the draws are then exactly
+    DLap(s/t), using only uniform integers (``rng.integers``, exact) — no floats, no geometric
+    sampler that saturates at INT64_MAX, no subtraction that can wrap.
+
+    Canonne, Kamath & Steinke 2020, "The Discrete Gaussian for Differential Privacy",
+    Algorithm 2 (discrete Laplace of scale t/s), vectorised as rejection rounds over arrays:
+    U ~ U{0..t−1}; keep with Bernoulli(exp(−U/t)) (Algorithm 1); V ~ Geometric(1 − e^{−1}) by
+    repeated Bernoulli(exp(−1)); X = U + t·V; Y = ⌊X/s⌋; B ~ Bernoulli(1/2); reject B = 1 ∧
+    Y = 0, else return (1 − 2B)·Y. Rejected elements restart; each round keeps a constant
+    fraction, so the expected work per draw is O(1) for every s/t.
+
+    Integer range: t ≤ 2^32 and s < 2^52, and X < 2^62 unless V exceeds ~2^30, which needs 2^30
+    consecutive Bernoulli(e^{−1}) successes (probability e^{−2^30}); that case raises
+    ``OverflowError`` rather than wrap.
     """
-    if not (np.isfinite(parameter) and parameter > 0):
-        raise ValueError("discrete Laplace parameter must be > 0")
-    q = -np.expm1(-parameter)  # 1 - e^{-a}, accurate for small a
-    g1 = rng.geometric(q, size=shape) - 1
-    g2 = rng.geometric(q, size=shape) - 1
-    return (g1 - g2).astype(np.int64)
+    r = discrete_laplace_rational(parameter)
+    s, t = r.numerator, r.denominator
+    size = math.prod(shape)
+    out = np.zeros(size, dtype=np.int64)
+    v_max = (_INT64_SAFE - t) // t
+    pending = np.arange(size)
+    while pending.size:
+        u = rng.integers(0, t, size=pending.size, dtype=np.int64)
+        keep = _bernoulli_exp_fraction(u, t, rng)
+        idx, u = pending[keep], u[keep]
+        rejected = [pending[~keep]]
+        v = np.zeros(idx.size, dtype=np.int64)
+        going = np.arange(idx.size)
+        while going.size:
+            a = _bernoulli_exp_minus_one(going.size, rng)
+            going = going[a]
+            v[going] += 1
+            if going.size and int(v[going[0]]) > v_max:
+                raise OverflowError("discrete Laplace draw out of the int64 range")
+        y = (u + t * v) // s
+        b = rng.integers(0, 2, size=idx.size) == 1
+        bad = b & (y == 0)
+        good = ~bad
+        out[idx[good]] = np.where(b[good], -y[good], y[good])
+        rejected.append(idx[bad])
+        pending = np.concatenate(rejected)
+    return out.reshape(shape)
 
 
 def discrete_laplace_variance(parameter: float) -> float:
-    e = np.exp(-parameter)
-    return float(2.0 * e / (1.0 - e) ** 2)
+    """Variance of the noise :func:`discrete_laplace_noise` draws for ``parameter``: that of
+    DLap(r) for the rational r = s/t it actually uses, ``2e^{−r} / (1 − e^{−r})²``."""
+    r = float(discrete_laplace_rational(parameter))
+    return float(2.0 * math.exp(-r) / math.expm1(-r) ** 2)
 
 
 def label_counts(labels: np.ndarray, n_classes: int) -> np.ndarray:
