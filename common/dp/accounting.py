@@ -13,6 +13,11 @@ Conventions
 * Neighbouring relation: add-or-remove-one (the default of the paper and of dp-accounting). Under
   replace-one every sensitivity doubles; the mechanisms fold that factor into the noise
   multipliers they record, so the events below are always accounted under add-or-remove.
+* Attribute relation (one feature of one record changes, the record is in both datasets):
+  Poisson sampling is *revealed* and amplifies δ, not ε. Such steps are recorded as
+  ``events.RevealedSampledGaussianDpEvent`` and accounted exactly (PLD: the mixture
+  ``(1 − p)·identity + p·Gaussian``; RDP: its closed-form Rényi divergence), never as the
+  add/remove-amplified ``PoissonSampledDpEvent``, which would under-charge.
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 import dp_accounting
+import numpy as np
 from dp_accounting import dp_event
-from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
+
+from .events import RevealedSampledGaussianDpEvent
 
 # Relative safety margin used when rounding σ up after a root-finder: it makes the
 # "never overshoots" property hold despite the root-finder's tolerance.
@@ -120,7 +128,11 @@ def _for_accountant(event: dp_event.DpEvent, accountant: Accountant) -> dp_event
     * PLD: a Poisson-sampled composition of Gaussians becomes one sampled Gaussian (exact).
     * RDP: a discrete Laplace with pure ε is replaced by ρ = ε²/2 zCDP (Bun & Steinke 2016,
       Prop. 1.4), a valid upper bound; dp-accounting's RDP accountant has no discrete Laplace.
+    * Both: a revealed sampled Gaussian with p = 1 is the plain Gaussian (exact), so that it
+      merges with the other Gaussians below.
     """
+    if isinstance(event, RevealedSampledGaussianDpEvent) and event.sampling_probability == 1:
+        return dp_event.GaussianDpEvent(event.noise_multiplier)
     if isinstance(event, dp_event.ComposedDpEvent):
         return dp_event.ComposedDpEvent([_for_accountant(e, accountant) for e in event.events])
     if isinstance(event, dp_event.SelfComposedDpEvent):
@@ -144,13 +156,126 @@ TABLE_PLD_INTERVAL = 1e-4
 LEDGER_PLD_INTERVAL = 1e-3
 
 
+def revealed_sampled_gaussian_pld(
+    sigma: float, sampling_rate: float, pld_interval: float = LEDGER_PLD_INTERVAL
+) -> privacy_loss_distribution.PrivacyLossDistribution:
+    """PLD of ONE revealed sampled Gaussian step: ``(1 − p)·identity + p·Gaussian(σ)``.
+
+    The coin "record in the batch" is the same in both neighbours and is part of the output, so
+    the output pair is a mixture with revealed component and its privacy loss distribution is
+    the same mixture of the components' PLDs: the loss is 0 with probability 1 − p (identity:
+    both neighbours give the same output) and follows the Gaussian PLD N(μ²/2, μ²), μ = 1/σ,
+    with probability p. Both components live on the same pessimistic grid of step
+    ``pld_interval`` (connect-the-dots for the Gaussian, exact for the identity), and the
+    mixture is formed pointwise for the remove and the add PMF alike (infinity masses mix
+    linearly: ``PrivacyLossDistribution.compute_mixture``).
+
+    Pessimism is preserved: for a revealed mixture every hockey-stick divergence is the
+    p-weighted mean of the components', ``H_ε = (1 − p)·0 + p·H_ε(Gauss)``, and the pessimistic
+    Gaussian PLD dominates the true one at every ε, so the mixture dominates the true step;
+    composition of dominating PLDs dominates the composition (Zhu, Dong & Wang 2022).
+    """
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError("sigma must be a finite number > 0")
+    if not (0 < sampling_rate <= 1):
+        raise ValueError("sampling rate must lie in (0, 1]")
+    gaussian = privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=sigma,
+        sensitivity=1.0,
+        pessimistic_estimate=True,
+        value_discretization_interval=pld_interval,
+    )
+    if sampling_rate == 1:
+        return gaussian
+    identity = privacy_loss_distribution.identity(
+        value_discretization_interval=pld_interval, pessimistic_estimate=True
+    )
+    return gaussian.compute_mixture(identity, sampling_rate)
+
+
+def revealed_sampled_gaussian_rdp(
+    sigma: float, sampling_rate: float, orders: Sequence[float] | np.ndarray
+) -> np.ndarray:
+    """Rényi DP of ONE revealed sampled Gaussian step, at each order α > 1 (exact).
+
+    With the coin revealed, E_Q[(P/Q)^α] = (1 − p)·1 + p·exp(α(α − 1)/(2σ²)), hence
+
+        ε_α = log(1 − p + p·exp(α(α − 1)/(2σ²))) / (α − 1).
+
+    Computed as log1p(p·expm1(x)) for moderate x = α(α − 1)/(2σ²) (accurate when x is tiny)
+    and as x + log p + log1p((1 − p)/(p·e^x)) for large x (no overflow).
+    """
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError("sigma must be a finite number > 0")
+    if not (0 < sampling_rate <= 1):
+        raise ValueError("sampling rate must lie in (0, 1]")
+    alpha = np.asarray(orders, dtype=np.float64)
+    if np.any(alpha <= 1):
+        raise ValueError("RDP orders must be > 1")
+    x = alpha * (alpha - 1) / (2.0 * sigma * sigma)
+    p = sampling_rate
+    small = x < 30.0
+    log_moment = np.empty_like(x)
+    log_moment[small] = np.log1p(p * np.expm1(x[small]))
+    big = x[~small]
+    log_moment[~small] = big + math.log(p) + np.log1p((1.0 - p) / p * np.exp(-big))
+    return log_moment / (alpha - 1)
+
+
+class _PLDAccountant(pld_privacy_accountant.PLDAccountant):
+    """dp-accounting's PLD accountant, plus ``RevealedSampledGaussianDpEvent``.
+
+    Every other event (and the Composed / SelfComposed traversal, which dispatches back here)
+    is handled by the library unchanged. Relies on the accountant's ``_maybe_compose`` hook
+    and ``_pld`` state (dp-accounting 0.6.0; the tests pin the results of library events).
+    """
+
+    _pld: privacy_loss_distribution.PrivacyLossDistribution
+
+    def _maybe_compose(
+        self, event: dp_event.DpEvent, count: int, do_compose: bool
+    ) -> dp_accounting.PrivacyAccountant.CompositionErrorDetails | None:
+        if isinstance(event, RevealedSampledGaussianDpEvent):
+            if do_compose and count > 0:
+                step = revealed_sampled_gaussian_pld(
+                    event.noise_multiplier,
+                    event.sampling_probability,
+                    self._value_discretization_interval,
+                )
+                self._pld = self._pld.compose(step.self_compose(count))
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+
+class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
+    """dp-accounting's RDP accountant, plus ``RevealedSampledGaussianDpEvent`` (closed form).
+
+    Relies on the accountant's ``_maybe_compose`` hook and ``_rdp`` / ``_orders`` state.
+    """
+
+    _rdp: np.ndarray
+    _orders: np.ndarray
+
+    def _maybe_compose(
+        self, event: dp_event.DpEvent, count: int, do_compose: bool
+    ) -> dp_accounting.PrivacyAccountant.CompositionErrorDetails | None:
+        if isinstance(event, RevealedSampledGaussianDpEvent):
+            if do_compose:
+                self._rdp += count * revealed_sampled_gaussian_rdp(
+                    event.noise_multiplier, event.sampling_probability, self._orders
+                )
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+
 def make_accountant(
     accountant: Accountant | str, pld_interval: float = TABLE_PLD_INTERVAL
 ) -> dp_accounting.PrivacyAccountant:
+    """A fresh accountant: the library's, extended with ``RevealedSampledGaussianDpEvent``."""
     accountant = Accountant(accountant)
     if accountant is Accountant.PLD:
-        return pld_privacy_accountant.PLDAccountant(value_discretization_interval=pld_interval)
-    return rdp_privacy_accountant.RdpAccountant()
+        return _PLDAccountant(value_discretization_interval=pld_interval)
+    return _RdpAccountant()
 
 
 def epsilon_of(
@@ -265,3 +390,113 @@ def sampled_sigma_for_epsilon(
         if hi - lo < 1e-4 * hi:
             break
     return hi
+
+
+# ---------------------------------------------------------------- attribute relation (revealed)
+def revealed_sampled_epsilon(
+    sigma: float,
+    sampling_rate: float,
+    steps: int,
+    delta: float,
+    pld_interval: float = LEDGER_PLD_INTERVAL,
+    accountant: Accountant | str = Accountant.PLD,
+) -> float:
+    """ε of ``steps`` revealed Poisson-sampled Gaussian steps (attribute relation).
+
+    Upper bound on the ε solving δ = Σ_K Bin(K; T, p)·δ_Gauss(ε; √K/σ) (see
+    ``events.RevealedSampledGaussianDpEvent``): pessimistic PLD by default, RDP on request.
+    """
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError("sigma must be a finite number > 0")
+    if not (0 < sampling_rate <= 1):
+        raise ValueError("sampling rate must lie in (0, 1]")
+    if steps < 0:
+        raise ValueError("steps must be ≥ 0")
+    if steps == 0:
+        return 0.0
+    event = dp_event.SelfComposedDpEvent(
+        RevealedSampledGaussianDpEvent(sigma, sampling_rate), steps
+    )
+    return epsilon_of([event], delta, accountant, pld_interval)
+
+
+# Search range of the revealed-σ calibration. Below the floor no σ is returned: at σ → 0 every
+# sampled step is non-private, and a target that a σ this small meets is met only because δ
+# already exceeds the probability that the record is ever sampled.
+_SIGMA_FLOOR = 1e-3
+_SIGMA_CEILING = 1e6
+
+
+def revealed_sigma_for_epsilon(
+    sampling_rate: float,
+    steps: int,
+    epsilon: float,
+    delta: float,
+    pld_interval: float = LEDGER_PLD_INTERVAL,
+    accountant: Accountant | str = Accountant.PLD,
+) -> float:
+    """Smallest noise multiplier (rounded up) so that ``steps`` revealed steps cost ≤ ε.
+
+    Bisection on σ with the invariant "``hi`` meets the target", stopped at a relative width
+    of 1e-4; the σ returned is always one that was checked, so it never overshoots ε.
+    Raises ``ValueError`` when no σ ≤ 1e6 meets the target.
+    """
+    _check_eps_delta(epsilon, delta)
+    if steps < 1:
+        raise ValueError("steps must be ≥ 1")
+
+    def ok(sigma: float) -> bool:
+        e = revealed_sampled_epsilon(sigma, sampling_rate, steps, delta, pld_interval, accountant)
+        return e <= epsilon
+
+    hi = 1.0
+    while not ok(hi):
+        hi *= 2
+        if hi > _SIGMA_CEILING:
+            raise ValueError("no noise level reaches that epsilon")
+    lo = hi / 2
+    while ok(lo):  # find a σ that fails (invariant: ok(hi), not ok(lo))
+        hi, lo = lo, lo / 2
+        if lo < _SIGMA_FLOOR:
+            return hi
+    while hi - lo > 1e-4 * hi:
+        mid = 0.5 * (lo + hi)
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def max_revealed_steps(
+    sigma: float,
+    sampling_rate: float,
+    epsilon: float,
+    delta: float,
+    pld_interval: float = LEDGER_PLD_INTERVAL,
+    accountant: Accountant | str = Accountant.PLD,
+) -> int:
+    """Largest number of revealed steps whose ε stays ≤ ``epsilon`` (rounded down; 0 if none).
+
+    Doubling then bisection with the invariant "``lo`` meets the target"; capped at 10⁷ steps.
+    """
+    _check_eps_delta(epsilon, delta)
+
+    def ok(t: int) -> bool:
+        e = revealed_sampled_epsilon(sigma, sampling_rate, t, delta, pld_interval, accountant)
+        return e <= epsilon
+
+    if not ok(1):
+        return 0
+    lo, hi = 1, 2
+    while ok(hi):
+        lo, hi = hi, hi * 2
+        if hi > 10_000_000:
+            return lo
+    while hi - lo > 1:  # invariant: ok(lo), not ok(hi)
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -21,18 +21,22 @@ one Gaussian mechanism that Poisson amplification can be applied to exactly.
 composition of both events. Poisson-subsampled with rate ``p``: ``PoissonSampled(p,
 Composed(Gaussian(σ_f), Gaussian(σ_h)))``, which equals one sampled Gaussian with multiplier
 ``(σ_f⁻² + σ_h⁻²)^(-1/2)`` (``accounting._gaussian_equivalent``).
+
+``RevealedSampledGaussianDpEvent`` — one Poisson-sampled Gaussian step accounted under the
+*attribute* relation, where sampling is revealed and amplifies δ but not ε (see its docstring).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import attr
 from dp_accounting import dp_event
 
-from .mechanisms import Neighbouring, PrivacyUnit
+from .mechanisms import PrivacyUnit
 
 
 @dataclass(frozen=True)
@@ -85,26 +89,87 @@ class BatchSpec:
     sampling_rate: float | None = None  # None: the whole dataset, every row once
 
     def __post_init__(self) -> None:
+        unit = PrivacyUnit(self.features.unit)
         if self.sampling_rate is not None:
             if not (0 < self.sampling_rate <= 1):
                 raise ValueError("sampling rate must lie in (0, 1]")
             if self.histogram.mechanism != "gaussian":
                 raise ValueError("Poisson-sampled batches need a Gaussian histogram")
-            if self.features.relation != Neighbouring.ADD_REMOVE:
+            if unit is not PrivacyUnit.ATTRIBUTE:
                 raise ValueError(
-                    "Poisson-sampled releases are accounted under add-remove only; "
-                    "use whole-batch releases for replace-one"
+                    "Poisson-sampled per-row releases are offered under the attribute unit only"
                 )
-        PrivacyUnit(self.features.unit)
 
     def dp_event(self) -> dp_event.DpEvent:
-        joint = dp_event.ComposedDpEvent([self.features.dp_event(), self.histogram.dp_event()])
-        if self.sampling_rate is None:
-            return joint
-        return dp_event.PoissonSampledDpEvent(self.sampling_rate, joint)
+        """The charged event.
+
+        Attribute unit: only the feature Gaussian. The record and its label are in both
+        neighbours, so the histogram does not change and costs nothing; Poisson sampling is
+        revealed (the record's row is identifiable), so it amplifies δ, not ε
+        (``RevealedSampledGaussianDpEvent``). Record unit (whole batch only): features and
+        histogram composed.
+        """
+        if PrivacyUnit(self.features.unit) is PrivacyUnit.ATTRIBUTE:
+            if self.sampling_rate is None:
+                return self.features.dp_event()
+            return RevealedSampledGaussianDpEvent(
+                self.features.noise_multiplier, self.sampling_rate
+            )
+        return dp_event.ComposedDpEvent([self.features.dp_event(), self.histogram.dp_event()])
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _check_noise_multiplier(instance: Any, attribute: Any, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{attribute.name} must be a real number")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{attribute.name} must be a finite number > 0")
+
+
+def _check_sampling_probability(instance: Any, attribute: Any, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{attribute.name} must be a real number")
+    if not (0 < value <= 1):
+        raise ValueError(f"{attribute.name} must lie in (0, 1]")
+
+
+@attr.define(frozen=True)
+class RevealedSampledGaussianDpEvent(dp_event.DpEvent):
+    """One Poisson-sampled Gaussian step whose sampling outcome is revealed (attribute privacy).
+
+    Relation. Neighbouring datasets differ in *one feature of one record*; the record itself is
+    in both. A step puts each row in the batch independently with probability
+    ``sampling_probability`` = p and releases the batch with Gaussian noise of multiplier
+    ``noise_multiplier`` = σ (per unit of L2 sensitivity; the caller folds the attribute
+    sensitivity into σ).
+
+    Why sampling amplifies δ, not ε. Whether the record is in the batch is decided by the same
+    coin in both neighbours, and the record's noisy row is identifiable by its unchanged
+    features, so the coin is part of the output. The step is therefore a *revealed* mixture:
+    with probability 1 − p the record is absent and both neighbours give the same output
+    (privacy loss 0, the identity PLD); with probability p it is present and the step is a
+    Gaussian mechanism of sensitivity 1 and standard deviation σ. With the coin revealed the
+    hockey-stick divergence mixes linearly,
+
+        δ_step(ε) = p · δ_Gauss(ε; μ = 1/σ),
+
+    so p scales δ but the ε of a given tail is that of the un-sampled Gaussian (compare
+    add/remove amplification, ε ≈ log(1 + p(e^ε₀ − 1))). After T steps the number K of steps
+    that contained the record is Binomial(T, p) and revealed, and the exact profile is
+
+        δ(ε) = Σ_{K=1}^{T} Bin(K; T, p) · δ_Gauss(ε; √K / σ),
+        δ_Gauss(ε; μ) = Φ(−ε/μ + μ/2) − e^ε · Φ(−ε/μ − μ/2).
+
+    Per step Rényi DP of order α: ε_α = log(1 − p + p · exp(α(α − 1)/(2σ²))) / (α − 1).
+
+    T steps are ``SelfComposedDpEvent(RevealedSampledGaussianDpEvent(σ, p), T)``;
+    ``common.dp.accounting.epsilon_of`` accounts it under both PLD and RDP.
+    """
+
+    noise_multiplier: float = attr.field(validator=_check_noise_multiplier)
+    sampling_probability: float = attr.field(validator=_check_sampling_probability)
 
 
 # ---------------------------------------------------------------- DpEvent (de)serialization
@@ -113,6 +178,7 @@ _LEAVES: dict[str, type] = {
     "LaplaceDpEvent": dp_event.LaplaceDpEvent,
     "DiscreteLaplaceDpEvent": dp_event.DiscreteLaplaceDpEvent,
     "ZCDpEvent": dp_event.ZCDpEvent,
+    "RevealedSampledGaussianDpEvent": RevealedSampledGaussianDpEvent,
 }
 
 

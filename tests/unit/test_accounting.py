@@ -131,4 +131,11 @@ def test_calibrated_minibatch_noise_needs_batches_and_steps() -> None:
     with pytest.raises(ValidationError, match="noise_multiplier"):
         SessionTerms(dataset="d", epsilon=1, delta=1e-5, noise_multiplier=0.0)
     with pytest.raises(ValidationError, match="noise_multiplier"):
-        SessionTerms(dataset="d", epsilon=1, delta=1e-5, noise_multiplier=0.0, batch_size=10)
+        SessionTerms(
+            dataset="d",
+            epsilon=1,
+            delta=1e-5,
+            noise_multiplier=0.0,
+            batch_size=10,
+            privacy_unit="attribute",
+        )
