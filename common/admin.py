@@ -51,8 +51,16 @@ class Metrics:
         )
         self.epsilon = Gauge(
             "dpda_epsilon_spent",
-            "ε spent on the dataset after the latest entry of the peer",
+            "ε of all events of the dataset after the latest entry of the peer (a bound for "
+            "the attribute relation; see dpda_epsilon_by_relation for the record level)",
             ["dataset", "peer"],
+            registry=self.registry,
+        )
+        self.epsilon_by_relation = Gauge(
+            "dpda_epsilon_by_relation",
+            "ε of the dataset per neighbouring relation (record: +Inf once any attribute-unit "
+            "release exists, since those give no record-level guarantee)",
+            ["dataset", "relation"],
             registry=self.registry,
         )
         self.refusals = Counter(
@@ -93,6 +101,12 @@ OPENAPI: dict[str, Any] = {
             "get": {
                 "summary": "Prometheus metrics",
                 "responses": {"200": {"description": "text exposition format"}},
+            }
+        },
+        "/v1/ledger/totals": {
+            "get": {
+                "summary": "ε per dataset and neighbouring relation (record: null = unbounded)",
+                "responses": {"200": {"description": "{dataset: {attribute, record}}"}},
             }
         },
         "/v1/ledger": {
@@ -205,6 +219,13 @@ class AdminApp:
             query = dict(p.split("=", 1) for p in raw.split("&") if "=" in p)
             entries = self.ledger_entries(query.get("dataset"))
             return js(200, [json.loads(e.to_json()) for e in entries])
+        if path == "/v1/ledger/totals":
+            from .dp.ledger import totals_by_relation
+
+            by_ds: dict[str, list[Any]] = {}
+            for e in self.ledger_entries(None):
+                by_ds.setdefault(e.dataset, []).append(e)
+            return js(200, {ds: totals_by_relation(es) for ds, es in sorted(by_ds.items())})
         if path == "/v1/audit":
             return js(200, [asdict(r) for r in self.audit_records()])
         if path == "/openapi.json":

@@ -38,7 +38,9 @@ def _service(workdir: Path, dataset: dict, job: dict, seed: int) -> dict[str, An
     from .deployment import SourceProcess, make_deployment, run_target
     from .dp.ledger_store import connect
 
-    dep = make_deployment(workdir, dataset=dataset, job=job, source_extra={"seed": seed})
+    dep = make_deployment(
+        workdir, dataset=dataset, job=job, source_extra={"seed": seed, "insecure_testing": True}
+    )
     src = SourceProcess(dep)
     t0 = time.perf_counter()
     try:
@@ -142,6 +144,7 @@ def run_bench_service(args: argparse.Namespace) -> int:
         projection_dim=10,
         batch_size=args.batch_size,
         steps=args.steps,
+        privacy_unit="attribute",
     )
     dataset = {
         "name": "syn",
@@ -149,6 +152,11 @@ def run_bench_service(args: argparse.Namespace) -> int:
         "synthetic_rows": [n, n],
         "epsilon": 8.0,
         "delta": delta,
+        "policy": {
+            "units": ["attribute"],
+            "attribute_unit_exposes_labels_and_membership": True,
+            "releases": ["rows"],
+        },
     }
     job = {
         "dataset": "syn",
@@ -159,6 +167,7 @@ def run_bench_service(args: argparse.Namespace) -> int:
         "projection_dim": 10,
         "batch_size": args.batch_size,
         "steps": args.steps,
+        "privacy_unit": "attribute",
     }
     results.append(
         _case(f"synthetic {n}x{n}", src, tgt, terms, dataset, job, "raw", "zscore", seed, root)
@@ -183,8 +192,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.set_defaults(func=run_bench_service)
     from .bench_accuracy import register_accuracy
     from .bench_figures import register_figures
+    from .bench_privacy import register_privacy
     from .bench_speed import register_speed
 
     register_speed(bsub)
     register_accuracy(bsub)
     register_figures(bsub)
+    register_privacy(bsub)

@@ -186,7 +186,13 @@ def _pu_task(data_dir: str, src: str, tgt: str, eps: float, seed: int, batch: in
     from .terms import SessionTerms
 
     def terms_for(dataset: str, ns: int) -> SessionTerms:
-        return SessionTerms(dataset=dataset, epsilon=eps, delta=1 / (1.2 * ns), batch_size=batch)
+        return SessionTerms(
+            dataset=dataset,
+            epsilon=eps,
+            delta=1 / (10 * ns),
+            batch_size=batch,
+            privacy_unit="attribute",
+        )
 
     _, data = run_methods(data_dir, src, tgt, seed, terms_for)
     return {

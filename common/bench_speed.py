@@ -190,6 +190,7 @@ def _job_child(spec: dict[str, Any], conn) -> None:  # noqa: ANN001
         batch_size=spec["batch_size"],
         steps=spec["steps"],
         max_steps=max(spec["steps"], 1),
+        privacy_unit="attribute",
     )
     cfg = AdaptConfig(classifier=spec["classifier"], target_batch=spec["target_batch"])
     data_s = time.perf_counter() - t0

@@ -114,13 +114,17 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from target_party.simulate import METHODS, simulate
 
     from .data.loaders import load_domain, require_data_dir
-    from .data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
+    from .data.preprocessing import (
+        DEFAULT_REPRESENTATION,
+        DEFAULT_SCALING,
+        default_attribute_bound,
+    )
     from .progress import Progress
 
     data_dir = require_data_dir(args.data_dir)
     src = load_domain(data_dir, args.dataset, args.source)
     tgt = load_domain(data_dir, args.dataset, args.target)
-    delta = args.delta if args.delta is not None else 1.0 / (1.2 * src.x.shape[0])
+    delta = args.delta if args.delta is not None else 1.0 / (10.0 * src.x.shape[0])
     terms = _terms(args, f"{args.dataset}:{args.source}", delta)
     cfg = AdaptConfig(
         reg_e=args.reg_e,
@@ -142,6 +146,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         methods=methods,
         pate_queries=args.pate_queries,
         pate_share=args.pate_share,
+        attribute_bound=args.attribute_bound
+        if args.attribute_bound is not None
+        else default_attribute_bound(rep, src.x.shape[1]),
     )
     data = out.to_json(terms)
     data.update(
@@ -166,7 +173,7 @@ def _terms(args: argparse.Namespace, dataset: str, delta: float):  # noqa: ANN20
     from pydantic import ValidationError
 
     from .errors import ConfigError
-    from .terms import SessionTerms
+    from .terms import SessionTerms, terms_error
 
     try:
         return SessionTerms(
@@ -183,26 +190,36 @@ def _terms(args: argparse.Namespace, dataset: str, delta: float):  # noqa: ANN20
             histogram_noise_ratio=args.histogram_noise_ratio,
             calibration=args.calibration,
             clip_norm=args.clip_norm,
-            feature_bound=args.feature_bound,
             release=args.release,
             pate_teachers=args.pate_teachers,
             pate_aggregator=args.pate_aggregator,
             pate_space=args.pate_space,
         )
     except ValidationError as exc:
-        err = exc.errors()[0]
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if not err["loc"]:  # a cross-field rule: its message starts with the field it names
-            raise ConfigError(msg) from None
-        field = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{field}: {msg}") from None
+        raise ConfigError(terms_error(exc)) from None
 
 
 def _add_terms_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epsilon", type=float, default=8.0, help="privacy budget ε (default 8)")
-    p.add_argument("--delta", type=float, default=None, help="δ (default 1/(1.2·ns))")
-    p.add_argument("--privacy-unit", choices=["attribute", "record"], default="attribute")
-    p.add_argument("--neighbouring", choices=["add-remove", "replace-one"], default="add-remove")
+    p.add_argument(
+        "--delta",
+        type=float,
+        default=None,
+        help="δ (default 1/(10·ns); the DPDA paper's 1/(1.2·ns) reproduces its numbers)",
+    )
+    p.add_argument(
+        "--privacy-unit",
+        choices=["attribute", "record"],
+        default="record",
+        help="record (default: whole records, labels included) or attribute (opt-in: one "
+        "feature value only; labels and membership are NOT protected)",
+    )
+    p.add_argument(
+        "--neighbouring",
+        choices=["add-remove", "replace-one"],
+        default="replace-one",
+        help="replace-one (sizes are disclosed, so add-remove is refused by the source)",
+    )
     p.add_argument("--projection", choices=["jl", "target-pca"], default="target-pca")
     p.add_argument("--projection-dim", type=int, default=50, help="ℓ (default 50)")
     p.add_argument(
@@ -229,10 +246,13 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", choices=["theorem2", "analytic"], default="theorem2")
     p.add_argument("--clip-norm", type=float, default=1.0, help="record unit: row norm bound C")
     p.add_argument(
+        "--attribute-bound",
         "--feature-bound",
+        dest="attribute_bound",
         type=float,
-        default=1.0,
-        help="attribute unit: largest change of one feature (in target std units)",
+        default=None,
+        help="attribute unit: the simulated source policy's bound on one feature's change, in "
+        "its per-row representation (default 1/√k for normalized rows, 1 for raw)",
     )
     p.add_argument("--reg-e", type=float, default=0.02, help="entropic strength λe")
     p.add_argument("--reg-g", type=float, default=0.5, help="group-lasso strength λg")
@@ -240,8 +260,8 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--release",
         choices=["rows", "prototypes", "class-gaussians"],
-        default="rows",
-        help="rows (Algorithm 2) or record-level aggregates (needs --privacy-unit record)",
+        default=None,
+        help="default: prototypes (record unit), rows (attribute unit, Algorithm 2)",
     )
     p.add_argument(
         "--method",

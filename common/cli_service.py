@@ -175,12 +175,24 @@ def _cmd_ledger_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'dataset':<24} {'seq':>4} {'peer':<14} {'request':<40} {'ε after':>9} signed")
+    print(
+        f"{'dataset':<24} {'seq':>4} {'peer':<14} {'unit':<9} {'request':<40} {'ε after':>9} signed"
+    )
     for r in rows:
         signed = ("S" if r["source_sig"] else "-") + ("T" if r["target_sig"] else "-")
         print(
-            f"{r['dataset']:<24} {r['seq']:>4} {r['peer']:<14} {r['request_id'][:40]:<40} "
-            f"{r['spend_after']:>9.4f} {signed}"
+            f"{r['dataset']:<24} {r['seq']:>4} {r['peer']:<14} {r['privacy_unit']:<9} "
+            f"{r['request_id'][:40]:<40} {r['spend_after']:>9.4f} {signed}"
+        )
+    from .dp.ledger import totals_by_relation
+
+    for ds in store.datasets():
+        t = totals_by_relation(store.entries(ds))
+        rec = t["record"]
+        record = "unbounded (attribute-unit releases)" if rec is None else f"{rec:.4f}"
+        print(
+            f"{ds}: ε for one feature of one record {t['attribute']:.4f}; "
+            f"for a whole record {record}"
         )
     return 0
 

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ConfigError
+from .policy import PrivacyPolicy
 
 
 class _Strict(BaseModel):
@@ -32,8 +33,14 @@ class SourceDataset(_Strict):
     domain: str = ""
     representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
     epsilon: float = Field(gt=0, le=100, description="dataset cap, all peers and sessions")
-    delta: float = Field(gt=0, lt=1)
+    delta: float | None = Field(
+        default=None, gt=0, lt=1, description="default 1/(10·ns), well below 1/ns"
+    )
     accountant: Literal["pld", "rdp"] = "pld"
+    policy: PrivacyPolicy = Field(
+        default_factory=PrivacyPolicy,
+        description="what this source allows (DESIGN.md §2a); the default protects whole records",
+    )
     synthetic_rows: tuple[int, int] = Field(
         default=(600, 500), description="kind synthetic: (source rows, target rows)"
     )
@@ -75,8 +82,23 @@ class SourceConfig(_Strict):
     peers: list[Peer] = Field(default_factory=list)
     retain_payloads: bool = False
     max_batches_per_request: int = Field(default=1000, ge=1)
-    seed: int | None = Field(default=None, description="testing only: fixes all noise")
+    seed: int | None = Field(
+        default=None, description="fixes all noise: refused unless insecure_testing = true"
+    )
+    insecure_testing: bool = Field(
+        default=False,
+        description="allow a fixed seed (tests only); every ledger entry then records it",
+    )
     admin: AdminConfig = Field(default_factory=AdminConfig)
+
+    @model_validator(mode="after")
+    def _seed_is_insecure(self) -> SourceConfig:
+        if self.seed is not None and not self.insecure_testing:
+            raise ValueError(
+                "seed: a fixed seed makes every noise draw predictable; it is refused unless "
+                "insecure_testing = true (tests only)"
+            )
+        return self
 
 
 class TargetJob(_Strict):
@@ -91,20 +113,24 @@ class TargetJob(_Strict):
     )
     epsilon: float = Field(gt=0, le=100)
     delta: float = Field(gt=0, lt=1)
-    privacy_unit: Literal["attribute", "record"] = "attribute"
-    neighbouring: Literal["add-remove", "replace-one"] = "add-remove"
+    privacy_unit: Literal["attribute", "record"] = "record"
+    neighbouring: Literal["add-remove", "replace-one"] = "replace-one"
     projection: Literal["jl", "target-pca"] = "target-pca"
     projection_dim: int = Field(default=50, ge=1)
     batch_size: int = Field(default=0, ge=0)
     steps: int = Field(default=0, ge=0)
+    noise_multiplier: float = Field(
+        default=1.1, ge=0, description="minibatch σ/w; 0: the smallest σ whose steps spend ε"
+    )
     calibration: Literal["theorem2", "analytic"] = "theorem2"
-    feature_bound: float = Field(default=1.0, gt=0)
     clip_norm: float = Field(default=1.0, gt=0)
     reg_e: float = Field(default=0.02, gt=0)
     reg_g: float = Field(default=0.5, ge=0)
     classifier: Literal["1nn", "logistic", "mlp"] = "1nn"
     method: Literal["dpda", "pate", "dpda+pate"] = "dpda"
-    release: Literal["rows", "prototypes", "class-gaussians"] = "rows"
+    release: Literal["rows", "prototypes", "class-gaussians"] | None = Field(
+        default=None, description="default: prototypes (record unit), rows (attribute unit)"
+    )
     pate_share: float = Field(default=0.1, gt=0, lt=1, description="dpda+pate: PATE's ε share")
     pate_queries: int = Field(default=100, ge=1)
     pate_teachers: int = Field(default=50, ge=1)

@@ -41,6 +41,8 @@ def _toml_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
     if isinstance(v, int | float):
         return repr(v)
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -5,13 +5,17 @@ Hierarchy::
     DpdaError                 (code, public message; never carries data values)
     ├── ConfigError           bad configuration; names the field
     ├── InvalidInput          a peer or user sent something malformed
+    │   ├── TermsInvalid      session terms that do not parse or validate (public detail)
+    │   └── PolicyRefused     terms outside the data holder's privacy policy (public detail)
     ├── BudgetExceeded        a release would exceed a privacy cap (terminal for that cap)
     ├── LedgerCorrupt         the hash chain or a signature does not verify
     ├── PeerMisbehaved        the peer's charge, signature or payload hash is wrong
     └── SolverFailed          OT returned a non-finite or degenerate plan
 
 Peers only ever see ``PUBLIC_CATALOG[code]``: a fixed message. The internal text (which may name
-a field) stays in local logs.
+a field) stays in local logs. The exceptions are ``TermsInvalid`` and ``PolicyRefused``: their
+text is built only from the session terms and the data holder's policy (public metadata, never a
+data value), so the peer is told which field was refused and what the policy allows.
 """
 
 from __future__ import annotations
@@ -27,6 +31,20 @@ class ConfigError(DpdaError):
 
 class InvalidInput(DpdaError):
     code = "INVALID_ARGUMENT"
+
+
+class TermsInvalid(InvalidInput):
+    """Session terms that do not validate. The message names the field and the rule, never an
+    input value (the peer sent the terms; the text still carries none of the source's data)."""
+
+    code = "TERMS_INVALID"
+
+
+class PolicyRefused(InvalidInput):
+    """Terms the data holder's policy does not allow. The message is public: build it only from
+    terms and policy values, never from data."""
+
+    code = "POLICY_REFUSED"
 
 
 class BudgetExceeded(DpdaError):
@@ -49,6 +67,8 @@ PUBLIC_CATALOG: dict[str, str] = {
     "INTERNAL": "internal error",
     "CONFIG_INVALID": "configuration is invalid",
     "INVALID_ARGUMENT": "the request is malformed or out of bounds",
+    "TERMS_INVALID": "the session terms are invalid",
+    "POLICY_REFUSED": "the data holder's privacy policy does not allow these terms",
     "BUDGET_EXCEEDED": "the privacy budget does not allow this release",
     "LEDGER_CORRUPT": "ledger verification failed",
     "PEER_MISBEHAVED": "the peer's response failed verification",
@@ -59,4 +79,6 @@ PUBLIC_CATALOG: dict[str, str] = {
 def public_message(exc: BaseException) -> tuple[str, str]:
     """(code, fixed public message) for any exception; unknown ones map to INTERNAL."""
     code = exc.code if isinstance(exc, DpdaError) else "INTERNAL"
+    if isinstance(exc, PolicyRefused | TermsInvalid):
+        return code, f"{PUBLIC_CATALOG[code]}: {exc}"
     return code, PUBLIC_CATALOG[code]

@@ -1,53 +1,61 @@
-"""Session terms: everything both parties agree on before a release, and the release plan.
+"""Session terms: what the target asks for before a release, and the release plan.
 
 The terms are public metadata (DESIGN.md §2): the dataset name, the privacy unit and relation, the
-budget, the projection, the batch rate and every mechanism parameter. ``plan_batches`` turns terms
-plus public facts (``ns``, the projection) into the per-batch ``BatchSpec`` — a pure function both
-parties can run, so the target can recompute every charge the source makes.
+budget, the projection, the batch rate and every mechanism parameter. They only *ask*: the
+source's policy (``common.policy``) decides, and the quantities that define the guarantee (the
+attribute bound, the relation, the floors) come from the policy, never from the terms.
+``plan_batches`` turns terms plus public facts (``ns``, the projection, the target's column
+scaling, the policy's attribute bound) into the per-batch ``BatchSpec``: a pure function both
+parties run, so the target can recompute every charge the source makes.
 
-What the attribute unit protects: a change of one feature of one record by at most
-``feature_bound`` (in the source's declared scaling). Because Algorithm 2 sends rows sorted by
-label, labels are *not* protected under this unit beyond the noisy block boundaries: an adversary
-who knows every other record can tell which block the remaining record sits in. The record unit
-protects whole records, features and labels.
+Sensitivity is computed on the whole map a source row goes through, in the source's own units:
+per-row representation x → (x − mean) / std (the target's scaling) → x·M (the target's basis or
+a JL matrix). Under the attribute unit one feature j of one record moves by at most b (the
+policy's bound), so the released row moves by at most ``b · max_j ‖M_j‖ / std_j``; under the
+record unit each projected row is clipped to norm C, so one replaced record moves its row by at
+most 2C.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .dp.accounting import (
-    LEDGER_PLD_INTERVAL,
     calibrate_sigma,
     discrete_laplace_parameter,
-    max_sampled_gaussian_steps,
-    sampled_sigma_for_epsilon,
+    max_revealed_steps,
+    revealed_sampled_epsilon,
+    revealed_sigma_for_epsilon,
 )
 from .dp.events import BatchSpec, FeatureSpec, HistogramSpec
-from .dp.mechanisms import projection_sensitivity, relation_factor
+from .dp.mechanisms import attribute_sensitivity, projection_sensitivity, relation_factor
 from .dp.pate import calibrate_pate
 
 LABEL_CAVEAT = (
-    "attribute unit: protects feature values (one feature of one record moving by at most "
-    "feature_bound); rows are released sorted by label, so labels are protected only at the "
-    "level of the noisy class counts, not per record"
+    "attribute unit: protects one feature of one record moving by at most the source's "
+    "attribute bound; it protects neither labels nor membership (rows are released sorted by "
+    "label: knowing a record's own features, its label can be read off the nearest noisy row)"
 )
 
 
 class SessionTerms(BaseModel):
-    """Terms of one session; frozen, unknown fields rejected, every error names its field."""
+    """Terms of one session; frozen, unknown fields rejected, every error names its field.
+
+    Defaults follow the default policy: whole records protected (record unit, replace one
+    record), one aggregate release (noisy per-class sums and counts).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     dataset: str = Field(min_length=1, max_length=128)
     epsilon: float = Field(gt=0, le=100, description="budget of this session (ε)")
     delta: float = Field(gt=0, lt=1)
-    privacy_unit: Literal["attribute", "record"] = "attribute"
-    neighbouring: Literal["add-remove", "replace-one"] = "add-remove"
+    privacy_unit: Literal["attribute", "record"] = "record"
+    neighbouring: Literal["add-remove", "replace-one"] = "replace-one"
     projection: Literal["jl", "target-pca"] = "target-pca"
     projection_dim: int = Field(default=50, ge=1, le=4096)
     batch_size: int = Field(default=0, ge=0, description="0: one whole-dataset release")
@@ -56,22 +64,21 @@ class SessionTerms(BaseModel):
         ge=0,
         description="σ/w for minibatches; 0: the smallest σ that spends ε over `steps` batches",
     )
-    # σ_h / σ for the per-batch Gaussian histogram. The rows' labels come from the noisy counts
-    # (contiguous class blocks), so count noise mislabels rows at every block boundary. With σ
-    # calibrated to ε (noise_multiplier = 0, one epoch of batches of 128, ε = 8, 2 seeds), 0.5 gave
-    # C→A 51.8 and A→W 43.9; 2 gave 48.3 and 41.4; 0.35 gave 50.3 and 44.2 (the bench uses 0.5).
-    # 2 keeps the histogram cheap when σ is fixed.
+    # σ_h / σ for the per-batch Gaussian histogram (attribute-unit minibatches: uncharged, since
+    # labels do not change under the attribute relation; the noise still blurs block boundaries).
     histogram_noise_ratio: float = Field(default=2.0, gt=0)
-    steps: int = Field(default=0, ge=0, description="minibatch steps; 0: as many as ε allows")
+    steps: int = Field(
+        default=0, ge=0, le=100_000, description="minibatch steps; 0: as many as ε allows"
+    )
     max_steps: int = Field(default=64, ge=1, le=100_000)
     calibration: Literal["theorem2", "analytic"] = "theorem2"
     histogram_share: float = Field(default=0.5, gt=0, lt=1)
-    feature_bound: float = Field(default=1.0, gt=0)
     clip_norm: float = Field(default=1.0, gt=0)
     release: Literal["rows", "prototypes", "class-gaussians"] = Field(
-        default="rows",
+        default="prototypes",
         description="rows: noisy projected rows (Algorithm 2); prototypes: noisy per-class sums"
-        " and counts; class-gaussians: per-class sums, sums of squares and counts",
+        " and counts; class-gaussians: per-class sums, sums of squares and counts. Default: "
+        "prototypes under the record unit, rows under the attribute unit",
     )
     # channels: the DPDA feature/histogram releases and PATE teacher votes
     dpda: bool = Field(default=True, description="release noisy features and histograms")
@@ -80,6 +87,15 @@ class SessionTerms(BaseModel):
     pate_teachers: int = Field(default=50, ge=1, le=10_000)
     pate_aggregator: Literal["lnmax", "gnmax"] = "gnmax"
     pate_space: Literal["projected", "raw"] = "projected"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_release(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("release") is None:
+            data = {k: v for k, v in data.items() if k != "release"}
+            if data.get("privacy_unit") == "attribute":
+                data["release"] = "rows"
+        return data
 
     @model_validator(mode="after")
     def _channels(self) -> SessionTerms:
@@ -95,6 +111,16 @@ class SessionTerms(BaseModel):
     def _aggregates(self) -> SessionTerms:
         if self.release != "rows" and self.privacy_unit != "record":
             raise ValueError("release: aggregate releases are offered with privacy_unit = record")
+        if self.release == "rows" and self.privacy_unit == "record" and self.dpda:
+            # Rows are sent sorted by label. Replacing one record by one of another class moves
+            # one row across every block boundary in between, so the released vector changes at
+            # up to q positions (≈ 2C·√(classes crossed + 1), measured 3.8C at 5 classes), not
+            # at one (2C). No bound is charged for that, so the combination is refused.
+            raise ValueError(
+                "release: per-row releases are offered under the attribute unit only (under the "
+                "record unit a label change moves rows across every class block in between); "
+                "use prototypes or class-gaussians"
+            )
         if self.release != "rows" and self.batch_size != 0:
             raise ValueError("batch_size: aggregate releases are whole-dataset releases")
         return self
@@ -108,23 +134,29 @@ class SessionTerms(BaseModel):
             )
         return self
 
-    @model_validator(mode="after")
-    def _minibatch_relation(self) -> SessionTerms:
-        if self.batch_size > 0 and self.neighbouring == "replace-one":
-            raise ValueError(
-                "batch_size: Poisson minibatches are accounted under add-remove only; "
-                "use batch_size = 0 (whole batch) with replace-one"
-            )
-        return self
-
     @property
     def caveat(self) -> str:
         if self.privacy_unit == "attribute":
             return LABEL_CAVEAT
         return (
-            "record unit: protects whole records (features and label); rows clipped to "
-            f"norm {self.clip_norm:.4g} in the projection space"
+            "record unit: protects whole records (features and label) under replace-one; rows "
+            f"clipped to norm {self.clip_norm:.4g} in the projection space"
         )
+
+
+def terms_error(exc: ValidationError) -> str:
+    """``field: rule`` for the first validation error, without the input value (public text)."""
+    err = exc.errors()[0]
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "not a session term (the source's policy, not the terms, sets the unit of privacy)"
+    if not err["loc"]:  # a cross-field rule: its message starts with the field it names
+        return msg[:300]
+    return f"{'.'.join(str(p) for p in err['loc'])}: {msg}"[:300]
+
+
+class PlanRefused(ValueError):
+    """A plan the budget or the terms do not allow; the message is public (terms only)."""
 
 
 class ReleasePlan(BaseModel):
@@ -137,6 +169,9 @@ class ReleasePlan(BaseModel):
     histogram_mechanism: str
     histogram_parameter: float
     histogram_sensitivity: int
+    # the source's policy value the feature sensitivity was computed with (attribute unit), so
+    # the target can recompute the sensitivity from its own basis and scaling
+    attribute_bound: float | None = None
     pate_scale: float | None = None  # γ (LNMax) or σ (GNMax), calibrated to pate_epsilon
     pate_queries: int = 0
 
@@ -157,27 +192,62 @@ class ReleasePlan(BaseModel):
 
 @functools.lru_cache(maxsize=256)
 def calibrated_minibatch_sigma(
-    sampling_rate: float, steps: int, epsilon: float, delta: float, histogram_ratio: float
+    sampling_rate: float, steps: int, epsilon: float, delta: float
 ) -> float:
-    """Feature σ/w whose per-batch features + histogram (σ_h = ratio·σ) spend ε over ``steps``
-    Poisson batches, under the ledger's own accountant. Public facts only."""
-    eff = sampled_sigma_for_epsilon(
-        sampling_rate, steps, epsilon, delta, "pld", LEDGER_PLD_INTERVAL
+    """Feature σ/w whose ``steps`` attribute-unit Poisson batches spend ε under the ledger's own
+    accountant (the revealed-sampling mixture: subsampling amplifies δ, not ε). Public facts."""
+    return revealed_sigma_for_epsilon(sampling_rate, steps, epsilon, delta)
+
+
+def feature_sensitivity(
+    terms: SessionTerms,
+    projection: np.ndarray,
+    attribute_bound: float,
+    scaling_std: np.ndarray | None,
+) -> float:
+    """L2 sensitivity of one released feature vector, on the whole map, in source units."""
+    if terms.release == "class-gaussians":
+        # [sums / C, sums of squares / C²] per class. Replace-one, same class: the sums move by
+        # ≤ 2 and the squares (two non-negative vectors of norm ≤ 1) by ≤ √2, so ≤ √6; different
+        # classes: each of the two class blocks moves by ≤ √2, so ≤ 2. Add/remove: ≤ √2.
+        return float(np.sqrt(6.0)) if terms.neighbouring == "replace-one" else float(np.sqrt(2.0))
+    if terms.privacy_unit == "attribute":
+        std = np.ones(projection.shape[0]) if scaling_std is None else scaling_std
+        return attribute_sensitivity(projection, std, attribute_bound)
+    return projection_sensitivity(
+        projection, terms.privacy_unit, terms.neighbouring, clip_norm=terms.clip_norm
     )
-    # the two Gaussians of a batch compose to one of multiplier 1/√(1/σ² + 1/σ_h²)
-    return float(eff * np.sqrt(1.0 + 1.0 / histogram_ratio**2)) * (1.0 + 1e-9)
 
 
-def plan_batches(terms: SessionTerms, n_rows: int, projection: np.ndarray) -> ReleasePlan:
-    """The release plan from public facts only (both parties compute the same one)."""
+def plan_batches(
+    terms: SessionTerms,
+    n_rows: int,
+    projection: np.ndarray,
+    *,
+    attribute_bound: float = 1.0,
+    scaling_std: np.ndarray | None = None,
+) -> ReleasePlan:
+    """The release plan from public facts only (both parties compute the same one).
+
+    Under the attribute relation the record and its label are in both neighbours, so the label
+    histogram does not change and is not charged; its noise still blurs the block boundaries.
+    """
     if n_rows < 1:
-        raise ValueError("the dataset is empty")
+        raise PlanRefused("the dataset is empty")
     pate_scale = None
     if terms.pate_epsilon > 0:
         pate_scale = calibrate_pate(
             terms.pate_aggregator, terms.pate_queries, terms.pate_epsilon, terms.delta
         )
-    pate = {"pate_scale": pate_scale, "pate_queries": terms.pate_queries}
+    attribute = terms.privacy_unit == "attribute"
+    if terms.dpda and terms.release == "rows" and not attribute:
+        # the SessionTerms validator says so too; terms built without validation end here
+        raise PlanRefused("release: per-row releases are offered under the attribute unit only")
+    common: dict[str, Any] = {
+        "pate_scale": pate_scale,
+        "pate_queries": terms.pate_queries,
+        "attribute_bound": attribute_bound if attribute else None,
+    }
     h_sens = relation_factor(terms.neighbouring)
     if not terms.dpda:
         return ReleasePlan(
@@ -188,22 +258,15 @@ def plan_batches(terms: SessionTerms, n_rows: int, projection: np.ndarray) -> Re
             histogram_mechanism="discrete_laplace",
             histogram_parameter=0.0,
             histogram_sensitivity=h_sens,
-            **pate,
+            **common,
         )
     eps_dpda = terms.epsilon - terms.pate_epsilon
-    sens = projection_sensitivity(
-        projection,
-        terms.privacy_unit,
-        terms.neighbouring,
-        feature_bound=terms.feature_bound,
-        clip_norm=terms.clip_norm,
-    )
-    if terms.release == "class-gaussians":
-        # [sums / C, sums of squares / C²] per class: one record moves one class block by ≤ √2
-        sens = float(np.sqrt(2.0)) * relation_factor(terms.neighbouring)
+    sens = feature_sensitivity(terms, projection, attribute_bound, scaling_std)
+    if not (np.isfinite(sens) and sens > 0):
+        raise PlanRefused("the feature sensitivity is not a finite positive number")
     if terms.batch_size == 0:
         eps_h = eps_dpda * terms.histogram_share
-        eps_f = eps_dpda - eps_h
+        eps_f = eps_dpda if attribute else eps_dpda - eps_h
         return ReleasePlan(
             steps=1,
             sampling_rate=None,
@@ -212,29 +275,31 @@ def plan_batches(terms: SessionTerms, n_rows: int, projection: np.ndarray) -> Re
             histogram_mechanism="discrete_laplace",
             histogram_parameter=discrete_laplace_parameter(eps_h, h_sens),
             histogram_sensitivity=h_sens,
-            **pate,
+            **common,
         )
+    if not attribute:  # SessionTerms refuses this; plans are public, so say it again here
+        raise PlanRefused("per-row minibatches are offered under the attribute unit only")
     p = min(1.0, terms.batch_size / n_rows)
     sf = terms.noise_multiplier
     if sf == 0:
-        sf = calibrated_minibatch_sigma(
-            p, terms.steps, eps_dpda, terms.delta, terms.histogram_noise_ratio
-        )
-    sh = sf * terms.histogram_noise_ratio
-    eff = 1.0 / np.sqrt(1.0 / sf**2 + 1.0 / sh**2)
-    steps = terms.steps
-    allowed = max_sampled_gaussian_steps(eff, p, eps_dpda, terms.delta, "pld", LEDGER_PLD_INTERVAL)
-    if steps == 0:
-        steps = min(allowed, terms.max_steps)
-    if steps < 1 or steps > allowed:
-        raise ValueError("steps: the budget does not allow this many minibatches")
+        sf = calibrated_minibatch_sigma(p, terms.steps, eps_dpda, terms.delta)
+    if terms.steps:
+        steps = terms.steps
+        if revealed_sampled_epsilon(sf, p, steps, terms.delta) > eps_dpda:
+            raise PlanRefused("steps: the budget does not allow this many minibatches")
+    elif revealed_sampled_epsilon(sf, p, terms.max_steps, terms.delta) <= eps_dpda:
+        steps = terms.max_steps
+    else:
+        steps = max_revealed_steps(sf, p, eps_dpda, terms.delta)
+        if steps < 1:
+            raise PlanRefused("steps: the budget does not allow a single minibatch at this σ")
     return ReleasePlan(
         steps=steps,
         sampling_rate=p,
         feature_noise_multiplier=sf,
         feature_sensitivity=sens,
         histogram_mechanism="gaussian",
-        histogram_parameter=sh,
+        histogram_parameter=sf * terms.histogram_noise_ratio,
         histogram_sensitivity=h_sens,
-        **pate,
+        **common,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -26,7 +27,7 @@ from common.dp.ledger import Budget, PrivacyLedger
 from common.dp.ledger_store import SqliteLedgerStore, connect
 from common.errors import ConfigError
 from common.pb import dpda_pb2_grpc as pb_grpc
-from common.rng import make_rng
+from common.rng import public_rng, secure_rng, testing_streams
 from common.tls import peer_fingerprint, server_credentials
 
 from .handlers import SourceHandlers
@@ -34,6 +35,11 @@ from .releases import SourceReleaser
 from .servicer import SourceServicer
 
 log = logging.getLogger("dpda.source")
+
+
+def dataset_delta(ds: SourceDataset, domain: Domain) -> float:
+    """The dataset's δ: configured, or 1/(10·ns) (well below 1/ns, as the policy asks)."""
+    return ds.delta if ds.delta is not None else 1.0 / (10.0 * domain.x.shape[0])
 
 
 def load_dataset(ds: SourceDataset) -> Domain:
@@ -73,6 +79,10 @@ def _observer(metrics: Metrics, ledger: PrivacyLedger):  # noqa: ANN202
         if rec.ledger_seq < len(entries):
             e = entries[rec.ledger_seq]
             metrics.epsilon.labels(rec.dataset, e.peer).set(e.spend_after)
+            attribute_seen = any(x.privacy_unit == "attribute" for x in entries)
+            metrics.epsilon_by_relation.labels(rec.dataset, "attribute").set(e.spend_after)
+            record = math.inf if attribute_seen else e.spend_after
+            metrics.epsilon_by_relation.labels(rec.dataset, "record").set(record)
 
     return observe
 
@@ -82,15 +92,31 @@ def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     conn = connect(cfg.state_dir / "state.sqlite")
     store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
-    budgets = {d.name: Budget(d.epsilon, d.delta, d.accountant) for d in cfg.datasets}
-    ledger = PrivacyLedger(store, budgets)
-    rng = make_rng(cfg.seed)
-    releasers = {
-        d.name: SourceReleaser(
-            load_dataset(d), d.name, ledger, rng, d.representation, d.allow_raw_queries
-        )
+    domains = {d.name: load_dataset(d) for d in cfg.datasets}
+    budgets = {
+        d.name: Budget(d.epsilon, dataset_delta(d, domains[d.name]), d.accountant)
         for d in cfg.datasets
     }
+    ledger = PrivacyLedger(store, budgets)
+    if cfg.seed is not None:
+        log.warning(
+            "insecure_testing: noise is seeded (%d); every ledger entry records it", cfg.seed
+        )
+    releasers = {}
+    for i, d in enumerate(cfg.datasets):
+        # one noise stream per dataset, and public randomness (JL) from its own generator
+        noise, public = testing_streams(cfg.seed, i) if cfg.seed is not None else (None, None)
+        releasers[d.name] = SourceReleaser(
+            domains[d.name],
+            d.name,
+            ledger,
+            noise if noise is not None else secure_rng(),
+            d.representation,
+            d.allow_raw_queries,
+            policy=d.policy,
+            public=public if public is not None else public_rng(),
+            insecure_seed=cfg.seed is not None,
+        )
     peers = {p.cert_fingerprint: p for p in cfg.peers}
     handlers = handlers_cls(
         conn,

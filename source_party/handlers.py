@@ -28,8 +28,8 @@ from common.config import Peer
 from common.data.preprocessing import Scaling
 from common.dp.events import event_from_json
 from common.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
-from common.errors import InvalidInput, LedgerCorrupt, PeerMisbehaved
-from common.terms import SessionTerms
+from common.errors import InvalidInput, LedgerCorrupt, PeerMisbehaved, TermsInvalid
+from common.terms import SessionTerms, terms_error
 
 from .releases import (
     BatchRelease,
@@ -98,8 +98,8 @@ class SourceHandlers:
     ) -> tuple[SessionInfo, str, str]:
         try:
             terms = SessionTerms.model_validate_json(terms_json)
-        except ValidationError:
-            raise InvalidInput("session terms are invalid") from None
+        except ValidationError as exc:
+            raise TermsInvalid(terms_error(exc)) from None
         releaser = self.releasers.get(terms.dataset)
         if releaser is None:
             raise InvalidInput("unknown dataset")

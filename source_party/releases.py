@@ -9,8 +9,9 @@ noisy rows (sorted by label, shuffled within each class) and the noisy counts.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,13 +26,22 @@ from common.dp.mechanisms import (
     class_sums,
     clip_rows,
     discrete_laplace_noise,
+    finite_rows,
     gaussian_noise,
     jl_matrix,
     label_counts,
 )
 from common.dp.pate import answers_event, noisy_argmax
-from common.errors import BudgetExceeded, InvalidInput
-from common.terms import ReleasePlan, SessionTerms, plan_batches
+from common.errors import BudgetExceeded, InvalidInput, PolicyRefused
+from common.policy import (
+    SCALING_MEAN_MAX,
+    SCALING_STD_RANGE,
+    PrivacyPolicy,
+    check_plan,
+    check_terms,
+)
+from common.rng import is_cryptographic, public_rng, secure_rng
+from common.terms import PlanRefused, ReleasePlan, SessionTerms, plan_batches
 
 from .teachers import TeacherEnsemble
 
@@ -89,22 +99,68 @@ def queries_digest(queries: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(queries, dtype="<f8").tobytes()).hexdigest()
 
 
-def prepare_features(
-    x_raw: np.ndarray, representation: str, terms: SessionTerms, scaling: Scaling | None
-) -> np.ndarray:
-    """Per-row transform, the target's public scaling, and record-unit clipping (all DP-clean)."""
+# Values of the scaled per-row representation are clamped to this magnitude: an elementwise
+# clamp is 1-Lipschitz per coordinate (so no sensitivity grows) and keeps every later product
+# finite (ℓ, k ≤ 1e5 and |M| ≤ ~1 give |x·M| ≤ ~1e106).
+CLAMP = 1e100
+
+
+def check_scaling(scaling: Scaling | None, n_features: int) -> None:
+    """The target's column scaling is an input to the mechanism: bounded, or refused."""
+    if scaling is None:
+        return
+    if scaling.mean.shape != (n_features,) or scaling.std.shape != (n_features,):
+        raise InvalidInput("scaling has the wrong shape")
+    lo, hi = SCALING_STD_RANGE
+    if not (np.all(np.isfinite(scaling.mean)) and np.all(np.abs(scaling.mean) <= SCALING_MEAN_MAX)):
+        raise PolicyRefused(
+            f"scaling_mean: every entry must be finite with |mean| ≤ {SCALING_MEAN_MAX:g}"
+        )
+    if not (np.all(np.isfinite(scaling.std)) and np.all((scaling.std >= lo) & (scaling.std <= hi))):
+        raise PolicyRefused(f"scaling_std: every entry must lie in [{lo:g}, {hi:g}]")
+
+
+def prepare_features(x_raw: np.ndarray, representation: str, scaling: Scaling | None) -> np.ndarray:
+    """Per-row transform, then the target's public scaling, clamped to ±CLAMP (all DP-clean:
+    per-row or elementwise maps with public parameters). Clipping (record unit) happens after
+    the projection, on finite rows (``mechanisms.clip_rows``)."""
     x = per_row(x_raw, representation)
     if scaling is not None:
-        if scaling.mean.shape != (x.shape[1],) or scaling.std.shape != (x.shape[1],):
-            raise InvalidInput("scaling has the wrong shape")
-        if not (np.all(np.isfinite(scaling.mean)) and np.all(scaling.std > 0)):
-            raise InvalidInput("scaling must be finite with positive std")
-        x = scaling.apply(x)
-    return x
+        with np.errstate(over="ignore", invalid="ignore"):
+            x = scaling.apply(x)
+    x = np.clip(x, -CLAMP, CLAMP)  # ±inf → ±CLAMP
+    return np.nan_to_num(x, nan=0.0)
+
+
+def digest(a: np.ndarray | None) -> str:
+    """SHA-256 of an array as float64 little-endian (``""`` for None): binds a ledger entry to
+    the basis and scaling its sensitivity was computed from."""
+    if a is None:
+        return ""
+    return hashlib.sha256(np.ascontiguousarray(a, dtype="<f8").tobytes()).hexdigest()
+
+
+def teacher_assignment(n_rows: int, n_teachers: int, key: bytes) -> np.ndarray:
+    """Teacher of each record: a keyed hash (HMAC-SHA256) of its stable record id (its index
+    in the source's dataset) modulo T. Adding, removing or replacing one record moves exactly
+    that record's teacher, never a boundary between parts (``array_split`` of a permutation
+    shifted the boundaries when n changed, moving two teachers)."""
+    out = np.empty(n_rows, dtype=np.int64)
+    for i in range(n_rows):
+        h = hmac.new(key, i.to_bytes(8, "little"), hashlib.sha256).digest()
+        out[i] = int.from_bytes(h[:8], "little") % n_teachers
+    return out
 
 
 class SourceReleaser:
-    """One source dataset behind the ledger. Used in-process and by the gRPC handlers."""
+    """One source dataset behind the ledger and its privacy policy. Used in-process and by the
+    gRPC handlers.
+
+    ``rng`` draws the privacy noise (a CSPRNG generator in the daemon); public randomness (JL
+    matrices) comes from ``public`` (a separate generator), never from the noise stream.
+    ``insecure_seed`` marks a releaser whose noise was seeded for testing: every ledger entry it
+    writes says so.
+    """
 
     def __init__(
         self,
@@ -114,6 +170,9 @@ class SourceReleaser:
         rng: np.random.Generator,
         representation: str = "raw",
         allow_raw_queries: bool = False,
+        policy: PrivacyPolicy | None = None,
+        public: np.random.Generator | None = None,
+        insecure_seed: bool = False,
     ) -> None:
         self.allow_raw_queries = allow_raw_queries
         self._ensembles: dict[str, TeacherEnsemble] = {}
@@ -121,18 +180,33 @@ class SourceReleaser:
         self.dataset = dataset
         self.ledger = ledger
         self.rng = rng
+        self.public = public if public is not None else public_rng()
         self.representation = representation
+        self.policy = policy if policy is not None else PrivacyPolicy()
+        self.insecure_seed = insecure_seed
         self._sessions: dict[str, tuple[SessionTerms, SessionInfo, np.ndarray]] = {}
+        self._bound: dict[str, dict[str, Any]] = {}  # session → what its charges depend on
+        self._noise: dict[str, np.random.Generator] = {}  # session → its own noise stream
 
     def open_session(
         self, terms: SessionTerms, disclosure: TargetDisclosure, session_id: str | None = None
     ) -> SessionInfo:
+        """Check the terms against the policy and the target's inputs against their bounds,
+        compute the plan and its floors: all before anything is charged or drawn."""
         if terms.dataset != self.dataset:
             raise InvalidInput("unknown dataset")
         budget = self.ledger.budgets.get(self.dataset)
         if budget is None or terms.delta != budget.delta:
-            raise InvalidInput("terms.delta differs from the dataset's delta")
+            raise PolicyRefused(
+                "delta differs from the dataset's delta"
+                + ("" if budget is None else f" ({budget.delta:.6g})")
+            )
+        check_terms(self.policy, terms, allow_raw_queries=self.allow_raw_queries)
         k = self.domain.x.shape[1]
+        n = self.domain.x.shape[0]
+        if terms.pate_queries > 0 and terms.pate_teachers > n:
+            raise PolicyRefused(f"pate_teachers {terms.pate_teachers} exceeds the {n} records")
+        check_scaling(disclosure.scaling, k)
         if terms.projection == "target-pca":
             if disclosure.basis is None:
                 raise InvalidInput("target-pca needs the target's basis")
@@ -147,15 +221,41 @@ class SourceReleaser:
         else:
             if terms.projection_dim > k:
                 raise InvalidInput("projection_dim exceeds the number of features")
-            m = jl_matrix(k, terms.projection_dim, self.rng)
-        x = prepare_features(self.domain.x, self.representation, terms, disclosure.scaling)
+            m = jl_matrix(k, terms.projection_dim, self.public)
+        return self._install(terms, m, disclosure, session_id or uuid.uuid4().hex)
+
+    def _install(
+        self, terms: SessionTerms, m: np.ndarray, disclosure: TargetDisclosure, sid: str
+    ) -> SessionInfo:
+        std = None if disclosure.scaling is None else disclosure.scaling.std
         try:
-            plan = plan_batches(terms, self.domain.x.shape[0], m)
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
-        sid = session_id or uuid.uuid4().hex
-        info = SessionInfo(sid, x.shape[0], k, self.domain.n_classes, m, plan)
+            plan = plan_batches(
+                terms,
+                self.domain.x.shape[0],
+                m,
+                attribute_bound=self.policy.attribute_bound,
+                scaling_std=std,
+            )
+        except PlanRefused as exc:
+            raise PolicyRefused(str(exc)) from None
+        except ValueError:  # from a library: its text is not public
+            raise InvalidInput("no release plan can be computed for these terms") from None
+        check_plan(self.policy, plan, terms)
+        x = prepare_features(self.domain.x, self.representation, disclosure.scaling)
+        info = SessionInfo(sid, x.shape[0], x.shape[1], self.domain.n_classes, m, plan)
         self._sessions[sid] = (terms, info, x)
+        # a fresh CSPRNG stream per session; a seeded (testing) releaser keeps its one stream
+        self._noise[sid] = secure_rng() if is_cryptographic(self.rng) else self.rng
+        self._bound[sid] = {
+            "sensitivity": plan.feature_sensitivity,
+            "attribute_bound": plan.attribute_bound,
+            "projection_sha256": digest(m),
+            "scaling_mean_sha256": digest(
+                None if disclosure.scaling is None else disclosure.scaling.mean
+            ),
+            "scaling_std_sha256": digest(std),
+            **({"insecure_seed": True} if self.insecure_seed else {}),
+        }
         return info
 
     def session(self, session_id: str) -> tuple[SessionTerms, SessionInfo]:
@@ -172,14 +272,11 @@ class SourceReleaser:
         projection: np.ndarray,
         disclosure: TargetDisclosure,
     ) -> SessionInfo:
-        """Rebuild a session after a restart from its stored terms, projection and disclosure."""
-        x = prepare_features(self.domain.x, self.representation, terms, disclosure.scaling)
-        plan = plan_batches(terms, self.domain.x.shape[0], projection)
-        info = SessionInfo(
-            session_id, x.shape[0], x.shape[1], self.domain.n_classes, projection, plan
-        )
-        self._sessions[session_id] = (terms, info, x)
-        return info
+        """Rebuild a session after a restart from its stored terms, projection and disclosure
+        (the same policy checks and floors apply)."""
+        check_terms(self.policy, terms, allow_raw_queries=self.allow_raw_queries)
+        check_scaling(disclosure.scaling, self.domain.x.shape[1])
+        return self._install(terms, projection, disclosure, session_id)
 
     def release(
         self,
@@ -214,6 +311,7 @@ class SourceReleaser:
                 "batch": index,
                 "spec": spec.to_json(),
                 "delta": self.ledger.budgets[self.dataset].delta,
+                **self._bound[session_id],
             },
             extra_caps=[("session", terms.epsilon, prior), *extra_caps],
         )
@@ -232,28 +330,31 @@ class SourceReleaser:
     ) -> BatchRelease:
         y = self.domain.y
         terms = self._sessions[info.session_id][0]
+        rng = self._noise[info.session_id]
         if terms.release != "rows":
             return self._draw_aggregate(x, terms, spec, info, index, entry)
         if spec.sampling_rate is None:
             rows = np.arange(x.shape[0])
         else:
-            rows = np.flatnonzero(self.rng.random(x.shape[0]) < spec.sampling_rate)
+            rows = np.flatnonzero(rng.random(x.shape[0]) < spec.sampling_rate)
         # Label-sorted blocks, random order inside each class (no link to storage order).
-        rows = rows[self.rng.permutation(rows.size)]
+        rows = rows[rng.permutation(rows.size)]
         rows = rows[np.argsort(y[rows], kind="stable")]
-        proj = x[rows] @ info.projection
+        with np.errstate(over="ignore", invalid="ignore"):
+            proj = finite_rows(x[rows] @ info.projection)
         if terms.privacy_unit == "record":
             proj = clip_rows(proj, terms.clip_norm)
-        z = proj + gaussian_noise(proj.shape, spec.features.noise_std, self.rng)
+        z = proj + gaussian_noise(proj.shape, spec.features.noise_std, rng)
         counts = label_counts(y[rows], info.n_classes)
-        return BatchRelease(index, z, self._noisy_counts(counts, spec), spec, entry.seq)
+        return BatchRelease(index, z, self._noisy_counts(counts, spec, rng), spec, entry.seq)
 
-    def _noisy_counts(self, counts: np.ndarray, spec: BatchSpec) -> np.ndarray:
+    @staticmethod
+    def _noisy_counts(counts: np.ndarray, spec: BatchSpec, rng: np.random.Generator) -> np.ndarray:
         h = spec.histogram
         if h.mechanism == "discrete_laplace":
-            noisy = counts + discrete_laplace_noise(counts.shape, h.parameter, self.rng)
+            noisy = counts + discrete_laplace_noise(counts.shape, h.parameter, rng)
         else:
-            noise = gaussian_noise(counts.shape, h.noise_std, self.rng)
+            noise = gaussian_noise(counts.shape, h.noise_std, rng)
             noisy = np.rint(counts + noise).astype(np.int64)
         return noisy
 
@@ -268,19 +369,21 @@ class SourceReleaser:
     ) -> BatchRelease:
         """Per-class sums of clipped projected rows (+ sums of squares) with Gaussian noise."""
         y = self.domain.y
+        rng = self._noise[info.session_id]
         c = terms.clip_norm
-        z = clip_rows(x @ info.projection, c)
+        with np.errstate(over="ignore", invalid="ignore"):
+            z = clip_rows(x @ info.projection, c)
         sums = class_sums(z, y, info.n_classes)  # one record moves one row by ≤ C
         if terms.release == "prototypes":
-            out = sums + gaussian_noise(sums.shape, spec.features.noise_std, self.rng)
+            out = sums + gaussian_noise(sums.shape, spec.features.noise_std, rng)
         else:
             # [S/C, Q/C²]: one record moves one class block by ≤ √2 (the spec's sensitivity)
             v = np.hstack([sums / c, class_sums(z * z, y, info.n_classes) / (c * c)])
-            v = v + gaussian_noise(v.shape, spec.features.noise_std, self.rng)
+            v = v + gaussian_noise(v.shape, spec.features.noise_std, rng)
             ell = z.shape[1]
             out = np.hstack([v[:, :ell] * c, v[:, ell:] * (c * c)])
         counts = label_counts(y, info.n_classes)
-        return BatchRelease(index, out, self._noisy_counts(counts, spec), spec, entry.seq)
+        return BatchRelease(index, out, self._noisy_counts(counts, spec, rng), spec, entry.seq)
 
     # ------------------------------------------------------------------------------ PATE
     def _teachers(self, session_id: str) -> TeacherEnsemble:
@@ -289,9 +392,11 @@ class SourceReleaser:
         if ens is None:
             x = self._sessions[session_id][2]
             feats = x @ info.projection if terms.pate_space == "projected" else x
-            ens = TeacherEnsemble(
-                feats, self.domain.y, terms.pate_teachers, info.n_classes, self.rng
-            )
+            # the hash key comes from the session's noise stream: a CSPRNG in the daemon,
+            # reproducible under an insecure testing seed (so service = simulate)
+            key = self._noise[session_id].bytes(32)
+            parts = teacher_assignment(feats.shape[0], terms.pate_teachers, key)
+            ens = TeacherEnsemble(feats, self.domain.y, parts, terms.pate_teachers, info.n_classes)
             self._ensembles[session_id] = ens
         return ens
 
@@ -343,6 +448,7 @@ class SourceReleaser:
                 "teachers": terms.pate_teachers,
                 "delta": self.ledger.budgets[self.dataset].delta,
                 "queries_sha256": queries_digest(queries),
+                **({"insecure_seed": True} if self.insecure_seed else {}),
             },
             extra_caps=[("session", terms.epsilon, prior), *extra_caps],
         )
@@ -356,7 +462,8 @@ class SourceReleaser:
         """Votes and noise for an entry already durably in the ledger."""
         terms, info = self.session(session_id)
         votes = self._teachers(session_id).votes(queries)
-        labels = noisy_argmax(votes, terms.pate_aggregator, float(entry.params["scale"]), self.rng)
+        scale = float(entry.params["scale"])
+        labels = noisy_argmax(votes, terms.pate_aggregator, scale, self._noise[session_id])
         ans = PateAnswer(labels, entry.seq)
         self.ledger.store.update_signatures(self.dataset, entry.seq, ans.sha256(), "", "")
         return ans
@@ -364,8 +471,5 @@ class SourceReleaser:
     def close_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
         self._ensembles.pop(session_id, None)
-
-    def batches(self, session_id: str) -> Iterator[BatchRelease]:
-        info = self._sessions[session_id][1]
-        for i in range(info.plan.steps):
-            yield self.release(session_id, i)
+        self._bound.pop(session_id, None)
+        self._noise.pop(session_id, None)

@@ -21,6 +21,8 @@ log = logging.getLogger("dpda.source")
 
 STATUS = {
     "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+    "POLICY_REFUSED": grpc.StatusCode.INVALID_ARGUMENT,
+    "TERMS_INVALID": grpc.StatusCode.INVALID_ARGUMENT,
     "BUDGET_EXCEEDED": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "LEDGER_CORRUPT": grpc.StatusCode.FAILED_PRECONDITION,
     "PEER_MISBEHAVED": grpc.StatusCode.PERMISSION_DENIED,

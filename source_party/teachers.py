@@ -1,9 +1,11 @@
 """PATE teachers on the source: disjoint parts, one scikit-learn model each, vote counts.
 
-The partition is a uniformly random split of the rows (data-independent), so each record sits in
-exactly one part and can move at most one teacher's vote — the sensitivity ``common.dp.pate``
-accounts for. Vote counts never leave this module's caller except through
-``common.dp.pate.noisy_argmax``.
+The partition is given: each record's teacher comes from a keyed hash of its stable record id
+(``releases.teacher_assignment``), so it does not depend on the data or on the number of rows, each
+record sits in exactly one part, and adding, removing or replacing one record changes at most one
+teacher's vote: the sensitivity ``common.dp.pate`` accounts for. A teacher whose part is empty
+always votes for class 0 (a data-independent vote). Vote counts never leave this module's caller
+except through ``common.dp.pate.noisy_argmax``.
 """
 
 from __future__ import annotations
@@ -27,20 +29,26 @@ class TeacherEnsemble:
         self,
         x: np.ndarray,
         y: np.ndarray,
+        parts: np.ndarray,
         n_teachers: int,
         n_classes: int,
-        rng: np.random.Generator,
     ) -> None:
         if not (1 <= n_teachers <= x.shape[0]):
             raise ValueError("the number of teachers must lie between 1 and the number of rows")
+        if (
+            parts.shape != (x.shape[0],)
+            or parts.min(initial=0) < 0
+            or parts.max(initial=0) >= n_teachers
+        ):
+            raise ValueError("every record needs a teacher in [0, n_teachers)")
         self.n_classes = n_classes
         self.dim = x.shape[1]
-        parts = np.array_split(rng.permutation(x.shape[0]), n_teachers)
         self.teachers: list[object] = []
-        for part in parts:
+        for t in range(n_teachers):
+            part = np.flatnonzero(parts == t)
             labels = y[part]
-            if np.unique(labels).size == 1:
-                self.teachers.append(_Constant(int(labels[0])))
+            if part.size == 0 or np.unique(labels).size == 1:
+                self.teachers.append(_Constant(int(labels[0]) if part.size else 0))
                 continue
             clf = LogisticRegression(max_iter=500, C=1.0)
             clf.fit(x[part], labels)

@@ -177,7 +177,12 @@ class GrpcReleaseSource:
         if disclosure.basis is not None and not np.array_equal(m, disclosure.basis):
             raise PeerMisbehaved("the source uses a projection other than the target's basis")
         plan = ReleasePlan.model_validate_json(resp.plan_json)
-        if plan != plan_batches(terms, int(resp.n_rows), m):
+        std = None if disclosure.scaling is None else disclosure.scaling.std
+        bound = plan.attribute_bound if plan.attribute_bound is not None else 1.0
+        recomputed = plan_batches(
+            terms, int(resp.n_rows), m, attribute_bound=bound, scaling_std=std
+        )
+        if plan != recomputed:
             raise PeerMisbehaved("the source's release plan differs from the recomputed one")
         info = SessionInfo(
             resp.session_id, int(resp.n_rows), int(resp.n_features), int(resp.n_classes), m, plan

@@ -16,7 +16,8 @@ from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
 from common.ot.costs import dpot_cost
 from common.ot.mapping import barycentric_map
 from common.ot.solvers import sinkhorn_group_lasso, uniform
-from common.rng import make_rng
+from common.policy import PrivacyPolicy
+from common.rng import public_rng, secure_rng, testing_streams
 from common.terms import SessionTerms
 from source_party.releases import SourceReleaser, prepare_features
 
@@ -137,16 +138,32 @@ def simulate(
     methods: tuple[str, ...] = ("dpda",),
     pate_queries: int = 100,
     pate_share: float = 0.1,
+    attribute_bound: float = 1.0,
 ) -> SimulationOutcome:
-    """Each method runs as its own session on a fresh ledger at the same total ε."""
+    """Each method runs as its own session on a fresh ledger at the same total ε.
+
+    The in-process source runs the rehearsal policy (``PrivacyPolicy.rehearsal``): it allows the
+    unit and release the user asked for, with every other rule of the default policy (replace-one,
+    floors, bounds). A fixed ``seed`` is recorded in every ledger entry as an insecure seed.
+    """
     view = target_view(target, representation, scaling_mode=scaling_mode)
     runs: dict[str, DPDAResult] = {}
     for method in methods:
         t = method_terms(terms, method, pate_queries, pate_share) if methods != ("dpda",) else terms
-        rng = make_rng(seed)
+        rng, public = testing_streams(seed) if seed is not None else (secure_rng(), public_rng())
         store = MemoryLedgerStore()
         ledger = PrivacyLedger(store, {t.dataset: Budget(t.epsilon, t.delta)})
-        releaser = SourceReleaser(source, t.dataset, ledger, rng, representation)
+        policy = PrivacyPolicy.rehearsal(t.privacy_unit, t.release, attribute_bound)
+        releaser = SourceReleaser(
+            source,
+            t.dataset,
+            ledger,
+            rng,
+            representation,
+            policy=policy,
+            public=public,
+            insecure_seed=seed is not None,
+        )
         runs[method] = run_dpda(
             releaser, view, t, cfg, lambda lg=ledger, ds=t.dataset: lg.spent(ds), progress
         )

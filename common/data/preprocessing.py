@@ -72,3 +72,19 @@ def per_row(x: np.ndarray, representation: str) -> np.ndarray:
 DEFAULT_REPRESENTATION = {"office-caltech": "sqrt", "mnist-usps": "l2", "synthetic": "raw"}
 # How the target scales its own columns (and so the scale the source's rows are expressed in).
 DEFAULT_SCALING = {"office-caltech": "zscore", "mnist-usps": "uniform", "synthetic": "zscore"}
+
+
+def default_attribute_bound(representation: str, n_features: int) -> float:
+    """The attribute bound b (policy ``attribute_bound``) the benchmarks and the rehearsal use,
+    in the source's per-row representation: a public rule, no statistic of any data.
+
+    ``sqrt`` and ``l2`` rows have unit L2 norm, so b = 1/√k is the root-mean-square magnitude of
+    one coordinate (Office-Caltech: 0.035, close to the mean column std 0.031 of the √-counts;
+    digits: 0.0625). ``rownorm`` rows sum to one: the same rule is used. ``raw``: b = 1 (the
+    synthetic generator's unit scale). Note what the unit means for Office-Caltech: a +1 on one
+    raw SURF count moves many √-normalized coordinates at once (the row's sum changes), so b
+    protects one *representation* coordinate, not one raw count.
+    """
+    if representation in ("sqrt", "l2", "rownorm"):
+        return 1.0 / float(np.sqrt(n_features))
+    return 1.0

@@ -238,3 +238,29 @@ def verify_chain(entries: Sequence[LedgerEntry]) -> None:
         if e.prev_hash != prev:
             raise LedgerCorrupt(f"entry {i}: hash chain broken")
         prev = e.entry_hash()
+
+
+RELATIONS = ("attribute", "record")
+
+
+def totals_by_relation(
+    entries: Sequence[LedgerEntry], accountant: str = Accountant.PLD.value
+) -> dict[str, float | None]:
+    """ε of one dataset's entries per neighbouring relation, at the dataset's δ.
+
+    * ``attribute`` (one feature of one record changes): every event composes into it — a
+      record-level event also bounds a one-feature change. This is what the caps enforce.
+    * ``record`` (one whole record replaced): only record-unit events compose into it. An
+      attribute-unit release gives no record-level guarantee at all, so once the dataset has one,
+      the record-level ε is unbounded: ``None``. A mixed total is never shown as a record ε.
+    """
+    if not entries:
+        return {"attribute": 0.0, "record": 0.0}
+    delta = float(entries[0].params.get("delta", 0.0))
+    if not (0 < delta < 1):
+        raise LedgerCorrupt("ledger entries do not state the dataset's delta")
+    everything = [event_from_json(e.dp_event) for e in entries]
+    total = epsilon_of(canonical_events(everything), delta, accountant, LEDGER_PLD_INTERVAL)
+    if any(e.privacy_unit == "attribute" for e in entries):
+        return {"attribute": total, "record": None}
+    return {"attribute": total, "record": total}

@@ -8,6 +8,12 @@ from typing import Any
 from common.deployment import Deployment, make_deployment
 
 DELTA = 1.0 / (1.2 * 600)
+# a source that opts into the attribute unit (and so into per-row releases) besides the defaults
+ATTRIBUTE_POLICY = {
+    "units": ["record", "attribute"],
+    "attribute_unit_exposes_labels_and_membership": True,
+    "releases": ["rows", "prototypes", "class-gaussians"],
+}
 
 
 def synthetic_deployment(
@@ -20,10 +26,14 @@ def synthetic_deployment(
     job: dict[str, Any] | None = None,
     seed: int | None = None,
     retain: bool = False,
+    attribute_unit: bool = False,
 ) -> Deployment:
+    """``attribute_unit``: the source opts into the attribute unit and row releases, and the job
+    asks for it (per-row minibatches need it; the default policy releases record aggregates)."""
     extra: dict[str, Any] = {"retain_payloads": retain}
     if seed is not None:
         extra["seed"] = seed
+        extra["insecure_testing"] = True
     base_job = {
         "dataset": "synthetic",
         "data_kind": "synthetic",
@@ -31,15 +41,20 @@ def synthetic_deployment(
         "delta": DELTA,
         "projection_dim": 10,
     }
+    dataset: dict[str, Any] = {
+        "name": "synthetic",
+        "kind": "synthetic",
+        "epsilon": dataset_cap if dataset_cap is not None else 100.0,
+        "delta": DELTA,
+    }
+    if attribute_unit:
+        # σ calibrated to the steps: under the attribute relation sampling amplifies δ, not ε
+        base_job.update({"privacy_unit": "attribute", "noise_multiplier": 0.0})
+        dataset["policy"] = ATTRIBUTE_POLICY
     base_job.update(job or {})
     return make_deployment(
         tmp,
-        dataset={
-            "name": "synthetic",
-            "kind": "synthetic",
-            "epsilon": dataset_cap if dataset_cap is not None else 100.0,
-            "delta": DELTA,
-        },
+        dataset=dataset,
         job=base_job,
         source_extra=extra,
         peer_cap=peer_cap,

@@ -16,7 +16,9 @@ TRIALS = int(os.environ.get("DPDA_FAULT_TRIALS", "20"))
 @pytest.mark.slow
 @pytest.mark.parametrize("kill", ["source", "target"])
 def test_sigkill_never_loses_or_double_charges(tmp_path, kill: str) -> None:
-    dep = synthetic_deployment(tmp_path, job={"batch_size": 60, "steps": STEPS})
+    dep = synthetic_deployment(
+        tmp_path, job={"batch_size": 60, "steps": STEPS}, attribute_unit=True
+    )
     rng = random.Random(2026 if kill == "source" else 7)
     n = TRIALS if kill == "source" else max(5, TRIALS // 2)
     results = [run_trial(dep, t, rng, kill) for t in range(n)]

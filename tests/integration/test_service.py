@@ -29,7 +29,7 @@ def _run_target(dep, port):  # noqa: ANN001, ANN202
 
 
 def test_job_completes_and_both_ledgers_are_identical(tmp_path) -> None:
-    dep = synthetic_deployment(tmp_path, job={"batch_size": 120, "steps": 5})
+    dep = synthetic_deployment(tmp_path, job={"batch_size": 120, "steps": 5}, attribute_unit=True)
     with run_server(load_source(dep.source_config)) as rs:
         out = _run_target(dep, rs.port)
         source_entries = rs.handlers.ledger.store.entries("synthetic")
@@ -99,12 +99,21 @@ def test_target_detects_a_misbehaving_source(tmp_path, mode: str) -> None:
 
 
 def test_service_equals_simulate_for_a_fixed_seed(tmp_path) -> None:
-    dep = synthetic_deployment(tmp_path, seed=123, job={"batch_size": 150, "steps": 3})
+    dep = synthetic_deployment(
+        tmp_path, seed=123, job={"batch_size": 150, "steps": 3}, attribute_unit=True
+    )
     with run_server(load_source(dep.source_config)) as rs:
         out = _run_target(dep, rs.port)
     src, tgt = two_domains()
     terms = SessionTerms(
-        dataset="synthetic", epsilon=4.0, delta=DELTA, projection_dim=10, batch_size=150, steps=3
+        dataset="synthetic",
+        epsilon=4.0,
+        delta=DELTA,
+        projection_dim=10,
+        batch_size=150,
+        steps=3,
+        noise_multiplier=0.0,
+        privacy_unit="attribute",
     )
     sim = simulate(src, tgt, terms, "raw", AdaptConfig(), seed=123, baselines=False)
     assert out["accuracy"] == sim.dpda.accuracy
@@ -152,7 +161,7 @@ def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> Non
     from target_party.client import GrpcReleaseSource
     from target_party.pipeline import target_view
 
-    dep = synthetic_deployment(tmp_path, job={"batch_size": 100, "steps": 2})
+    dep = synthetic_deployment(tmp_path, job={"batch_size": 100, "steps": 2}, attribute_unit=True)
     with run_server(load_source(dep.source_config)) as rs:
         set_source_address(dep, f"127.0.0.1:{rs.port}")
         base = load_target(dep.target_config)
@@ -172,6 +181,8 @@ def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> Non
             projection_dim=10,
             batch_size=100,
             steps=2,
+            noise_multiplier=0.0,
+            privacy_unit="attribute",
         )
         (ca, la), (cb, lb) = clients
         sa = ca.open_session(terms, TargetDisclosure(view.scaling, None))

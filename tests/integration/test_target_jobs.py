@@ -31,7 +31,7 @@ def _req(port: int, path: str, body: dict | None = None) -> tuple[int, bytes]:
 
 @pytest.fixture
 def daemons(tmp_path):
-    dep = synthetic_deployment(tmp_path, job={"batch_size": 120, "steps": 4})
+    dep = synthetic_deployment(tmp_path, job={"batch_size": 120, "steps": 4}, attribute_unit=True)
     src = SourceProcess(dep)
     port_file = dep.target_state / "admin_port"
     dep.target_state.mkdir(parents=True, exist_ok=True)

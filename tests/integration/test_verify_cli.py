@@ -20,7 +20,9 @@ from .helpers import synthetic_deployment
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("verify")
-    dep = synthetic_deployment(tmp, job={"batch_size": 100, "steps": 3}, retain=True)
+    dep = synthetic_deployment(
+        tmp, job={"batch_size": 100, "steps": 3}, attribute_unit=True, retain=True
+    )
     from common.cli_service import _write_keys_json
 
     src_cfg = load_source(dep.source_config)

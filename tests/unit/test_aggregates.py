@@ -52,7 +52,8 @@ def test_noise_matches_the_ledger(release: str) -> None:
     f = entry.params["spec"]["features"]
     claimed = f["noise_multiplier"] * f["sensitivity"]
     noise = b.z  # all-zero data and C = 1: every released value is noise in the spec's units
-    assert f["sensitivity"] == pytest.approx(1.0 if release == "prototypes" else np.sqrt(2))
+    # replace-one: a class sum moves by ≤ 2C (r → −r); the class-gaussians block by ≤ √6
+    assert f["sensitivity"] == pytest.approx(2.0 if release == "prototypes" else np.sqrt(6))
     assert std_matches(noise, claimed)
     assert not std_matches(noise, claimed * 0.7)
     assert not std_matches(noise, claimed * 1.3)
@@ -98,4 +99,6 @@ def test_aggregate_points_post_processing() -> None:
 
 def test_aggregates_need_the_record_unit() -> None:
     with pytest.raises(ValueError, match="release"):
-        SessionTerms(dataset="d", epsilon=1, delta=1e-5, release="prototypes")
+        SessionTerms(
+            dataset="d", epsilon=1, delta=1e-5, privacy_unit="attribute", release="prototypes"
+        )

@@ -67,3 +67,15 @@ def test_privacy_utility_writes_table_and_plot(data_dir, tmp_path) -> None:  # n
     assert table[0]["otda"] == table[1]["otda"]
     assert table[1]["dpda"] > table[0]["dpda"]
     assert png.read_bytes()[:8] == PNG
+
+
+@pytest.mark.data
+def test_label_leak_reads_labels_off_attribute_rows(data_dir, tmp_path) -> None:  # noqa: ANN001
+    """The figure the README quotes for what the attribute unit gives away: the nearest noisy
+    row's block gives the record's label far more often than the largest class would."""
+    out = tmp_path / "leak.json"
+    argv = ["bench", "label-leak", "--data-dir", str(data_dir), "--pairs", "W:D"]
+    assert main([*argv, "--epsilons", "8", "--json", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["label_accuracy"] > 3 * run["largest_class"]
+    assert run["epsilon_spent"] <= 8.0

@@ -57,4 +57,35 @@ def test_simulate_terms_error_names_the_field() -> None:
     args = build_parser().parse_args(
         [*argv, "--batch-size", "128", "--steps", "9", "--noise-multiplier", "0"]
     )
+    with pytest.raises(ConfigError, match=r"^batch_size: aggregate releases are whole-dataset"):
+        _terms(args, "office-caltech:C", 1e-3)  # the default unit (record) releases aggregates
+    args = build_parser().parse_args(
+        [*argv, "--batch-size", "128", "--steps", "9", "--noise-multiplier", "0"]
+        + ["--privacy-unit", "attribute"]
+    )
     assert _terms(args, "office-caltech:C", 1e-3).steps == 9
+
+
+def test_deploy_examples_load_with_the_default_policy() -> None:
+    from pathlib import Path
+
+    from common.config import load_source, load_target
+
+    root = Path(__file__).resolve().parents[2] / "deploy"
+    src = load_source(root / "source.example.toml")
+    (ds,) = src.datasets
+    assert ds.policy.units == ("record",) and "rows" not in ds.policy.releases
+    job = load_target(root / "target.example.toml").job
+    assert job.privacy_unit == "record" and job.delta == ds.delta
+
+
+def test_attribute_unit_needs_the_explicit_opt_in() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from common.policy import PrivacyPolicy
+
+    with pytest.raises(ValidationError, match="neither labels nor membership"):
+        PrivacyPolicy(units=("attribute",))
+    ok = PrivacyPolicy(units=("attribute",), attribute_unit_exposes_labels_and_membership=True)
+    assert ok.units == ("attribute",)

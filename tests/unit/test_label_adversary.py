@@ -2,9 +2,9 @@
 
 It knows every record but one, sees the label-sorted noisy rows and the noisy counts, matches the
 released rows to the records it knows, and reads the remaining record's label off the block it
-sits in. The README and the session terms say the attribute unit does not protect labels beyond
-the noisy counts; this test shows that claim is the one that holds: the adversary wins far more
-often than chance.
+sits in. The README, the policy's opt-in key and the session terms say the attribute unit protects
+neither labels nor membership; this test shows that claim is the one that holds: the adversary
+wins far more often than chance.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from common.data.preprocessing import Scaling
 from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
 from common.dp.mechanisms import counts_to_labels
 from common.ot.costs import sq_euclidean
+from common.policy import PrivacyPolicy
 from common.terms import LABEL_CAVEAT, SessionTerms
 from source_party.releases import SourceReleaser, TargetDisclosure
 
@@ -28,9 +29,22 @@ def test_attribute_unit_does_not_hide_labels() -> None:
     for trial in range(trials):
         x = rng.normal(0, 3, size=(n, k))
         y = rng.integers(0, q, size=n)
-        terms = SessionTerms(dataset="d", epsilon=8, delta=1e-5, projection="jl", projection_dim=20)
+        terms = SessionTerms(
+            dataset="d",
+            epsilon=8,
+            delta=1e-5,
+            projection="jl",
+            projection_dim=20,
+            privacy_unit="attribute",
+        )
         ledger = PrivacyLedger(MemoryLedgerStore(), {"d": Budget(8, 1e-5)})
-        rel = SourceReleaser(Domain("d", x, y, q), "d", ledger, np.random.default_rng(trial))
+        rel = SourceReleaser(
+            Domain("d", x, y, q),
+            "d",
+            ledger,
+            np.random.default_rng(trial),
+            policy=PrivacyPolicy.rehearsal("attribute", "rows"),
+        )
         info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(k), np.ones(k))))
         b = rel.release(info.session_id, 0)
         victim = trial % n
@@ -42,4 +56,4 @@ def test_attribute_unit_does_not_hide_labels() -> None:
         guess = counts_to_labels(b.noisy_counts, n)[free]
         wins += int(guess == y[victim])
     assert wins / trials > 0.8  # chance is 1/3: the label is not protected
-    assert "labels are protected only at the level of the noisy class counts" in LABEL_CAVEAT
+    assert "neither labels nor membership" in LABEL_CAVEAT

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from common.data.loaders import Domain
 from common.data.preprocessing import Scaling
+from common.dp.events import RevealedSampledGaussianDpEvent
 from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
 from common.dp.mechanisms import (
     clip_rows,
@@ -16,6 +17,7 @@ from common.dp.mechanisms import (
     jl_matrix,
     projection_sensitivity,
 )
+from common.policy import PrivacyPolicy
 from common.terms import SessionTerms
 from source_party.releases import SourceReleaser, TargetDisclosure
 
@@ -32,12 +34,11 @@ def test_sensitivities(rng: np.random.Generator) -> None:
     m = jl_matrix(30, 5, rng)
     w = np.linalg.norm(m, axis=1).max()
     spec = np.linalg.norm(m, 2)
-    assert projection_sensitivity(m, "attribute", "add-remove", feature_bound=2.0) == pytest.approx(
-        2 * w
-    )
-    assert projection_sensitivity(
-        m, "attribute", "replace-one", feature_bound=2.0
-    ) == pytest.approx(4 * w)
+    # the attribute relation is its own (one feature moves by ≤ b): no relation factor
+    for relation in ("add-remove", "replace-one"):
+        assert projection_sensitivity(m, "attribute", relation, feature_bound=2.0) == pytest.approx(
+            2 * w
+        )
     assert projection_sensitivity(m, "record", "add-remove", clip_norm=3.0) == pytest.approx(3)
     assert projection_sensitivity(m, "record", "replace-one", clip_norm=3.0) == pytest.approx(6)
     assert spec > 0
@@ -81,15 +82,25 @@ def _zero_source(n: int, k: int, q: int) -> Domain:
     return Domain("zeros", np.zeros((n, k)), y.astype(np.int64), q)
 
 
-@pytest.mark.parametrize("unit", ["attribute", "record"])
+def _rehearsal(terms: SessionTerms) -> PrivacyPolicy:
+    return PrivacyPolicy.rehearsal(terms.privacy_unit, terms.release)
+
+
+@pytest.mark.parametrize("unit", ["attribute"])  # record-unit noise: test_aggregates.py
 def test_release_noise_matches_ledger_claim(unit: str) -> None:
     n, k, q, ell = 2000, 40, 4, 10
     src = _zero_source(n, k, q)
     terms = SessionTerms(
-        dataset="z", epsilon=4, delta=1e-5, projection="jl", projection_dim=ell, privacy_unit=unit
+        dataset="z",
+        epsilon=4,
+        delta=1e-5,
+        projection="jl",
+        projection_dim=ell,
+        privacy_unit=unit,
+        release="rows",
     )
     ledger = PrivacyLedger(MemoryLedgerStore(), {"z": Budget(100, 1e-5)})
-    rel = SourceReleaser(src, "z", ledger, np.random.default_rng(1))
+    rel = SourceReleaser(src, "z", ledger, np.random.default_rng(1), policy=_rehearsal(terms))
     info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(k), np.ones(k))))
     batch = rel.release(info.session_id, 0)
     entry = ledger.store.entries()[-1]
@@ -97,8 +108,8 @@ def test_release_noise_matches_ledger_claim(unit: str) -> None:
     claimed = spec["features"]["noise_multiplier"] * spec["features"]["sensitivity"]
     # the ledger's sensitivity is the one the projection implies
     m = info.projection
-    # attribute: max row norm of M; record: the clipping norm (rows clipped after projection)
-    expected_sens = np.linalg.norm(m, axis=1).max() if unit == "attribute" else terms.clip_norm
+    # attribute: b · max row norm of M / std (unit std here); record under replace-one: 2C
+    expected_sens = np.linalg.norm(m, axis=1).max() if unit == "attribute" else 2 * terms.clip_norm
     assert spec["features"]["sensitivity"] == pytest.approx(expected_sens)
     assert std_matches(batch.z, claimed)
     assert not std_matches(batch.z, claimed * 0.7)  # a mechanism with 30% less noise is caught
@@ -110,13 +121,15 @@ def test_histogram_noise_matches_ledger_claim() -> None:
     n, k, q = 24_000, 3, 12_000  # one release, 12,000 noisy counts
     src = _zero_source(n, k, q)
     truth = np.bincount(src.y, minlength=q)
-    terms = SessionTerms(dataset="z", epsilon=2, delta=1e-5, projection="jl", projection_dim=2)
+    terms = SessionTerms(
+        dataset="z", epsilon=4, delta=1e-5, projection="jl", projection_dim=2
+    )  # the default: record unit, prototypes (one noisy count per class)
     ledger = PrivacyLedger(MemoryLedgerStore(), {"z": Budget(10, 1e-5)})
-    rel = SourceReleaser(src, "z", ledger, np.random.default_rng(2))
+    rel = SourceReleaser(src, "z", ledger, np.random.default_rng(2), policy=_rehearsal(terms))
     info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(k), np.ones(k))))
     noise = rel.release(info.session_id, 0).noisy_counts - truth
     a = ledger.store.entries()[-1].params["spec"]["histogram"]["parameter"]
-    assert a == pytest.approx(1.0)  # ε_h = 2 · 0.5, sensitivity 1
+    assert a == pytest.approx(1.0)  # ε_h = 4 · 0.5, L1 sensitivity 2 under replace-one
     claimed = np.sqrt(discrete_laplace_variance(a))
     assert std_matches(noise, claimed)
     assert not std_matches(noise, claimed * 0.7)
@@ -135,9 +148,10 @@ def test_minibatch_sizes_vary_and_noise_matches() -> None:
         batch_size=300,
         steps=20,
         noise_multiplier=0.0,  # calibrated: the smallest σ whose 20 batches spend ε
+        privacy_unit="attribute",
     )
     ledger = PrivacyLedger(MemoryLedgerStore(), {"z": Budget(8, 1e-5)})
-    rel = SourceReleaser(src, "z", ledger, np.random.default_rng(3))
+    rel = SourceReleaser(src, "z", ledger, np.random.default_rng(3), policy=_rehearsal(terms))
     info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(k), np.ones(k))))
     assert info.plan.sampling_rate == pytest.approx(0.1)
     sizes, zs = [], []
@@ -150,7 +164,9 @@ def test_minibatch_sizes_vary_and_noise_matches() -> None:
     spec = info.plan.spec(terms)
     assert std_matches(np.vstack(zs), spec.features.noise_std)
     assert 0.97 * 8 < ledger.spent("z") <= 8  # the calibration spends the budget, no more
-    assert spec.histogram.noise_std == pytest.approx(2.0 * spec.features.noise_multiplier)
+    h = spec.histogram  # uncharged under the attribute relation (labels do not change)
+    assert h.noise_std == pytest.approx(2.0 * spec.features.noise_multiplier * h.sensitivity)
+    assert spec.dp_event() == RevealedSampledGaussianDpEvent(spec.features.noise_multiplier, 0.1)
 
 
 def test_budget_exceeded_before_noise(rng: np.random.Generator) -> None:
@@ -158,7 +174,7 @@ def test_budget_exceeded_before_noise(rng: np.random.Generator) -> None:
     terms = SessionTerms(dataset="z", epsilon=4, delta=1e-5, projection="jl", projection_dim=2)
     ledger = PrivacyLedger(MemoryLedgerStore(), {"z": Budget(5, 1e-5)})
     gen = np.random.default_rng(0)
-    rel = SourceReleaser(src, "z", ledger, gen)
+    rel = SourceReleaser(src, "z", ledger, gen)  # the default policy: record unit, prototypes
     disc = TargetDisclosure(Scaling(np.zeros(5), np.ones(5)))
     info = rel.open_session(terms, disc)
     rel.release(info.session_id, 0)

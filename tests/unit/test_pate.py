@@ -21,9 +21,9 @@ from common.dp.pate import (
     noisy_counts,
     pate_epsilon,
 )
-from common.errors import BudgetExceeded, InvalidInput
+from common.errors import BudgetExceeded, InvalidInput, PolicyRefused
 from common.terms import SessionTerms
-from source_party.releases import SourceReleaser, TargetDisclosure
+from source_party.releases import SourceReleaser, TargetDisclosure, teacher_assignment
 from source_party.teachers import TeacherEnsemble
 
 from .noise_checks import std_matches
@@ -106,12 +106,29 @@ def test_teachers_partition_is_disjoint_and_complete() -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(101, 3))
     y = (x[:, 0] > 0).astype(np.int64)
-    parts = np.array_split(np.random.default_rng(5).permutation(101), 7)
-    ens = TeacherEnsemble(x, y, 7, 2, np.random.default_rng(5))
-    flat = np.concatenate(parts)
-    assert sorted(flat.tolist()) == list(range(101))  # each record in exactly one part
+    parts = teacher_assignment(101, 7, b"k" * 32)
+    assert parts.shape == (101,) and set(parts.tolist()) <= set(range(7))  # one part each
+    ens = TeacherEnsemble(x, y, parts, 7, 2)
     v = ens.votes(x[:10])
     assert v.shape == (10, 2) and np.all(v.sum(axis=1) == 7)  # one vote per teacher
+
+
+def test_one_added_record_moves_exactly_one_teacher() -> None:
+    """Item 8: with array_split(permutation(n), T) adding a record shifted part boundaries and
+    moved two (or more) teachers while the charge assumed one. A keyed hash of the stable record
+    id moves only the added record's teacher."""
+    key = b"\x01" * 32
+    before = teacher_assignment(500, 10, key)
+    after = teacher_assignment(501, 10, key)
+    assert np.array_equal(after[:500], before)  # nobody else moves
+    changed = {int(after[500])}
+    assert len(changed) == 1
+    # the old partition rule, for contrast: one added record moves more than one part
+    perm_n = np.array_split(np.random.default_rng(3).permutation(500), 10)
+    perm_n1 = np.array_split(np.random.default_rng(3).permutation(501), 10)
+    old = {i: t for t, p in enumerate(perm_n) for i in p.tolist()}
+    new = {i: t for t, p in enumerate(perm_n1) for i in p.tolist() if i < 500}
+    assert sum(old[i] != new[i] for i in range(500)) > 1
 
 
 def _releaser(pate_queries: int = 30) -> tuple[SourceReleaser, str, PrivacyLedger]:
@@ -173,8 +190,8 @@ def test_raw_queries_need_the_source_to_opt_in() -> None:
         pate_queries=5,
         pate_space="raw",
     )
-    info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(12), np.ones(12))))
-    with pytest.raises(InvalidInput, match="raw-space"):
-        rel.query_teachers(info.session_id, 0, np.zeros((2, 12)))
+    with pytest.raises(PolicyRefused, match="raw"):
+        rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(12), np.ones(12))))
     rel.allow_raw_queries = True
+    info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(12), np.ones(12))))
     assert rel.query_teachers(info.session_id, 0, np.zeros((2, 12))).shape == (2,)

@@ -40,9 +40,10 @@ def test_same_seed_same_numbers() -> None:
     "kw",
     [
         dict(projection="jl", projection_dim=20),
-        dict(batch_size=100, steps=4),
+        dict(batch_size=100, steps=4, noise_multiplier=0.0, privacy_unit="attribute"),
+        dict(privacy_unit="attribute"),
         dict(privacy_unit="record", clip_norm=5.0),
-        dict(neighbouring="replace-one", calibration="analytic"),
+        dict(release="class-gaussians", calibration="analytic"),
     ],
 )
 def test_pipeline_variants_run_within_budget(kw) -> None:
@@ -54,9 +55,14 @@ def test_pipeline_variants_run_within_budget(kw) -> None:
     assert out.dpda.rows_received > 0
 
 
-def test_minibatch_with_replace_one_is_refused() -> None:
-    with pytest.raises(ValueError, match="batch_size"):
-        _terms(batch_size=64, neighbouring="replace-one")
+def test_record_unit_row_releases_are_refused() -> None:
+    """Item 5: per-row minibatches under the record unit compare "a row" with "no row", and
+    label-sorted rows move across class blocks when a label changes; no bound is claimed for
+    either, so record-unit rows are refused before anything runs (whole batch or minibatch)."""
+    with pytest.raises(ValueError, match="per-row releases are offered under the attribute unit"):
+        _terms(privacy_unit="record", release="rows")
+    with pytest.raises(ValueError, match="per-row releases are offered under the attribute unit"):
+        _terms(batch_size=64, privacy_unit="record", release="rows")
 
 
 def test_cli_privacy_json(capsys) -> None:
@@ -182,7 +188,7 @@ def test_target_batch_with_pate_is_refused_before_any_spend() -> None:
     from target_party.pipeline import run_dpda, target_view
 
     s, t = two_domains(n_source=300, n_target=200)
-    terms = _terms(pate_epsilon=1.0, pate_queries=20)
+    terms = _terms(pate_epsilon=1.0, pate_queries=20, privacy_unit="attribute")
     ledger = PrivacyLedger(MemoryLedgerStore(), {"syn": Budget(4.0, 1 / 720)})
     releaser = SourceReleaser(s, "syn", ledger, make_rng(0))
     with pytest.raises(ConfigError, match="^target_batch:"):
@@ -198,7 +204,7 @@ def test_target_batch_with_pate_is_refused_before_any_spend() -> None:
 
 def test_target_batch_transports_each_release_onto_a_target_subset() -> None:
     s, t = two_domains(n_source=300, n_target=200)
-    terms = _terms(batch_size=100, steps=3)
+    terms = _terms(batch_size=100, steps=3, privacy_unit="attribute")
     full = simulate(s, t, terms, "raw", AdaptConfig(), seed=2, baselines=False).dpda
     sub = simulate(s, t, terms, "raw", AdaptConfig(target_batch=80), seed=2, baselines=False).dpda
     # same releases (same seed, same spend), different post-processing

@@ -1,0 +1,189 @@
+"""The data holder's privacy policy (DESIGN.md §2a): what the source allows, per dataset.
+
+The party whose data it is owns its privacy. Session terms only *ask*; the source's policy, read
+from its own config, decides. A request outside the policy is refused before anything is charged,
+with a message that names the field and the policy's value (both public metadata).
+
+What each knob means, in the source's own units:
+
+* ``units``: the privacy units the source offers. ``record`` (the default) protects a whole record
+  (features and label) under *replace one record*. ``attribute`` protects only a change of one
+  feature of one record by at most ``attribute_bound``, measured in the source's per-row
+  representation (after the per-row transform, before any scaling the target sends). It protects
+  neither labels nor membership: rows are released sorted by label, and knowing only a record's own
+  features an adversary reads its label off the nearest noisy row (measured: 100% at ε = 8 on
+  Office-Caltech C→A). So the attribute unit needs the explicit opt-in
+  ``attribute_unit_exposes_labels_and_membership = true``.
+* ``neighbouring``: ``replace-one`` only. The source discloses exact sizes (``n_rows``; a whole
+  batch has exactly ``ns`` rows), so add/remove neighbours differ visibly in size and the only
+  meaningful neighbours are same-size ones: every record-level release is accounted under
+  replace-one, with its doubled sensitivities.
+* ``releases``: the release kinds offered. Default: the aggregate releases (per-class noisy sums
+  and counts), which protect whole records. ``rows`` (noisy per-row projections) must be listed
+  explicitly.
+* floors: no mechanism runs below ``min_noise_multiplier`` (Gaussian σ per unit of sensitivity),
+  ``min_histogram_parameter`` (discrete-Laplace ``a``; never below the exact sampler's own floor),
+  ``min_pate_sigma`` (GNMax) or above ``max_pate_gamma`` (LNMax).
+* bounds on what the target sends (its column scaling, the clip norm): chosen so that no
+  intermediate of the release can overflow; values outside them are refused, never clamped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .dp.mechanisms import MIN_DISCRETE_LAPLACE_PARAMETER
+
+Unit = Literal["attribute", "record"]
+Release = Literal["rows", "prototypes", "class-gaussians"]
+
+# Bounds on the target's column scaling (its own statistics, sent to the source). With |mean| ≤
+# 1e9 and std ≥ 1e-9 a finite source value stays finite through (x − mean) / std up to ~1e290;
+# the source clamps beyond 1e100 anyway (see ``releases.prepare_features``).
+SCALING_MEAN_MAX = 1e9
+SCALING_STD_RANGE = (1e-9, 1e9)
+
+
+class PrivacyPolicy(BaseModel):
+    """One dataset's policy; frozen, unknown keys rejected. The defaults protect whole records."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    units: tuple[Unit, ...] = Field(default=("record",), min_length=1)
+    attribute_unit_exposes_labels_and_membership: bool = Field(
+        default=False,
+        description="opt-in for the attribute unit: it protects one feature value only, "
+        "neither the record's label nor its membership",
+    )
+    releases: tuple[Release, ...] = Field(default=("prototypes", "class-gaussians"), min_length=1)
+    attribute_bound: float = Field(
+        default=1.0,
+        gt=0,
+        le=1e6,
+        description="attribute unit: the change of one feature of one record it protects, in "
+        "the source's per-row representation",
+    )
+    neighbouring: Literal["replace-one"] = "replace-one"
+    allow_minibatches: bool = True
+    allow_pate: bool = True
+    max_session_epsilon: float | None = Field(default=None, gt=0)
+    min_noise_multiplier: float = Field(default=0.1, gt=0)
+    min_histogram_parameter: float = Field(default=MIN_DISCRETE_LAPLACE_PARAMETER, gt=0)
+    min_pate_sigma: float = Field(default=1.0, gt=0)
+    max_pate_gamma: float = Field(default=10.0, gt=0)
+    clip_norm_range: tuple[float, float] = (1e-6, 1e6)
+
+    @model_validator(mode="after")
+    def _opt_in(self) -> PrivacyPolicy:
+        if "attribute" in self.units and not self.attribute_unit_exposes_labels_and_membership:
+            raise ValueError(
+                "units: 'attribute' protects neither labels nor membership; allow it only with "
+                "attribute_unit_exposes_labels_and_membership = true"
+            )
+        if self.min_histogram_parameter < MIN_DISCRETE_LAPLACE_PARAMETER:
+            raise ValueError(
+                "min_histogram_parameter: below the exact sampler's floor "
+                f"{MIN_DISCRETE_LAPLACE_PARAMETER:g}"
+            )
+        lo, hi = self.clip_norm_range
+        if not (0 < lo <= hi < 1e100):
+            raise ValueError("clip_norm_range: need 0 < low ≤ high < 1e100")
+        return self
+
+    @classmethod
+    def rehearsal(cls, unit: str, release: str, attribute_bound: float = 1.0) -> PrivacyPolicy:
+        """The policy of an in-process rehearsal in which the user plays both parties: it allows
+        what the user asked for (the opt-in is the user's own flag), nothing else."""
+        return cls(
+            units=(unit,),  # type: ignore[arg-type]
+            attribute_unit_exposes_labels_and_membership=unit == "attribute",
+            releases=(release,),  # type: ignore[arg-type]
+            attribute_bound=attribute_bound,
+        )
+
+
+def _refuse(message: str) -> None:
+    from .errors import PolicyRefused
+
+    raise PolicyRefused(message)
+
+
+def check_terms(policy: PrivacyPolicy, terms: Any, *, allow_raw_queries: bool = False) -> None:
+    """Refuse terms outside the policy (before anything is computed or charged).
+
+    ``terms`` is a ``common.terms.SessionTerms``. Every message names the field, the value asked
+    for and what the policy allows: public metadata only.
+    """
+    if terms.privacy_unit not in policy.units:
+        _refuse(
+            f"privacy_unit {terms.privacy_unit!r} is not offered (allowed: "
+            f"{', '.join(policy.units)})"
+        )
+    if terms.neighbouring != policy.neighbouring:
+        _refuse(
+            f"neighbouring {terms.neighbouring!r}: exact sizes are disclosed, so every release "
+            f"is accounted under {policy.neighbouring!r}"
+        )
+    if terms.dpda and terms.release not in policy.releases:
+        _refuse(f"release {terms.release!r} is not offered (allowed: {', '.join(policy.releases)})")
+    if terms.batch_size > 0 and not policy.allow_minibatches:
+        _refuse("batch_size: this source does not offer minibatch releases")
+    if policy.max_session_epsilon is not None and terms.epsilon > policy.max_session_epsilon:
+        _refuse(
+            f"epsilon {terms.epsilon:g} exceeds this source's per-session maximum "
+            f"{policy.max_session_epsilon:g}"
+        )
+    if terms.pate_queries > 0:
+        if not policy.allow_pate:
+            _refuse("pate_queries: this source does not answer PATE queries")
+        if terms.pate_space == "raw" and not allow_raw_queries:
+            _refuse("pate_space 'raw': this source accepts projected queries only")
+    if terms.dpda and terms.batch_size > 0 and terms.noise_multiplier > 0:
+        # checked before any plan is computed: an accountant run at a tiny σ takes minutes
+        floor = policy.min_noise_multiplier
+        if terms.noise_multiplier < floor:
+            _refuse(f"noise_multiplier {terms.noise_multiplier:g} is below the floor {floor:g}")
+        if terms.noise_multiplier * terms.histogram_noise_ratio < floor:
+            _refuse(
+                f"histogram_noise_ratio: the histogram noise multiplier "
+                f"{terms.noise_multiplier * terms.histogram_noise_ratio:.4g} is below the floor "
+                f"{floor:g}"
+            )
+    lo, hi = policy.clip_norm_range
+    if terms.privacy_unit == "record" and not (lo <= terms.clip_norm <= hi):
+        _refuse(f"clip_norm {terms.clip_norm:g} outside the allowed range [{lo:g}, {hi:g}]")
+
+
+def check_plan(policy: PrivacyPolicy, plan: Any, terms: Any) -> None:
+    """Refuse a plan whose mechanisms would run below the policy's floors.
+
+    ``plan`` is a ``common.terms.ReleasePlan``. A floor keeps every sampler where it is exact
+    and every noise level above what the source is willing to release at.
+    """
+    if terms.dpda:
+        if plan.feature_noise_multiplier < policy.min_noise_multiplier:
+            _refuse(
+                f"the feature noise multiplier {plan.feature_noise_multiplier:.4g} is below the "
+                f"floor {policy.min_noise_multiplier:g} (ask for a smaller epsilon)"
+            )
+        if plan.histogram_mechanism == "discrete_laplace":
+            if plan.histogram_parameter < policy.min_histogram_parameter:
+                _refuse(
+                    f"the histogram's discrete-Laplace parameter {plan.histogram_parameter:.4g} "
+                    f"is below the floor {policy.min_histogram_parameter:g} (ask for a larger "
+                    "epsilon or histogram_share)"
+                )
+        elif plan.histogram_parameter < policy.min_noise_multiplier:
+            _refuse(
+                f"the histogram noise multiplier {plan.histogram_parameter:.4g} is below the "
+                f"floor {policy.min_noise_multiplier:g}"
+            )
+    if plan.pate_scale is not None:
+        if terms.pate_aggregator == "gnmax" and plan.pate_scale < policy.min_pate_sigma:
+            _refuse(
+                f"the GNMax σ {plan.pate_scale:.4g} is below the floor {policy.min_pate_sigma:g}"
+            )
+        if terms.pate_aggregator == "lnmax" and plan.pate_scale > policy.max_pate_gamma:
+            _refuse(f"the LNMax γ {plan.pate_scale:.4g} is above the cap {policy.max_pate_gamma:g}")
