@@ -110,7 +110,8 @@ class AuditLog:
         return rec
 
 
-RELEASE_METHODS = {"ReleaseBatches": "gaussian-features+histogram", "QueryTeachers": "pate-votes"}
+# the mechanism family per RPC (the ledger entry's spec says which release: rows or aggregates)
+RELEASE_METHODS = {"ReleaseBatches": "gaussian-features+counts", "QueryTeachers": "pate-votes"}
 
 
 def _release_fields(msg: Any) -> dict[str, Any]:

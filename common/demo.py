@@ -110,7 +110,7 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"  target accuracy with DPDA: {acc_txt:.1f}%")
     print(
         f"  ε spent {data['epsilon_spent']:.3f} of {args.epsilon} at δ={DEMO_DELTA:.3g} "
-        f"(attribute unit, add/remove-one)"
+        f"({data['privacy_unit']} unit, {data['neighbouring']}, {data['release']})"
     )
     if data["mode"] == "service":
         rep = data["audit_report"]

@@ -23,7 +23,7 @@ Conventions
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 
 import dp_accounting
@@ -329,6 +329,25 @@ def sampled_gaussian_epsilon(
     return epsilon_of([event], delta, accountant, pld_interval)
 
 
+def _largest_ok(ok: Callable[[int], bool], cap: int = 10_000_000) -> int:
+    """Largest t ≥ 1 with ``ok(t)`` for a monotone ``ok`` (0 if none), capped at ``cap``:
+    doubling, then bisection with the invariant "ok(lo), not ok(hi)"."""
+    if not ok(1):
+        return 0
+    lo, hi = 1, 2
+    while ok(hi):
+        lo, hi = hi, hi * 2
+        if hi > cap:
+            return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def max_sampled_gaussian_steps(
     sigma: float,
     sampling_rate: float,
@@ -344,20 +363,7 @@ def max_sampled_gaussian_steps(
         e = sampled_gaussian_epsilon(sigma, sampling_rate, t, delta, accountant, pld_interval)
         return e <= epsilon
 
-    if not ok(1):
-        return 0
-    lo, hi = 1, 2
-    while ok(hi):
-        lo, hi = hi, hi * 2
-        if hi > 10_000_000:
-            return lo
-    while hi - lo > 1:  # invariant: ok(lo), not ok(hi)
-        mid = (lo + hi) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return _largest_ok(ok)
 
 
 def sampled_sigma_for_epsilon(
@@ -486,17 +492,4 @@ def max_revealed_steps(
         e = revealed_sampled_epsilon(sigma, sampling_rate, t, delta, pld_interval, accountant)
         return e <= epsilon
 
-    if not ok(1):
-        return 0
-    lo, hi = 1, 2
-    while ok(hi):
-        lo, hi = hi, hi * 2
-        if hi > 10_000_000:
-            return lo
-    while hi - lo > 1:  # invariant: ok(lo), not ok(hi)
-        mid = (lo + hi) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return _largest_ok(ok)

@@ -64,7 +64,7 @@ def test_untouched_state_verifies(finished, capsys) -> None:
     out = capsys.readouterr().out
     assert (
         "3 ledger entries checked: OK" in out
-        and "DP releases of synthetic (gaussian-features+histogram): 3" in out
+        and "DP releases of synthetic (gaussian-features+counts): 3" in out
     )
 
 
@@ -127,4 +127,4 @@ def test_pate_answers_are_audited_and_covered_by_the_ledger(tmp_path, capsys) ->
     assert main(["audit", "report", str(dep.workdir / "source")]) == 0
     out = capsys.readouterr().out
     assert "DP releases of synthetic (pate-votes): 1" in out
-    assert "DP releases of synthetic (gaussian-features+histogram): 1" in out
+    assert "DP releases of synthetic (gaussian-features+counts): 1" in out
