@@ -227,7 +227,7 @@ def _plot_pu(table: list[dict[str, Any]], pairs: list[str], path: str) -> None:
     ax.set_xscale("log")
     ax.set_xticks(eps)
     ax.set_xticklabels([f"{e:g}" for e in eps])
-    ax.set_xlabel("ε (δ = 1/(1.2·ns))")
+    ax.set_xlabel("ε (δ = 1/(10·ns); attribute unit, whole batch)")
     ax.set_ylabel("target accuracy, % (1-NN)")
     ax.set_title(f"privacy–utility, mean over {', '.join(pairs)}")
     ax.grid(alpha=0.3)
