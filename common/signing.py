@@ -15,14 +15,17 @@ def new_key() -> Ed25519PrivateKey:
 
 
 def save_key(key: Ed25519PrivateKey, private_path: Path, public_path: Path) -> None:
-    private_path.write_bytes(
+    """The private key created 0600 (``O_EXCL``: never overwrites), the public key beside it."""
+    from .keyfiles import write_private
+
+    write_private(
+        private_path,
         key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
-        )
+        ),
     )
-    private_path.chmod(0o600)
     public_path.write_bytes(
         key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo

@@ -16,6 +16,7 @@ from cryptography.x509.oid import NameOID
 
 from . import signing
 from .errors import ConfigError
+from .keyfiles import private_dir, write_private
 
 
 def fingerprint(cert_pem: bytes) -> str:
@@ -29,14 +30,14 @@ def _name(cn: str) -> x509.Name:
 
 
 def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
-    path.write_bytes(
+    write_private(
+        path,
         key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
-        )
+        ),
     )
-    path.chmod(0o600)
 
 
 def make_ca(out: Path, cn: str) -> tuple[Path, Path]:
@@ -53,7 +54,7 @@ def make_ca(out: Path, cn: str) -> tuple[Path, Path]:
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .sign(key, hashes.SHA256())
     )
-    out.mkdir(parents=True, exist_ok=True)
+    private_dir(out)
     (out / "ca.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_key(key, out / "ca.key")
     return out / "ca.pem", out / "ca.key"
@@ -87,7 +88,7 @@ def init_party(
     """
     if _inside_git_checkout(out):
         raise ConfigError(f"--out {out}: refusing to write keys inside a git checkout")
-    out.mkdir(parents=True, exist_ok=True)
+    private_dir(out)
     if ca_dir is None:
         ca_pem, ca_key_path = make_ca(out / "ca", f"{org} CA")
     else:

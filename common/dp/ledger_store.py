@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 from ..errors import LedgerCorrupt
+from ..keyfiles import restrict
 from .ledger import LedgerEntry, head_hash
 
 SCHEMA_VERSION = 1
@@ -33,6 +34,7 @@ def connect(path: str | Path) -> sqlite3.Connection:
     """Open (creating if needed) a dpda SQLite file with durable settings."""
     conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
+    restrict(Path(path))  # the ledger, audit log and payloads: readable by this user only
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
     conn.executescript(_SCHEMA)

@@ -91,9 +91,10 @@ def attribute_sensitivity(m: np.ndarray, std: np.ndarray, bound: float) -> float
     feature j moving by b moves the scaled row by b / std_j in coordinate j and the projected
     row by ``b · ‖M_j‖ / std_j``. The maximum over j is the sensitivity of the whole map, so a
     target that sends a tiny std (or a basis concentrated on a low-variance feature) gets
-    proportionally more noise, never a smaller unit of privacy. Elementwise clamping and
-    non-finite-to-zero mapping applied after the scaling are 1-Lipschitz per coordinate or act
-    on values no neighbour pair reaches, so they do not increase it.
+    proportionally more noise, never a smaller unit of privacy. The source clamps the scaled
+    values to ±1e100 (``releases.prepare_features``): a 1-Lipschitz map per coordinate, so the
+    bound still holds, and it keeps every projected value finite (|x·M| ≤ ~1e106), so the
+    non-finite-row mapping before clipping never fires under this unit.
     """
     if not (np.isfinite(bound) and bound > 0):
         raise ValueError("attribute bound must be a finite number > 0")

@@ -53,9 +53,13 @@ def test_valid_but_unlisted_peer_is_denied(server) -> None:
         with pytest.raises(grpc.RpcError) as e:
             _ledger_call(ch)
         assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        # the health check is open to any authenticated TLS client
+        # the unary health check is open to any authenticated TLS client
         h = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert h.status == health_pb2.HealthCheckResponse.SERVING
+        # a Watch stream would hold a server thread: pinned peers only (hardening item 2)
+        with pytest.raises(grpc.RpcError) as w:
+            next(health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=10))
+        assert w.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
 def test_listed_peer_is_accepted(server) -> None:

@@ -1,0 +1,60 @@
+"""Private files on disk: keys and state, created private from the first byte.
+
+The old code wrote keys with ``write_bytes`` (mode 0666 masked by the umask, O_TRUNC on an
+existing file) and ``chmod``-ed afterwards: a file another user had pre-created stayed readable
+by that user, and a fresh key was world-readable until the chmod. Here:
+
+* ``private_dir(path)`` creates the directory with mode 0700, or accepts an existing one only if
+  this user owns it and no other user can write into it (then it is set to 0700);
+* ``write_private(path, data)`` creates the file with ``O_CREAT | O_EXCL`` and mode 0600 in the
+  same system call: it never follows a pre-created file or symlink and never overwrites a key;
+* ``restrict(path)`` sets an existing state file (SQLite database, WAL, shared memory) to 0600.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory only this user can enter (0700); refuses unsafe existing ones."""
+    try:
+        path.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        st = path.lstat()
+        if not stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{path}: exists and is not a directory") from None
+        if st.st_uid != os.geteuid():
+            raise ConfigError(
+                f"{path}: owned by another user; refusing to put keys there"
+            ) from None
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise ConfigError(
+                f"{path}: writable by group or others; refusing to put keys there"
+            ) from None
+    path.chmod(0o700)
+    return path
+
+
+def write_private(path: Path, data: bytes) -> Path:
+    """Create ``path`` with mode 0600 and write ``data``; an existing file is an error."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        raise ConfigError(f"{path}: already exists; refusing to overwrite a key") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+def restrict(path: Path) -> None:
+    """Mode 0600 on an existing state file (and its SQLite -wal / -shm companions)."""
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if p.exists():
+            p.chmod(0o600)
