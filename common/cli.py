@@ -44,35 +44,53 @@ def _cmd_privacy_sigma(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_epsilon(args: argparse.Namespace) -> int:
-    from .dp.accounting import sampled_gaussian_epsilon
+    from .dp.accounting import revealed_sampled_epsilon, sampled_gaussian_epsilon
 
-    _no_replace_sampled(args)
-    eps = sampled_gaussian_epsilon(
-        args.sigma, args.sampling_rate, args.steps, args.delta, args.accountant
-    )
+    if args.relation == "attribute":  # what the ledger charges for attribute-unit minibatches
+        eps = revealed_sampled_epsilon(
+            args.sigma, args.sampling_rate, args.steps, args.delta, accountant=args.accountant
+        )
+    else:
+        _no_replace_sampled(args)
+        eps = sampled_gaussian_epsilon(
+            args.sigma, args.sampling_rate, args.steps, args.delta, args.accountant
+        )
     _emit(
         args,
-        {"epsilon": eps, "accountant": args.accountant},
+        {"epsilon": eps, "accountant": args.accountant, "relation": args.relation},
         f"ε = {eps:.6g} after {args.steps} Poisson-sampled Gaussian releases "
-        f"(σ={args.sigma}, p={args.sampling_rate}, δ={args.delta:g}, {args.accountant})",
+        f"(σ={args.sigma}, p={args.sampling_rate}, δ={args.delta:g}, {args.accountant}, "
+        f"{_RELATION_NOTE[args.relation]})",
     )
     return 0
 
 
 def _cmd_privacy_steps(args: argparse.Namespace) -> int:
-    from .dp.accounting import max_sampled_gaussian_steps
+    from .dp.accounting import max_revealed_steps, max_sampled_gaussian_steps
 
-    _no_replace_sampled(args)
-    steps = max_sampled_gaussian_steps(
-        args.sigma, args.sampling_rate, args.epsilon, args.delta, args.accountant
-    )
+    if args.relation == "attribute":
+        steps = max_revealed_steps(
+            args.sigma, args.sampling_rate, args.epsilon, args.delta, accountant=args.accountant
+        )
+    else:
+        _no_replace_sampled(args)
+        steps = max_sampled_gaussian_steps(
+            args.sigma, args.sampling_rate, args.epsilon, args.delta, args.accountant
+        )
     _emit(
         args,
-        {"steps": steps, "accountant": args.accountant},
+        {"steps": steps, "accountant": args.accountant, "relation": args.relation},
         f"at most {steps} steps keep ε ≤ {args.epsilon} (σ={args.sigma}, "
-        f"p={args.sampling_rate}, δ={args.delta:g}, {args.accountant})",
+        f"p={args.sampling_rate}, δ={args.delta:g}, {args.accountant}, "
+        f"{_RELATION_NOTE[args.relation]})",
     )
     return 0
+
+
+_RELATION_NOTE = {
+    "attribute": "attribute relation: sampling is revealed, it amplifies δ, not ε",
+    "add-remove": "add/remove with amplification: NOT what dpda charges for its minibatches",
+}
 
 
 def _cmd_privacy_pate(args: argparse.Namespace) -> int:
@@ -343,6 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
         )
         q.add_argument("--json", action="store_true", help="print JSON")
     for q in (e, t):
+        q.add_argument(
+            "--relation",
+            choices=["attribute", "add-remove"],
+            default="attribute",
+            help="attribute (default): the exact revealed-sampling charge dpda's attribute-unit "
+            "minibatches get; add-remove: the amplified bound (for comparison only)",
+        )
         q.add_argument("--accountant", choices=["pld", "rdp"], default="pld")
 
     # simulate

@@ -294,3 +294,22 @@ def test_one_thousand_steps_is_fast() -> None:
     elapsed = time.perf_counter() - start
     assert eps == pytest.approx(exact_epsilon(1.0, 0.01, 1000, 1e-5), rel=1e-3)
     assert elapsed < 1.0, f"epsilon_of took {elapsed:.3f}s"
+
+
+def test_planner_predicts_what_the_ledger_charges(capsys) -> None:  # noqa: ANN001
+    """`dpda privacy epsilon` defaults to the charge dpda's attribute-unit minibatches get; the
+    amplified add/remove bound is only shown on request (it under-states that charge)."""
+    import json
+
+    from common.cli import main
+    from common.dp.accounting import revealed_sampled_epsilon
+
+    argv = ["privacy", "epsilon", "--sigma", "1.1", "--sampling-rate", "0.114"]
+    argv += ["--steps", "64", "--delta", "0.000742", "--json"]
+    assert main(argv) == 0
+    revealed = json.loads(capsys.readouterr().out)
+    assert revealed["relation"] == "attribute"
+    assert revealed["epsilon"] == revealed_sampled_epsilon(1.1, 0.114, 64, 0.000742)
+    assert main([*argv, "--relation", "add-remove"]) == 0
+    amplified = json.loads(capsys.readouterr().out)
+    assert amplified["epsilon"] < revealed["epsilon"] / 3
