@@ -36,7 +36,10 @@ class SourceDataset(_Strict):
     delta: float | None = Field(
         default=None, gt=0, lt=1, description="default 1/(10·ns), well below 1/ns"
     )
-    accountant: Literal["pld", "rdp"] = "pld"
+    # The ledger's accountant. RDP was offered and broken (whole-batch releases refused, the
+    # target and `ledger verify` recomputing with PLD): removed until every entry records and is
+    # recomputed with its own accountant.
+    accountant: Literal["pld"] = Field(default="pld", description="the ledger's accountant")
     policy: PrivacyPolicy = Field(
         default_factory=PrivacyPolicy,
         description="what this source allows (DESIGN.md §2a); the default protects whole records",

@@ -85,6 +85,10 @@ BAD_OPEN = {
         scaling_std=serde.to_pb(np.ones(3)),
     ),
     "unknown session to resume": pb.OpenSessionRequest(terms_json=_terms(), session_id="x" * 32),
+    # hardening item 9: on 9ac3bc1 this was charged, then failed with INTERNAL (no payload)
+    "more teachers than records": pb.OpenSessionRequest(
+        terms_json=_terms(dpda=False, pate_epsilon=4.0, pate_queries=5, pate_teachers=601)
+    ),
 }
 
 

@@ -89,3 +89,20 @@ def test_attribute_unit_needs_the_explicit_opt_in() -> None:
         PrivacyPolicy(units=("attribute",))
     ok = PrivacyPolicy(units=("attribute",), attribute_unit_exposes_labels_and_membership=True)
     assert ok.units == ("attribute",)
+
+
+def test_the_broken_rdp_ledger_option_is_gone(tmp_path) -> None:
+    """Hardening item 8: with accountant = "rdp" whole-batch releases were always refused and
+    the target aborted minibatch jobs ("charge differs"); the option is refused now, naming it."""
+    import pytest
+
+    from common.config import load_source
+    from common.errors import ConfigError
+
+    text = (
+        'state_dir = "s"\nsigning_key = "k"\n[tls]\ncert = "c"\nkey = "k"\npeer_ca = "ca"\n'
+        '[[datasets]]\nname = "d"\nkind = "synthetic"\nepsilon = 1.0\naccountant = "rdp"\n'
+    )
+    (tmp_path / "s.toml").write_text(text)
+    with pytest.raises(ConfigError, match=r"datasets\.0\.accountant"):
+        load_source(tmp_path / "s.toml")
