@@ -306,6 +306,15 @@ def epsilon_of(
     return float(acc.get_epsilon(delta))
 
 
+def _check_sampled(sigma: float, sampling_rate: float, steps: int) -> None:
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError("sigma must be a finite number > 0")
+    if not (0 < sampling_rate <= 1):
+        raise ValueError("sampling rate must lie in (0, 1]")
+    if steps < 0:
+        raise ValueError("steps must be ≥ 0")
+
+
 def sampled_gaussian_epsilon(
     sigma: float,
     sampling_rate: float,
@@ -315,12 +324,7 @@ def sampled_gaussian_epsilon(
     pld_interval: float = TABLE_PLD_INTERVAL,
 ) -> float:
     """ε of ``steps`` Poisson-subsampled Gaussian releases (rate p, multiplier σ)."""
-    if sigma <= 0 or not math.isfinite(sigma):
-        raise ValueError("sigma must be a finite number > 0")
-    if not (0 < sampling_rate <= 1):
-        raise ValueError("sampling rate must lie in (0, 1]")
-    if steps < 0:
-        raise ValueError("steps must be ≥ 0")
+    _check_sampled(sigma, sampling_rate, steps)
     if steps == 0:
         return 0.0
     event = dp_event.SelfComposedDpEvent(
@@ -412,12 +416,7 @@ def revealed_sampled_epsilon(
     Upper bound on the ε solving δ = Σ_K Bin(K; T, p)·δ_Gauss(ε; √K/σ) (see
     ``events.RevealedSampledGaussianDpEvent``): pessimistic PLD by default, RDP on request.
     """
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise ValueError("sigma must be a finite number > 0")
-    if not (0 < sampling_rate <= 1):
-        raise ValueError("sampling rate must lie in (0, 1]")
-    if steps < 0:
-        raise ValueError("steps must be ≥ 0")
+    _check_sampled(sigma, sampling_rate, steps)
     if steps == 0:
         return 0.0
     event = dp_event.SelfComposedDpEvent(
