@@ -96,6 +96,8 @@ def test_cli_privacy_json(capsys) -> None:
                 "3",
                 "--delta",
                 str(1 / (1.2 * 4365)),
+                "--relation",
+                "add-remove",  # DESIGN.md §8's reference table is the amplified bound
                 "--json",
             ]
         )
@@ -117,6 +119,8 @@ def test_cli_privacy_json(capsys) -> None:
                 str(1 / (1.2 * 4365)),
                 "--accountant",
                 "rdp",
+                "--relation",
+                "add-remove",
                 "--json",
             ]
         )
@@ -141,6 +145,8 @@ def test_cli_bad_input_names_the_problem(capsys) -> None:
                 "3",
                 "--delta",
                 "1e-5",
+                "--relation",
+                "add-remove",
                 "--neighbouring",
                 "replace-one",
             ]
