@@ -69,6 +69,12 @@ class Metrics:
             ["code"],
             registry=self.registry,
         )
+        self.refusals_unaudited = Counter(
+            "dpda_refusals_unaudited",
+            "refusals of unpinned callers not written to the audit log (one a second is)",
+            ["code"],
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "dpda_rpc_latency_seconds", "gRPC handling time", ["method"], registry=self.registry
         )

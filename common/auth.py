@@ -1,12 +1,32 @@
-"""Deny-by-default authorization: which peer role may call which RPC.
+"""Admission for the source's gRPC server: who may call what, how much, how big, how often.
 
 The peer's identity is the fingerprint of its client certificate (mTLS). A peer listed in the
 source's config has the role ``target``; anything else has no role and may call nothing but the
 unary health ``Check`` (the streaming ``Watch`` is for pinned peers only). ``POLICY`` must name
 every method of the generated servicer (a test ties them).
+
+``AdmissionInterceptor`` is the outermost interceptor. It receives each request as *raw bytes*
+(gRPC's deserializer is replaced) and decides before any parsing:
+
+1. **role** — ``POLICY``; an unauthorized caller is refused before its message is parsed (on
+   9ac3bc1 four 250 MB ``OpenSession`` messages from an unpinned certificate were parsed, then
+   denied, and the source's RSS grew by 1.3 GB);
+2. **size** — each method has its own limit, derived from the real shapes (``method_limits``);
+3. **rate** — a token bucket per pinned peer, and one shared by all unpinned callers;
+4. **concurrency** — in-flight requests per pinned peer and for all unpinned callers together
+   (eight anonymous ``Watch`` streams took all eight workers on 9ac3bc1).
+
+Only then is the message parsed (a malformed one is INVALID_ARGUMENT) and passed on. Every
+refusal is reported to ``on_denied`` (log line, metric, audit record).
 """
 
 from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 SERVICE = "dpda.v1.SourceService"
 
@@ -17,12 +37,14 @@ POLICY: dict[str, frozenset[str]] = {
     f"/{SERVICE}/QueryTeachers": frozenset({"target"}),
     f"/{SERVICE}/Countersign": frozenset({"target"}),
     f"/{SERVICE}/GetLedger": frozenset({"target"}),
+    f"/{SERVICE}/RestoreLedger": frozenset({"target"}),
     f"/{SERVICE}/CloseSession": frozenset({"target"}),
     "/grpc.health.v1.Health/Check": frozenset({"target", "anonymous"}),
     # a Watch stream holds a server thread for as long as the caller likes: pinned peers only
-    # (on 9ac3bc1 eight anonymous Watch streams took all 8 workers and starved the target)
     "/grpc.health.v1.Health/Watch": frozenset({"target"}),
 }
+
+SMALL_MESSAGE = 64 * 1024  # every request without arrays: ids, indexes, signatures, heads
 
 
 def allowed(method: str, role: str | None) -> bool:
@@ -34,13 +56,109 @@ def role_of(fingerprint: str | None, peers: set[str]) -> str | None:
     return "target" if fingerprint is not None and fingerprint in peers else None
 
 
-class AuthInterceptor:
-    """gRPC server interceptor enforcing ``POLICY`` from the client certificate's fingerprint."""
+def method_limits(max_features: int, max_message: int) -> dict[str, int]:
+    """Receive limit per method from the real shapes: ``OpenSession`` carries the scaling (2·k
+    floats) and at most a k × k basis; ``QueryTeachers`` at most ``max_message`` bytes of queries
+    (the target splits larger query sets); ``RestoreLedger`` a peer's copy of ledger entries.
+    Everything else is small."""
+    k = max_features
+    limits = {m: SMALL_MESSAGE for m in POLICY}
+    limits[f"/{SERVICE}/OpenSession"] = min(max_message, SMALL_MESSAGE + 8 * (k * k + 2 * k) + 256)
+    limits[f"/{SERVICE}/QueryTeachers"] = max_message
+    limits[f"/{SERVICE}/RestoreLedger"] = max_message
+    return limits
 
-    def __init__(self, peer_fingerprints: set[str]) -> None:
-        self.peers = set(peer_fingerprints)
 
-    def __new__(cls, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
+@dataclass
+class _Bucket:
+    rate: float
+    burst: float
+    tokens: float = field(init=False)
+    stamp: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.tokens = self.burst
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+@dataclass(frozen=True)
+class Denial:
+    method: str
+    caller: str  # certificate fingerprint, or "anonymous" when none was presented
+    role: str | None
+    code: str  # public catalog code: PERMISSION_DENIED | OVERLOADED | INVALID_ARGUMENT
+    reason: str  # for local logs only
+
+
+class Admission:
+    """The decisions, without gRPC (unit-testable)."""
+
+    def __init__(
+        self,
+        peers: set[str],
+        limits: dict[str, int],
+        *,
+        peer_concurrency: int,
+        anonymous_concurrency: int,
+        peer_rate: float,
+        anonymous_rate: float,
+    ) -> None:
+        self.peers = set(peers)
+        self.limits = dict(limits)
+        self._lock = threading.Lock()
+        self._inflight: dict[str, int] = {}
+        self._buckets: dict[str, _Bucket] = {}
+        self._caps = {"target": peer_concurrency, "anonymous": anonymous_concurrency}
+        self._rates = {"target": peer_rate, "anonymous": anonymous_rate}
+
+    @staticmethod
+    def _key(fingerprint: str | None, role: str | None) -> str:
+        # all unpinned callers share one key: a flood cannot be spread over many certificates
+        return fingerprint if role == "target" and fingerprint else "anonymous"
+
+    def admit(self, method: str, fingerprint: str | None, size: int) -> tuple[str, Denial | None]:
+        """(slot key, None) when admitted — the caller must ``release(key)`` — else a denial."""
+        role = role_of(fingerprint, self.peers)
+        caller = fingerprint or "anonymous"
+        if not allowed(method, role):
+            return "", Denial(method, caller, role, "PERMISSION_DENIED", "no role for method")
+        if size > self.limits.get(method, SMALL_MESSAGE):
+            return "", Denial(method, caller, role, "INVALID_ARGUMENT", f"message of {size} bytes")
+        key = self._key(fingerprint, role)
+        kind = "target" if role == "target" else "anonymous"
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                rate = self._rates[kind]
+                bucket = self._buckets[key] = _Bucket(rate, max(1.0, 2 * rate))
+            if not bucket.take():
+                return "", Denial(method, caller, role, "OVERLOADED", "rate limit")
+            if self._inflight.get(key, 0) >= self._caps[kind]:
+                return "", Denial(method, caller, role, "OVERLOADED", "concurrency limit")
+            self._inflight[key] = self._inflight.get(key, 0) + 1
+        return key, None
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            self._inflight[key] -= 1
+
+
+class AdmissionInterceptor:
+    """gRPC server interceptor: ``Admission`` on raw bytes, then parse, then the inner handler."""
+
+    def __init__(self, admission: Admission, on_denied: Callable[[Denial], None]) -> None:
+        self.admission = admission
+        self.on_denied = on_denied
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> AdmissionInterceptor:
         import grpc
 
         # subclass grpc.ServerInterceptor lazily so this module imports without grpc
@@ -51,37 +169,67 @@ class AuthInterceptor:
     def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001, ANN201
         import grpc
 
+        from .errors import PUBLIC_CATALOG
         from .tls import peer_fingerprint
 
         handler = continuation(handler_call_details)
-        method = handler_call_details.method
         if handler is None:
             return None
-        peers = self.peers
+        method = handler_call_details.method
+        admission, on_denied = self.admission, self.on_denied
+        parse = handler.request_deserializer
+        status = {
+            "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
+            "OVERLOADED": grpc.StatusCode.UNAVAILABLE,
+            "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+        }
 
-        def deny(context) -> None:  # noqa: ANN001
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED: not authorized")
+        def deny(context, d: Denial) -> None:  # noqa: ANN001
+            on_denied(d)
+            context.abort(status[d.code], f"{d.code}: {PUBLIC_CATALOG[d.code]}")
+
+        def enter(raw: bytes, context) -> tuple[str, Any]:  # noqa: ANN001
+            fp = peer_fingerprint(context)
+            key, denial = admission.admit(method, fp, len(raw))
+            if denial is not None:
+                deny(context, denial)
+            try:
+                return key, parse(raw) if parse is not None else raw
+            except Exception:  # noqa: BLE001 - any decode failure is a malformed message
+                admission.release(key)
+                caller = fp or "anonymous"
+                role = role_of(fp, admission.peers)
+                deny(context, Denial(method, caller, role, "INVALID_ARGUMENT", "undecodable"))
+                raise AssertionError("unreachable") from None
 
         if handler.unary_unary:
             inner = handler.unary_unary
 
-            def unary(request, context):  # noqa: ANN001, ANN202
-                if not allowed(method, role_of(peer_fingerprint(context), peers)):
-                    deny(context)
-                return inner(request, context)
+            def unary(raw, context):  # noqa: ANN001, ANN202
+                key, request = enter(raw, context)
+                try:
+                    return inner(request, context)
+                finally:
+                    admission.release(key)
 
             return grpc.unary_unary_rpc_method_handler(
-                unary, handler.request_deserializer, handler.response_serializer
+                unary, None, handler.response_serializer
             )
         if handler.unary_stream:
             inner_s = handler.unary_stream
 
-            def stream(request, context):  # noqa: ANN001, ANN202
-                if not allowed(method, role_of(peer_fingerprint(context), peers)):
-                    deny(context)
-                yield from inner_s(request, context)
+            def stream(raw, context):  # noqa: ANN001, ANN202
+                key, request = enter(raw, context)
+                try:
+                    yield from inner_s(request, context)
+                finally:
+                    admission.release(key)
 
             return grpc.unary_stream_rpc_method_handler(
-                stream, handler.request_deserializer, handler.response_serializer
+                stream, None, handler.response_serializer
             )
-        return handler
+        # no streaming-request methods exist; refuse anything else rather than pass it unchecked
+        def refuse(request_iterator, context):  # noqa: ANN001, ANN202
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "UNIMPLEMENTED")
+
+        return grpc.stream_unary_rpc_method_handler(refuse)

@@ -76,6 +76,39 @@ class AdminConfig(_Strict):
         return self
 
 
+class SourceLimits(_Strict):
+    """Bounded work per caller (issue 12): what one peer, or anyone holding a CA certificate,
+    can make the source do. Requests past a limit get OVERLOADED (gRPC UNAVAILABLE)."""
+
+    workers: int = Field(default=16, ge=2, le=256, description="gRPC handler threads")
+    max_concurrent_rpcs: int = Field(
+        default=64, ge=1, description="in flight at once, all callers (gRPC refuses the rest)"
+    )
+    peer_concurrency: int = Field(
+        default=8, ge=1, description="in flight at once per pinned peer (≤ workers - 2)"
+    )
+    anonymous_concurrency: int = Field(
+        default=1, ge=0, description="in flight at once for all unpinned callers together"
+    )
+    peer_rate: float = Field(default=500.0, gt=0, description="requests/s per pinned peer")
+    anonymous_rate: float = Field(
+        default=5.0, gt=0, description="requests/s for all unpinned callers together"
+    )
+    sessions_per_peer: int = Field(default=32, ge=1, description="open sessions per peer")
+    session_idle_s: float = Field(
+        default=3600.0, gt=0, description="a session unused this long is closed"
+    )
+    plan_seconds: float = Field(
+        default=10.0, gt=0, description="time limit of a session's release plan (calibration)"
+    )
+
+    @model_validator(mode="after")
+    def _fits(self) -> SourceLimits:
+        if self.peer_concurrency > self.workers - 1:
+            raise ValueError("peer_concurrency: must leave a worker free (≤ workers - 1)")
+        return self
+
+
 class SourceConfig(_Strict):
     state_dir: Path
     listen: str = "127.0.0.1:0"
@@ -93,6 +126,7 @@ class SourceConfig(_Strict):
         description="allow a fixed seed (tests only); every ledger entry then records it",
     )
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    limits: SourceLimits = Field(default_factory=SourceLimits)
 
     @model_validator(mode="after")
     def _seed_is_insecure(self) -> SourceConfig:

@@ -10,7 +10,9 @@ Hierarchy::
     ├── BudgetExceeded        a release would exceed a privacy cap (terminal for that cap)
     ├── LedgerCorrupt         the hash chain or a signature does not verify
     ├── PeerMisbehaved        the peer's charge, signature or payload hash is wrong
-    └── SolverFailed          OT returned a non-finite or degenerate plan
+    ├── SolverFailed          OT returned a non-finite or degenerate plan
+    ├── NotAuthorized         the caller's certificate has no role for this method
+    └── Overloaded            the caller exceeded its concurrency, rate or session limits
 
 Peers only ever see ``PUBLIC_CATALOG[code]``: a fixed message. The internal text (which may name
 a field) stays in local logs. The exceptions are ``TermsInvalid`` and ``PolicyRefused``: their
@@ -63,6 +65,17 @@ class SolverFailed(DpdaError):
     code = "SOLVER_FAILED"
 
 
+class NotAuthorized(DpdaError):
+    code = "PERMISSION_DENIED"
+
+
+class Overloaded(DpdaError):
+    """A limit on the caller's work (concurrency, rate, sessions, planning time): retry later.
+    Maps to gRPC UNAVAILABLE so an honest client backs off and retries."""
+
+    code = "OVERLOADED"
+
+
 PUBLIC_CATALOG: dict[str, str] = {
     "INTERNAL": "internal error",
     "CONFIG_INVALID": "configuration is invalid",
@@ -73,6 +86,8 @@ PUBLIC_CATALOG: dict[str, str] = {
     "LEDGER_CORRUPT": "ledger verification failed",
     "PEER_MISBEHAVED": "the peer's response failed verification",
     "SOLVER_FAILED": "the transport solver failed",
+    "PERMISSION_DENIED": "not authorized",
+    "OVERLOADED": "the caller exceeded its limits; retry later",
 }
 
 

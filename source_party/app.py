@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from common import serde, signing
 from common.admin import AdminApp, AdminServer, Metrics
 from common.audit import RELEASE_METHODS, AuditLog, AuditRecord, ServerAuditInterceptor
-from common.auth import AuthInterceptor
+from common.auth import Admission, AdmissionInterceptor, Denial, method_limits
 from common.config import SourceConfig, SourceDataset
 from common.data.loaders import Domain, load_domain, load_table
 from common.data.synthetic import two_domains
@@ -87,6 +88,28 @@ def _observer(metrics: Metrics, ledger: PrivacyLedger):  # noqa: ANN202
     return observe
 
 
+def _on_denied(audit: AuditLog, metrics: Metrics):  # noqa: ANN202
+    """Every refusal at admission: a log line, ``dpda_refusals_total{code}`` and an audit record
+    (direction ``refused``; for unpinned callers at most one record a second, the rest counted
+    in ``dpda_refusals_unaudited_total``, so a flood cannot fill the disk with fsyncs)."""
+    last = {"t": 0.0}
+    lock = threading.Lock()
+
+    def on_denied(d: Denial) -> None:
+        metrics.refusals.labels(d.code).inc()
+        log.warning("refused %s from %s: %s (%s)", d.method, d.caller[:20], d.code, d.reason)
+        if d.role is None:
+            now = time.monotonic()
+            with lock:
+                if now - last["t"] < 1.0:
+                    metrics.refusals_unaudited.labels(d.code).inc()
+                    return
+                last["t"] = now
+        audit.append("refused", d.method, d.caller, b"", request_id=d.code)
+
+    return on_denied
+
+
 def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers) -> RunningSource:
     """Wire the daemon; ``handlers_cls`` lets tests play a misbehaving source."""
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
@@ -125,13 +148,26 @@ def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
         signing.load_private(cfg.signing_key),
         peers,
         cfg.max_batches_per_request,
+        cfg.limits,
     )
     audit = AuditLog(conn, "source", cfg.retain_payloads)
     metrics = Metrics()
+    lim = cfg.limits
+    max_features = max(d.x.shape[1] for d in domains.values())
+    limits = method_limits(max_features, serde.MAX_REQUEST_BYTES)
+    admission = Admission(
+        set(peers),
+        limits,
+        peer_concurrency=lim.peer_concurrency,
+        anonymous_concurrency=lim.anonymous_concurrency,
+        peer_rate=lim.peer_rate,
+        anonymous_rate=lim.anonymous_rate,
+    )
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=8),
+        futures.ThreadPoolExecutor(max_workers=lim.workers),
+        maximum_concurrent_rpcs=lim.max_concurrent_rpcs,
         interceptors=[
-            AuthInterceptor(set(peers)),
+            AdmissionInterceptor(admission, _on_denied(audit, metrics)),
             ServerAuditInterceptor(
                 audit,
                 lambda ctx: peer_fingerprint(ctx) or "anonymous",
@@ -140,7 +176,7 @@ def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
             ),
         ],
         options=[
-            ("grpc.max_receive_message_length", serde.MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", max(limits.values())),
             ("grpc.max_send_message_length", serde.MAX_MESSAGE_BYTES),
         ],
     )

@@ -14,8 +14,10 @@ Release protocol (DESIGN.md §3), source side, for each batch of a ``ReleaseBatc
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,16 +26,24 @@ import numpy as np
 from pydantic import ValidationError
 
 from common import signing
-from common.config import Peer
+from common.config import Peer, SourceLimits
 from common.data.preprocessing import Scaling
 from common.dp.events import event_from_json
 from common.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
-from common.errors import InvalidInput, LedgerCorrupt, PeerMisbehaved, TermsInvalid
+from common.errors import (
+    InvalidInput,
+    LedgerCorrupt,
+    Overloaded,
+    PeerMisbehaved,
+    PolicyRefused,
+    TermsInvalid,
+)
 from common.terms import SessionTerms, terms_error
 
 from .releases import (
     BatchRelease,
     PateAnswer,
+    PreparedSession,
     SessionInfo,
     SourceReleaser,
     TargetDisclosure,
@@ -58,6 +68,12 @@ CREATE TABLE IF NOT EXISTS payloads (
 """
 
 
+def log_restored(dataset: str, seq: int) -> None:
+    logging.getLogger("dpda.source").warning(
+        "ledger %s entry %d restored from the peer's countersigned copy", dataset, seq
+    )
+
+
 @dataclass(frozen=True)
 class SignedRelease:
     release: BatchRelease
@@ -77,6 +93,7 @@ class SourceHandlers:
         signing_key: signing.Ed25519PrivateKey,
         peers: dict[str, Peer],
         max_batches_per_request: int = 1000,
+        limits: SourceLimits | None = None,
     ) -> None:
         self.conn = conn
         self.conn.executescript(_SCHEMA)
@@ -85,9 +102,29 @@ class SourceHandlers:
         self.key = signing_key
         self.peers = peers
         self.max_batches = max_batches_per_request
+        self.limits = limits or SourceLimits()
         self.lock = threading.RLock()  # one release at a time: the charge check must be atomic
+        # plans (calibrations) run outside the lock, a few at a time, each under a time limit
+        self.planning = threading.BoundedSemaphore(max(1, self.limits.workers // 4))
+        self.last_used: dict[str, float] = {}  # session → monotonic time of its last use
 
     # -------------------------------------------------------------------------- sessions
+    def _plan(
+        self,
+        releaser: SourceReleaser,
+        terms: SessionTerms,
+        disclosure: TargetDisclosure,
+        projection: np.ndarray | None = None,
+    ) -> PreparedSession:
+        """Policy checks and the release plan, outside the lock, a few at a time, time-limited
+        (on 9ac3bc1 one 10⁷-step calibration held the lock for 153 s)."""
+        if not self.planning.acquire(blocking=False):
+            raise Overloaded("every planning slot is busy")
+        try:
+            return releaser.prepare(terms, disclosure, projection, self.limits.plan_seconds)
+        finally:
+            self.planning.release()
+
     def open_session(
         self,
         peer: str,
@@ -95,7 +132,11 @@ class SourceHandlers:
         scaling: Scaling | None,
         basis: np.ndarray | None,
         session_id: str = "",
+        target_sig: str = "",
     ) -> tuple[SessionInfo, str, str]:
+        pub = signing.load_public(self.peers[peer].signing_public_key)
+        if not signing.verify(pub, terms_json.encode(), target_sig):
+            raise PeerMisbehaved("the session terms are not signed by the peer's key")
         try:
             terms = SessionTerms.model_validate_json(terms_json)
         except ValidationError as exc:
@@ -103,19 +144,45 @@ class SourceHandlers:
         releaser = self.releasers.get(terms.dataset)
         if releaser is None:
             raise InvalidInput("unknown dataset")
-        with self.lock:
-            if session_id:
-                info = self._load_session(peer, session_id)
-                stored = releaser.session(info.session_id)[0]
-                if stored != terms:
-                    raise InvalidInput("a resumed session must keep its terms")
-            else:
+        if session_id:
+            releaser, info = self._session(peer, session_id)
+            stored = releaser.session(info.session_id)[0]
+            if stored != terms:
+                raise InvalidInput("a resumed session must keep its terms")
+        else:
+            with self.lock:
+                self._expire_idle()
+                self._check_session_limit(peer)
+            prepared = self._plan(releaser, terms, TargetDisclosure(scaling, basis))
+            with self.lock:
+                self._check_session_limit(peer)  # checked again: another open may have won
                 sid = uuid.uuid4().hex
-                info = releaser.open_session(terms, TargetDisclosure(scaling, basis), sid)
+                info = releaser.install(prepared, sid)
                 self._store_session(peer, terms, info, scaling)
+                self.last_used[sid] = time.monotonic()
         plan_json = info.plan.model_dump_json()
         sig = signing.sign(self.key, (terms.model_dump_json() + plan_json).encode())
         return info, plan_json, sig
+
+    def _check_session_limit(self, peer: str) -> None:
+        (n,) = self.conn.execute(
+            "SELECT COUNT(*) FROM sessions WHERE peer=? AND closed=0", (peer,)
+        ).fetchone()
+        cap = self.limits.sessions_per_peer
+        if n >= cap:
+            raise PolicyRefused(f"this peer has {cap} open sessions, the limit: close one first")
+
+    def _expire_idle(self) -> None:
+        """Close sessions unused for ``session_idle_s`` (sessions restored after a restart
+        count from the restart)."""
+        now = time.monotonic()
+        rows = self.conn.execute("SELECT session_id, dataset FROM sessions WHERE closed=0")
+        for sid, ds in rows.fetchall():
+            last = self.last_used.setdefault(sid, now)
+            if now - last > self.limits.session_idle_s:
+                self.conn.execute("UPDATE sessions SET closed=1 WHERE session_id=?", (sid,))
+                self.releasers[ds].close_session(sid)
+                self.last_used.pop(sid, None)
 
     def _store_session(
         self, peer: str, terms: SessionTerms, info: SessionInfo, scaling: Scaling | None
@@ -135,44 +202,41 @@ class SourceHandlers:
             ),
         )
 
-    def _load_session(self, peer: str, session_id: str) -> SessionInfo:
-        row = self.conn.execute(
-            "SELECT peer, dataset, terms_json, projection, proj_shape, scaling_mean, scaling_std,"
-            " closed FROM sessions WHERE session_id=?",
-            (session_id,),
-        ).fetchone()
-        if row is None or row[0] != peer or row[7]:
-            raise InvalidInput("unknown or closed session")
-        releaser = self.releasers[row[1]]
-        try:
-            return releaser.session(session_id)[1]
-        except InvalidInput:
-            pass
+    def _session(self, peer: str, session_id: str) -> tuple[SourceReleaser, SessionInfo]:
+        """The peer's open session; one that is not in memory (after a restart) is rebuilt from
+        its stored terms, projection and disclosure — planned outside the lock."""
+        with self.lock:
+            row = self.conn.execute(
+                "SELECT peer, dataset, terms_json, projection, proj_shape, scaling_mean,"
+                " scaling_std, closed FROM sessions WHERE session_id=?",
+                (session_id,),
+            ).fetchone()
+            if row is None or row[0] != peer or row[7]:
+                raise InvalidInput("unknown or closed session")
+            releaser = self.releasers[row[1]]
+            self.last_used[session_id] = time.monotonic()
+            if releaser.resident(session_id):
+                return releaser, releaser.session(session_id)[1]
         terms = SessionTerms.model_validate_json(row[2])
         m = np.frombuffer(row[3], dtype="<f8").reshape(json.loads(row[4]))
         scaling = None
         if row[5] is not None:
             scaling = Scaling(np.frombuffer(row[5], "<f8"), np.frombuffer(row[6], "<f8"))
-        return releaser.restore_session(session_id, terms, m, TargetDisclosure(scaling, None))
-
-    def _session(self, peer: str, session_id: str) -> tuple[SourceReleaser, SessionInfo]:
-        row = self.conn.execute(
-            "SELECT dataset FROM sessions WHERE session_id=?", (session_id,)
-        ).fetchone()
-        if row is None:
-            raise InvalidInput("unknown or closed session")
-        info = self._load_session(peer, session_id)
-        return self.releasers[row[0]], info
+        prepared = self._plan(releaser, terms, TargetDisclosure(scaling, None), m)
+        with self.lock:
+            if not releaser.resident(session_id):
+                releaser.install(prepared, session_id)
+            return releaser, releaser.session(session_id)[1]
 
     def projection(self, peer: str, session_id: str) -> np.ndarray:
-        with self.lock:
-            return self._session(peer, session_id)[1].projection
+        return self._session(peer, session_id)[1].projection
 
     def close_session(self, peer: str, session_id: str) -> None:
+        releaser, _ = self._session(peer, session_id)
         with self.lock:
-            releaser, _ = self._session(peer, session_id)
             self.conn.execute("UPDATE sessions SET closed=1 WHERE session_id=?", (session_id,))
             releaser.close_session(session_id)
+            self.last_used.pop(session_id, None)
 
     # -------------------------------------------------------------------------- releases
     def release_batches(
@@ -180,19 +244,29 @@ class SourceHandlers:
     ) -> Iterator[SignedRelease]:
         if count < 1 or count > self.max_batches or start < 0:
             raise InvalidInput("batch range out of bounds")
+        releaser, info = self._session(peer, session_id)
+        if start + count > info.plan.steps:
+            raise InvalidInput("batch range out of bounds")
         with self.lock:
-            releaser, info = self._session(peer, session_id)
-            if start + count > info.plan.steps:
-                raise InvalidInput("batch range out of bounds")
             if ledger_head != head_hash(self.ledger.store.entries(releaser.dataset)):
                 raise LedgerCorrupt("ledger heads differ: sync the ledger first")
+        call = {f"{session_id}/{i}" for i in range(start, start + count)}
         for index in range(start, start + count):
             with self.lock:  # charge, draw and store atomically; send outside the lock
-                signed = self._release_one(peer, releaser, session_id, index)
+                signed = self._release_one(peer, releaser, session_id, index, call)
             yield signed
 
+    def _require_countersigned(self, dataset: str, name: str, call: set[str]) -> None:
+        """A new charge waits until the peer has countersigned every earlier release of its own
+        (those of the current call aside): the source never runs ahead of the head the target
+        acknowledged (a target that lost a countersignature re-sends it when it syncs)."""
+        for e in self.ledger.store.entries(dataset):
+            if e.peer == name and e.payload_sha256 and not e.target_sig:
+                if e.request_id not in call:
+                    raise LedgerCorrupt("countersign the earlier releases first: sync the ledger")
+
     def _release_one(
-        self, peer: str, releaser: SourceReleaser, session_id: str, index: int
+        self, peer: str, releaser: SourceReleaser, session_id: str, index: int, call: set[str]
     ) -> SignedRelease:
         rid = f"{session_id}/{index}"
         ds = releaser.dataset
@@ -201,18 +275,24 @@ class SourceHandlers:
             stored = self._stored_payload(ds, existing, releaser, session_id, index)
             if stored is not None:
                 return SignedRelease(stored, self._sign(ds, existing.seq))
+            if existing.source_sig:
+                # signed, so its payload was stored and sent before the source lost it (the
+                # entry came back from the peer's copy): a new draw would be a second release
+                raise LedgerCorrupt("this release was sent before and cannot be sent again")
             # Entry durable but payload never stored: it never left. Draw it now, uncharged.
             rel = releaser.draw(session_id, index, existing)
         else:
+            name = self.peers[peer].name
+            self._require_countersigned(ds, name, call)
             prior_peer = [
                 event_from_json(e.dp_event)
                 for e in self.ledger.store.entries(ds)
-                if e.peer == self.peers[peer].name
+                if e.peer == name
             ]
             rel = releaser.release(
                 session_id,
                 index,
-                peer=self.peers[peer].name,
+                peer=name,
                 extra_caps=[("peer", self.peers[peer].epsilon_cap, prior_peer)],
             )
         self._store_payload(ds, rel, rid)
@@ -266,8 +346,8 @@ class SourceHandlers:
     ) -> tuple[PateAnswer, LedgerEntry]:
         if index < 0:
             raise InvalidInput("query index out of bounds")
+        releaser, _ = self._session(peer, session_id)
         with self.lock:
-            releaser, _ = self._session(peer, session_id)
             releaser.check_queries(session_id, queries)
             ds = releaser.dataset
             entries = self.ledger.store.entries(ds)
@@ -283,11 +363,14 @@ class SourceHandlers:
                 if row is not None:
                     ans = PateAnswer(np.frombuffer(row[0], "<i8"), existing.seq)
                     return ans, self._sign(ds, existing.seq)
+                if existing.source_sig:  # sent before the source lost it: never draw again
+                    raise LedgerCorrupt("this answer was sent before and cannot be sent again")
                 ans = releaser.draw_answer(session_id, queries, existing)
             else:
                 if ledger_head != head_hash(entries):
                     raise LedgerCorrupt("ledger heads differ: sync the ledger first")
                 name = self.peers[peer].name
+                self._require_countersigned(ds, name, set())
                 prior = [event_from_json(e.dp_event) for e in entries if e.peer == name]
                 ans = releaser.answer(
                     session_id,
@@ -313,9 +396,52 @@ class SourceHandlers:
                 raise PeerMisbehaved("countersignature does not verify")
             self.ledger.store.update_signatures(dataset, seq, "", "", target_sig)
 
-    def ledger_entries(self, peer: str, dataset: str, since: int) -> list[str]:
+    def ledger_entries(
+        self, peer: str, dataset: str, since: int
+    ) -> tuple[list[str], int, str, list[int]]:
+        """(entries from ``since``, the source's length and head, and the seqs of the peer's own
+        releases it has not countersigned yet — so that a target that lost a countersignature
+        can send it again)."""
         if dataset not in self.releasers:
             raise InvalidInput("unknown dataset")
         if since < 0:
             raise InvalidInput("sequence number out of bounds")
-        return [e.to_json() for e in self.ledger.store.entries(dataset)[since:]]
+        with self.lock:
+            entries = self.ledger.store.entries(dataset)
+        name = self.peers[peer].name
+        pending = [
+            e.seq for e in entries if e.peer == name and e.payload_sha256 and not e.target_sig
+        ]
+        return [e.to_json() for e in entries[since:]], len(entries), head_hash(entries), pending
+
+    def restore_ledger(self, peer: str, dataset: str, entries_json: list[str]) -> tuple[int, str]:
+        """Take back entries this source lost (a truncated tail, a lost WAL) from the peer's
+        copy: each must link to our head, carry our own signature and the peer's
+        countersignature, and be the peer's own. Nothing is charged or released again; a retried
+        request for a restored entry whose payload is gone is refused (it left once)."""
+        if dataset not in self.releasers:
+            raise InvalidInput("unknown dataset")
+        name = self.peers[peer].name
+        peer_pub = signing.load_public(self.peers[peer].signing_public_key)
+        own_pub = self.key.public_key()
+        with self.lock:
+            for text in entries_json:
+                try:
+                    entry = LedgerEntry.from_json(text)
+                except (ValueError, TypeError):
+                    raise InvalidInput("a restored entry does not parse") from None
+                msg = entry.signed_message()
+                if entry.dataset != dataset or entry.peer != name:
+                    raise PeerMisbehaved("a restored entry is not this peer's")
+                if not (
+                    signing.verify(own_pub, msg, entry.source_sig)
+                    and signing.verify(peer_pub, msg, entry.target_sig)
+                ):
+                    raise PeerMisbehaved("a restored entry is not signed by both parties")
+                mine = self.ledger.store.entries(dataset)
+                if entry.seq < len(mine) and mine[entry.seq].entry_hash() == entry.entry_hash():
+                    continue  # already there
+                self.ledger.store.append(entry)  # LedgerCorrupt unless it links to our head
+                log_restored(dataset, entry.seq)
+            entries = self.ledger.store.entries(dataset)
+        return len(entries), head_hash(entries)

@@ -19,6 +19,7 @@ import numpy as np
 
 from common.data.loaders import Domain
 from common.data.preprocessing import Scaling, per_row
+from common.dp.accounting import CalibrationTimeout, time_limit
 from common.dp.events import BatchSpec, event_from_json
 from common.dp.ledger import LedgerEntry, PrivacyLedger
 from common.dp.mechanisms import (
@@ -65,6 +66,17 @@ class SessionInfo:
 
 
 @dataclass(frozen=True)
+class PreparedSession:
+    """A session checked and planned, not yet live: what ``SourceReleaser.install`` needs."""
+
+    terms: SessionTerms
+    scaling: Scaling | None
+    projection: np.ndarray
+    plan: ReleasePlan
+    bound: dict[str, Any]  # what its charges depend on (recorded in every entry)
+
+
+@dataclass(frozen=True)
 class BatchRelease:
     index: int
     z: np.ndarray  # (n_b, ℓ) noisy projected rows, label-sorted blocks
@@ -103,6 +115,9 @@ def queries_digest(queries: np.ndarray) -> str:
 # clamp is 1-Lipschitz per coordinate (so no sensitivity grows) and keeps every later product
 # finite (ℓ, k ≤ 1e5 and |M| ≤ ~1 give |x·M| ≤ ~1e106).
 CLAMP = 1e100
+
+# distinct target scalings whose prepared features are kept (each is one n × k float64 copy)
+FEATURE_CACHE = 4
 
 
 def check_scaling(scaling: Scaling | None, n_features: int) -> None:
@@ -184,15 +199,28 @@ class SourceReleaser:
         self.representation = representation
         self.policy = policy if policy is not None else PrivacyPolicy()
         self.insecure_seed = insecure_seed
-        self._sessions: dict[str, tuple[SessionTerms, SessionInfo, np.ndarray]] = {}
+        self._sessions: dict[str, tuple[SessionTerms, SessionInfo, Scaling | None]] = {}
+        self._features: dict[str, np.ndarray] = {}  # scaling digest → prepared features (LRU)
         self._bound: dict[str, dict[str, Any]] = {}  # session → what its charges depend on
         self._noise: dict[str, np.random.Generator] = {}  # session → its own noise stream
 
     def open_session(
         self, terms: SessionTerms, disclosure: TargetDisclosure, session_id: str | None = None
     ) -> SessionInfo:
-        """Check the terms against the policy and the target's inputs against their bounds,
-        compute the plan and its floors: all before anything is charged or drawn."""
+        """Check, plan and install a session (``prepare`` then ``install``)."""
+        return self.install(self.prepare(terms, disclosure), session_id or uuid.uuid4().hex)
+
+    def prepare(
+        self,
+        terms: SessionTerms,
+        disclosure: TargetDisclosure,
+        projection: np.ndarray | None = None,
+        plan_seconds: float | None = None,
+    ) -> PreparedSession:
+        """Check the terms against the policy and the target's inputs against their bounds and
+        compute the plan and its floors: all before anything is charged or drawn, and with no
+        side effect (the daemon runs this outside its lock, under a time limit). ``projection``
+        restores a stored session's matrix instead of drawing a new one."""
         if terms.dataset != self.dataset:
             raise InvalidInput("unknown dataset")
         budget = self.ledger.budgets.get(self.dataset)
@@ -207,7 +235,9 @@ class SourceReleaser:
         if terms.pate_queries > 0 and terms.pate_teachers > n:
             raise PolicyRefused(f"pate_teachers {terms.pate_teachers} exceeds the {n} records")
         check_scaling(disclosure.scaling, k)
-        if terms.projection == "target-pca":
+        if projection is not None:
+            m = projection
+        elif terms.projection == "target-pca":
             if disclosure.basis is None:
                 raise InvalidInput("target-pca needs the target's basis")
             basis = np.asarray(disclosure.basis, dtype=np.float64)
@@ -222,31 +252,23 @@ class SourceReleaser:
             if terms.projection_dim > k:
                 raise InvalidInput("projection_dim exceeds the number of features")
             m = jl_matrix(k, terms.projection_dim, self.public)
-        return self._install(terms, m, disclosure, session_id or uuid.uuid4().hex)
-
-    def _install(
-        self, terms: SessionTerms, m: np.ndarray, disclosure: TargetDisclosure, sid: str
-    ) -> SessionInfo:
         std = None if disclosure.scaling is None else disclosure.scaling.std
         try:
-            plan = plan_batches(
-                terms,
-                self.domain.x.shape[0],
-                m,
-                attribute_bound=self.policy.attribute_bound,
-                scaling_std=std,
-            )
+            with time_limit(plan_seconds):
+                plan = plan_batches(
+                    terms, n, m, attribute_bound=self.policy.attribute_bound, scaling_std=std
+                )
+        except CalibrationTimeout:
+            raise PolicyRefused(
+                f"the release plan takes longer than {plan_seconds:g} s to compute: ask for "
+                "fewer steps or queries, or a larger batch"
+            ) from None
         except PlanRefused as exc:
             raise PolicyRefused(str(exc)) from None
         except ValueError:  # from a library: its text is not public
             raise InvalidInput("no release plan can be computed for these terms") from None
         check_plan(self.policy, plan, terms)
-        x = prepare_features(self.domain.x, self.representation, disclosure.scaling)
-        info = SessionInfo(sid, x.shape[0], x.shape[1], self.domain.n_classes, m, plan)
-        self._sessions[sid] = (terms, info, x)
-        # a fresh CSPRNG stream per session; a seeded (testing) releaser keeps its one stream
-        self._noise[sid] = secure_rng() if is_cryptographic(self.rng) else self.rng
-        self._bound[sid] = {
+        bound = {
             "sensitivity": plan.feature_sensitivity,
             "attribute_bound": plan.attribute_bound,
             "projection_sha256": digest(m),
@@ -256,7 +278,33 @@ class SourceReleaser:
             "scaling_std_sha256": digest(std),
             **({"insecure_seed": True} if self.insecure_seed else {}),
         }
+        return PreparedSession(terms, disclosure.scaling, m, plan, bound)
+
+    def install(self, prepared: PreparedSession, sid: str) -> SessionInfo:
+        """Make a prepared session live. The features are prepared lazily, on the first draw,
+        and shared by every session with the same scaling (``_features``)."""
+        k = self.domain.x.shape[1]
+        n = self.domain.x.shape[0]
+        info = SessionInfo(sid, n, k, self.domain.n_classes, prepared.projection, prepared.plan)
+        self._sessions[sid] = (prepared.terms, info, prepared.scaling)
+        # a fresh CSPRNG stream per session; a seeded (testing) releaser keeps its one stream
+        self._noise[sid] = secure_rng() if is_cryptographic(self.rng) else self.rng
+        self._bound[sid] = prepared.bound
         return info
+
+    def features(self, session_id: str) -> np.ndarray:
+        """The session's prepared features (per-row map, the target's scaling, clamp): one
+        read-only copy per distinct scaling, at most ``FEATURE_CACHE`` of them kept."""
+        scaling = self._sessions[session_id][2]
+        key = "" if scaling is None else digest(scaling.mean) + digest(scaling.std)
+        x = self._features.pop(key, None)
+        if x is None:
+            x = prepare_features(self.domain.x, self.representation, scaling)
+            x.setflags(write=False)
+        self._features[key] = x  # most recently used last
+        while len(self._features) > FEATURE_CACHE:
+            self._features.pop(next(iter(self._features)))
+        return x
 
     def session(self, session_id: str) -> tuple[SessionTerms, SessionInfo]:
         try:
@@ -264,6 +312,9 @@ class SourceReleaser:
         except KeyError:
             raise InvalidInput("unknown or closed session") from None
         return terms, info
+
+    def resident(self, session_id: str) -> bool:
+        return session_id in self._sessions
 
     def restore_session(
         self,
@@ -274,9 +325,7 @@ class SourceReleaser:
     ) -> SessionInfo:
         """Rebuild a session after a restart from its stored terms, projection and disclosure
         (the same policy checks and floors apply)."""
-        check_terms(self.policy, terms, allow_raw_queries=self.allow_raw_queries)
-        check_scaling(disclosure.scaling, self.domain.x.shape[1])
-        return self._install(terms, projection, disclosure, session_id)
+        return self.install(self.prepare(terms, disclosure, projection), session_id)
 
     def release(
         self,
@@ -320,7 +369,7 @@ class SourceReleaser:
     def draw(self, session_id: str, index: int, entry: LedgerEntry) -> BatchRelease:
         """Sample and add noise for an entry that is already durably in the ledger."""
         terms, info = self.session(session_id)
-        x = self._sessions[session_id][2]
+        x = self.features(session_id)
         rel = self._draw(x, info.plan.spec(terms), info, index, entry)
         self.ledger.store.update_signatures(self.dataset, entry.seq, rel.sha256(), "", "")
         return rel
@@ -390,7 +439,7 @@ class SourceReleaser:
         terms, info = self.session(session_id)
         ens = self._ensembles.get(session_id)
         if ens is None:
-            x = self._sessions[session_id][2]
+            x = self.features(session_id)
             feats = x @ info.projection if terms.pate_space == "projected" else x
             # the hash key comes from the session's noise stream: a CSPRNG in the daemon,
             # reproducible under an insecure testing seed (so service = simulate)

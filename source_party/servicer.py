@@ -28,6 +28,8 @@ STATUS = {
     "PEER_MISBEHAVED": grpc.StatusCode.PERMISSION_DENIED,
     "CONFIG_INVALID": grpc.StatusCode.FAILED_PRECONDITION,
     "SOLVER_FAILED": grpc.StatusCode.INTERNAL,
+    "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
+    "OVERLOADED": grpc.StatusCode.UNAVAILABLE,
     "INTERNAL": grpc.StatusCode.INTERNAL,
 }
 
@@ -77,7 +79,12 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
             serde.from_pb(request.basis, dtype="<f8", ndim=2) if request.HasField("basis") else None
         )
         info, plan_json, sig = self.h.open_session(
-            self._peer(context), request.terms_json, scaling, basis, request.session_id
+            self._peer(context),
+            request.terms_json,
+            scaling,
+            basis,
+            request.session_id,
+            request.target_sig,
         )
         return pb.OpenSessionResponse(
             session_id=info.session_id,
@@ -139,8 +146,21 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
 
     @_guard
     def GetLedger(self, request: pb.GetLedgerRequest, context: Any) -> pb.GetLedgerResponse:
-        entries = self.h.ledger_entries(self._peer(context), request.dataset, request.since_seq)
-        return pb.GetLedgerResponse(entries_json=entries)
+        entries, length, head, pending = self.h.ledger_entries(
+            self._peer(context), request.dataset, request.since_seq
+        )
+        return pb.GetLedgerResponse(
+            entries_json=entries, length=length, head=head, uncountersigned=pending
+        )
+
+    @_guard
+    def RestoreLedger(
+        self, request: pb.RestoreLedgerRequest, context: Any
+    ) -> pb.RestoreLedgerResponse:
+        length, head = self.h.restore_ledger(
+            self._peer(context), request.dataset, list(request.entries_json)
+        )
+        return pb.RestoreLedgerResponse(length=length, head=head)
 
     @_guard
     def CloseSession(

@@ -116,16 +116,25 @@ class GrpcReleaseSource:
 
     # ------------------------------------------------------------------------ ledger sync
     def sync_ledger(self) -> None:
+        """Bring the two copies of the dataset's ledger together, verifying what arrives.
+
+        * the source's new entries are checked (its signature, the chain, the charge) and
+          appended here;
+        * if the source has *fewer* entries than we hold (it lost a tail: a truncated file, a
+          lost WAL), our copy (signed by it, countersigned by us) is sent back
+          (``RestoreLedger``) after checking that its head is a prefix of ours; nothing is
+          released or charged again;
+        * our own releases the source holds without our countersignature (a ``Countersign``
+          lost in a crash) are countersigned again, so the source may release the next one.
+        """
         mine = self.ledger.store.entries(self.dataset)
-        try:
-            resp = self.stub.GetLedger(
-                pb.GetLedgerRequest(dataset=self.dataset, since_seq=len(mine)),
-                timeout=self.cfg.timeout_s,
-            )
-        except grpc.RpcError as exc:
-            raise _translate(exc) from None
+        resp = self._get_ledger(len(mine))
+        if resp.length < len(mine):
+            self._restore_source_tail(mine, int(resp.length), resp.head)
+            resp = self._get_ledger(len(mine))
         entries = [LedgerEntry.from_json(text) for text in resp.entries_json]
         for entry in entries:
+            # an unsigned entry was charged and never sent (the source stopped before signing)
             if entry.source_sig and not signing.verify(
                 self.source_pub, entry.signed_message(), entry.source_sig
             ):
@@ -138,6 +147,56 @@ class GrpcReleaseSource:
                 raise PeerMisbehaved("the synced ledger's spend does not recompute")
         for entry in entries:
             self.ledger.store.append(entry)  # raises LedgerCorrupt if the chain does not link
+        held = self.ledger.store.entries(self.dataset)
+        if head_hash(held) != resp.head:
+            raise PeerMisbehaved("the source's ledger head differs from its own entries")
+        for seq in resp.uncountersigned:
+            if not (0 <= seq < len(held)):
+                raise PeerMisbehaved("the source names a ledger entry it does not have")
+            self._countersign(held[seq])
+
+    def _get_ledger(self, since: int) -> pb.GetLedgerResponse:
+        try:
+            return self.stub.GetLedger(
+                pb.GetLedgerRequest(dataset=self.dataset, since_seq=since),
+                timeout=self.cfg.timeout_s,
+            )
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+
+    def _restore_source_tail(self, mine: list[LedgerEntry], length: int, head: str) -> None:
+        if head != head_hash(mine[:length]):
+            raise PeerMisbehaved("the source's ledger is not a prefix of the target's copy")
+        tail = mine[length:]
+        if any(not (e.source_sig and e.target_sig) for e in tail):
+            raise LedgerCorrupt("the source lost entries this target never countersigned")
+        log.warning(
+            "the source lost %d ledger entries of %s: sending back our countersigned copy",
+            len(tail),
+            self.dataset,
+        )
+        req = pb.RestoreLedgerRequest(
+            dataset=self.dataset, entries_json=[e.to_json() for e in tail]
+        )
+        try:
+            self.stub.RestoreLedger(req, timeout=self.cfg.timeout_s)
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+
+    def _countersign(self, entry: LedgerEntry) -> None:
+        """Sign the entry as we hold it (its charge was verified when it was appended here)
+        and send the signature."""
+        target_sig = signing.sign(self.key, entry.signed_message())
+        self.ledger.store.update_signatures(
+            self.dataset, entry.seq, entry.payload_sha256, entry.source_sig, target_sig
+        )
+        try:
+            self.stub.Countersign(
+                pb.CountersignRequest(dataset=self.dataset, seq=entry.seq, target_sig=target_sig),
+                timeout=self.cfg.timeout_s,
+            )
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
 
     # -------------------------------------------------------------------------- sessions
     def _saved_session(self, terms: SessionTerms) -> str:
@@ -294,17 +353,7 @@ class GrpcReleaseSource:
             if abs(expected - entry.spend_after) > 1e-9:
                 raise PeerMisbehaved("the charge differs from the target's recomputation")
             self.ledger.store.append(entry)
-        target_sig = signing.sign(self.key, entry.signed_message())
-        self.ledger.store.update_signatures(
-            self.dataset, entry.seq, entry.payload_sha256, entry.source_sig, target_sig
-        )
-        try:
-            self.stub.Countersign(
-                pb.CountersignRequest(dataset=self.dataset, seq=entry.seq, target_sig=target_sig),
-                timeout=self.cfg.timeout_s,
-            )
-        except grpc.RpcError as exc:
-            raise _translate(exc) from None
+        self._countersign(entry)
 
     def _accept(
         self,

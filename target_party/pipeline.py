@@ -237,6 +237,19 @@ def _acc(pred: np.ndarray, view: TargetView) -> float | None:
     return accuracy(pred, view.labels) if view.labels is not None else None
 
 
+def _ask_teachers(source: ReleaseSource, session_id: str, queries: np.ndarray) -> np.ndarray:
+    """PATE labels for ``queries``, asked in chunks that fit the source's request limit (one
+    request id per chunk; each chunk is charged for its own queries)."""
+    from common.serde import MAX_REQUEST_BYTES
+
+    rows = max(1, (MAX_REQUEST_BYTES // 2) // (8 * max(1, queries.shape[1])))
+    parts = [
+        source.query_teachers(session_id, j, queries[start : start + rows])
+        for j, start in enumerate(range(0, queries.shape[0], rows))
+    ]
+    return np.concatenate(parts)
+
+
 def run_dpda(
     source: ReleaseSource,
     view: TargetView,
@@ -307,7 +320,7 @@ def run_dpda(
         else:
             idx = np.random.default_rng(cfg.seed).choice(view.x.shape[0], n_q, replace=False)
             queries = space[idx]
-        labels = source.query_teachers(info.session_id, 0, np.ascontiguousarray(queries))
+        labels = _ask_teachers(source, info.session_id, np.ascontiguousarray(queries))
         known = view.known.copy()
         if fits and cfg.pate_agree:
             plan_class = np.argmax(sum(f.class_mass for f in fits), axis=0)[idx]

@@ -23,7 +23,10 @@ Conventions
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from enum import StrEnum
 
 import dp_accounting
@@ -278,6 +281,32 @@ def make_accountant(
     return _RdpAccountant()
 
 
+class CalibrationTimeout(Exception):
+    """A calibration ran past the time limit set with ``time_limit``."""
+
+
+_deadline = threading.local()
+
+
+@contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Bound the accounting work done in this thread: every ``epsilon_of`` evaluation past the
+    deadline raises ``CalibrationTimeout`` (calibrations are loops of such evaluations). The
+    source plans a peer's session under this limit, outside any lock."""
+    previous = getattr(_deadline, "at", None)
+    _deadline.at = None if seconds is None else time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _deadline.at = previous
+
+
+def _tick() -> None:
+    at = getattr(_deadline, "at", None)
+    if at is not None and time.monotonic() > at:
+        raise CalibrationTimeout("accounting time limit reached")
+
+
 def epsilon_of(
     events: Sequence[dp_event.DpEvent],
     delta: float,
@@ -287,6 +316,7 @@ def epsilon_of(
     """ε at ``delta`` of the composition of ``events`` (add-or-remove-one accounting)."""
     if not (0 < delta < 1):
         raise ValueError("delta must lie strictly between 0 and 1")
+    _tick()
     acc_kind = Accountant(accountant)
     if not events:
         return 0.0

@@ -372,20 +372,83 @@ class GetLedgerResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENTRIES_JSON_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    HEAD_FIELD_NUMBER: _builtins.int
+    UNCOUNTERSIGNED_FIELD_NUMBER: _builtins.int
+    length: _builtins.int
+    """the source's number of entries for the dataset"""
+    head: _builtins.str
+    """hash of the source's last entry (its head)"""
+    @_builtins.property
+    def entries_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def uncountersigned(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """the caller's own releases still lacking its countersignature"""
+
+    def __init__(
+        self,
+        *,
+        entries_json: _abc.Iterable[_builtins.str] | None = ...,
+        length: _builtins.int = ...,
+        head: _builtins.str = ...,
+        uncountersigned: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries_json", b"entries_json", "head", b"head", "length", b"length", "uncountersigned", b"uncountersigned"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLedgerResponse: _TypeAlias = GetLedgerResponse  # noqa: Y015
+
+@_typing.final
+class RestoreLedgerRequest(_message.Message):
+    """The target's copy of entries the source lost (a truncated tail, a lost WAL): each must carry
+    the source's own signature and the target's countersignature and link to the source's head.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: _builtins.int
+    ENTRIES_JSON_FIELD_NUMBER: _builtins.int
+    dataset: _builtins.str
     @_builtins.property
     def entries_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
+        dataset: _builtins.str = ...,
         entries_json: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries_json", b"entries_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "entries_json", b"entries_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___GetLedgerResponse: _TypeAlias = GetLedgerResponse  # noqa: Y015
+Global___RestoreLedgerRequest: _TypeAlias = RestoreLedgerRequest  # noqa: Y015
+
+@_typing.final
+class RestoreLedgerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LENGTH_FIELD_NUMBER: _builtins.int
+    HEAD_FIELD_NUMBER: _builtins.int
+    length: _builtins.int
+    head: _builtins.str
+    def __init__(
+        self,
+        *,
+        length: _builtins.int = ...,
+        head: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head", b"head", "length", b"length"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreLedgerResponse: _TypeAlias = RestoreLedgerResponse  # noqa: Y015
 
 @_typing.final
 class CloseSessionRequest(_message.Message):

@@ -64,6 +64,11 @@ class SourceServiceStub:
                 request_serializer=common_dot_pb_dot_dpda__pb2.GetLedgerRequest.SerializeToString,
                 response_deserializer=common_dot_pb_dot_dpda__pb2.GetLedgerResponse.FromString,
                 _registered_method=True)
+        self.RestoreLedger = channel.unary_unary(
+                '/dpda.v1.SourceService/RestoreLedger',
+                request_serializer=common_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.FromString,
+                _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/dpda.v1.SourceService/CloseSession',
                 request_serializer=common_dot_pb_dot_dpda__pb2.CloseSessionRequest.SerializeToString,
@@ -110,6 +115,12 @@ class SourceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RestoreLedger(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CloseSession(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -148,6 +159,11 @@ def add_SourceServiceServicer_to_server(servicer, server):
                     servicer.GetLedger,
                     request_deserializer=common_dot_pb_dot_dpda__pb2.GetLedgerRequest.FromString,
                     response_serializer=common_dot_pb_dot_dpda__pb2.GetLedgerResponse.SerializeToString,
+            ),
+            'RestoreLedger': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreLedger,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
@@ -317,6 +333,33 @@ class SourceService:
             '/dpda.v1.SourceService/GetLedger',
             common_dot_pb_dot_dpda__pb2.GetLedgerRequest.SerializeToString,
             common_dot_pb_dot_dpda__pb2.GetLedgerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreLedger(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpda.v1.SourceService/RestoreLedger',
+            common_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.FromString,
             options,
             channel_credentials,
             insecure,

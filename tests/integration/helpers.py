@@ -60,3 +60,24 @@ def synthetic_deployment(
         peer_cap=peer_cap,
         target_budget=target_budget,
     )
+
+
+class SignedStub:
+    """A raw source stub that signs its ``OpenSession`` terms with the target's key, as a real
+    target does (the source refuses unsigned terms); everything else passes through."""
+
+    def __init__(self, stub: Any, dep: Deployment) -> None:
+        from common import signing
+
+        self._stub = stub
+        self._key = signing.load_private(dep.target_keys.signing_key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stub, name)
+
+    def OpenSession(self, request: Any, **kw: Any) -> Any:  # noqa: N802 - the RPC's name
+        from common import signing
+
+        if not request.target_sig:
+            request.target_sig = signing.sign(self._key, request.terms_json.encode())
+        return self._stub.OpenSession(request, **kw)

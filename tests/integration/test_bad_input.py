@@ -15,7 +15,7 @@ from common.terms import SessionTerms
 from common.tls import channel_credentials
 from source_party.app import run_server
 
-from .helpers import DELTA, synthetic_deployment
+from .helpers import DELTA, SignedStub, synthetic_deployment
 
 K = 40  # features of the synthetic source
 
@@ -28,7 +28,7 @@ def peer(tmp_path_factory):
         with grpc.secure_channel(
             f"127.0.0.1:{rs.port}", channel_credentials(k.cert, k.key, k.ca)
         ) as ch:
-            yield ch, pb_grpc.SourceServiceStub(ch), rs
+            yield ch, SignedStub(pb_grpc.SourceServiceStub(ch), dep), rs
 
 
 def _terms(**kw) -> str:

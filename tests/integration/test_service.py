@@ -67,8 +67,8 @@ def test_target_does_not_ask_beyond_its_own_budget(tmp_path) -> None:
 class _Tamper(SourceHandlers):
     mode = ""
 
-    def _release_one(self, peer, releaser, session_id, index) -> SignedRelease:  # noqa: ANN001
-        sr = super()._release_one(peer, releaser, session_id, index)
+    def _release_one(self, peer, releaser, session_id, index, call) -> SignedRelease:  # noqa: ANN001
+        sr = super()._release_one(peer, releaser, session_id, index, call)
         rel, entry = sr.release, sr.entry
         if self.mode == "payload":
             z = rel.z.copy()

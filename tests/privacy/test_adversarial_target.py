@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 import pytest
 
-from common import serde
+from common import serde, signing
 from common.config import load_source
 from common.data.synthetic import two_domains
 from common.deployment import make_deployment
@@ -32,6 +32,7 @@ from common.policy import SCALING_MEAN_MAX, SCALING_STD_RANGE
 from common.tls import channel_credentials
 from source_party.app import run_server
 from source_party.releases import digest
+from tests.integration.helpers import SignedStub
 
 DATASET = "synthetic"
 N_ROWS, N_TARGET = 600, 500  # SourceDataset.synthetic_rows default
@@ -52,7 +53,7 @@ RPC_TIMEOUT = 30
 class Peer:
     """The pinned target, hostile: the raw stub over its own mTLS credentials."""
 
-    def __init__(self, stub: pb_grpc.SourceServiceStub, rs: Any) -> None:
+    def __init__(self, stub: Any, rs: Any) -> None:
         self.stub = stub
         self.rs = rs
 
@@ -96,7 +97,15 @@ class Peer:
     def release(self, session_id: str) -> list[pb.BatchRelease]:
         head = head_hash(self.remote_entries())
         req = pb.ReleaseBatchesRequest(session_id=session_id, start=0, count=1, ledger_head=head)
-        return list(self.stub.ReleaseBatches(req, timeout=RPC_TIMEOUT))
+        out = list(self.stub.ReleaseBatches(req, timeout=RPC_TIMEOUT))
+        for msg in out:  # the source releases nothing new until the peer has countersigned
+            self.countersign(LedgerEntry.from_json(msg.entry_json))
+        return out
+
+    def countersign(self, entry: LedgerEntry) -> None:
+        sig = signing.sign(self.stub._key, entry.signed_message())
+        req = pb.CountersignRequest(dataset=entry.dataset, seq=entry.seq, target_sig=sig)
+        self.stub.Countersign(req, timeout=RPC_TIMEOUT)
 
     def refused(self, terms: dict[str, Any] | str, **kw: Any) -> tuple[str, str]:
         """Open a session that must be refused; nothing may reach the ledger. (code, detail)."""
@@ -132,7 +141,7 @@ def peer_for(tmp_path_factory) -> Iterator[Any]:
         k = dep.target_keys
         ch = grpc.secure_channel(f"127.0.0.1:{rs.port}", channel_credentials(k.cert, k.key, k.ca))
         stack.append(ch)
-        return Peer(pb_grpc.SourceServiceStub(ch), rs)
+        return Peer(SignedStub(pb_grpc.SourceServiceStub(ch), dep), rs)
 
     yield start
     for obj in reversed(stack):
@@ -161,7 +170,7 @@ def _module_source(tmp_path_factory, policy: dict[str, Any] | None) -> Iterator[
         with grpc.secure_channel(
             f"127.0.0.1:{rs.port}", channel_credentials(k.cert, k.key, k.ca)
         ) as ch:
-            yield Peer(pb_grpc.SourceServiceStub(ch), rs)
+            yield Peer(SignedStub(pb_grpc.SourceServiceStub(ch), dep), rs)
 
 
 # ------------------------------------------------------------------------------------- helpers
