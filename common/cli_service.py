@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,28 +107,62 @@ def _open_state(state_dir: str):  # noqa: ANN202
     return conn, SqliteLedgerStore(path, conn)
 
 
-def _known_keys(state_dir: str) -> list[Any]:
+@dataclass(frozen=True)
+class RoleKeys:
+    """The signing keys of a state directory, bound to their roles (``keys.json``)."""
+
+    side: str
+    own: Any
+    peers: dict[str, Any]
+
+    def source_key(self, peer: str) -> Any:
+        return self.own if self.side == "source" else self.peers.get("source")
+
+    def target_key(self, peer: str) -> Any:
+        return self.peers.get(peer) if self.side == "source" else self.own
+
+
+def _role_keys(state_dir: str) -> RoleKeys:
+    """Keys by role. A missing or unreadable ``keys.json`` is a verification failure, never a
+    reason to skip the signature checks (9ac3bc1 skipped them silently)."""
     from cryptography.hazmat.primitives import serialization
 
     f = Path(state_dir) / "keys.json"
     if not f.is_file():
-        return []
-    data = json.loads(f.read_text())
-    pems = [data.get("self", ""), *data.get("peers", {}).values()]
-    return [serialization.load_pem_public_key(p.encode()) for p in pems if p]
+        raise LedgerCorrupt(f"{f}: missing, so no signature can be checked")
+    try:
+        data = json.loads(f.read_text())
+        side = data["side"]
+        own = serialization.load_pem_public_key(data["self"].encode())
+        peers = {
+            n: serialization.load_pem_public_key(p.encode()) for n, p in data["peers"].items()
+        }
+    except (KeyError, ValueError, TypeError, AttributeError):
+        raise LedgerCorrupt(f"{f}: unreadable, so no signature can be checked") from None
+    if side not in ("source", "target"):
+        raise LedgerCorrupt(f"{f}: side must be source or target")
+    return RoleKeys(side, own, peers)
 
 
 def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
-    """(problems, warnings, entries checked) for a daemon's state directory."""
+    """(problems, warnings, entries checked) for a daemon's state directory.
+
+    Each signature is checked against its role's key only: the source's against the source's,
+    the countersignature against that peer's (on 9ac3bc1 any known key passed for either role,
+    so the source could forge every countersignature)."""
     from . import signing
     from .dp.accounting import LEDGER_PLD_INTERVAL, epsilon_of
     from .dp.events import event_from_json
     from .dp.ledger import canonical_events, verify_chain
 
     conn, store = _open_state(state_dir)
-    keys = _known_keys(state_dir)
     problems: list[str] = []
     warnings: list[str] = []
+    try:
+        keys: RoleKeys | None = _role_keys(state_dir)
+    except LedgerCorrupt as exc:
+        problems.append(str(exc))
+        keys = None
     n = 0
     payloads: dict[tuple[str, int], str] = {}
     has_payloads = conn.execute("SELECT name FROM sqlite_master WHERE name='payloads'").fetchone()
@@ -150,17 +185,16 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
                 if abs(spent - e.spend_after) > 1e-9:
                     problems.append(f"{ds} entry {e.seq}: spend_after differs from recomputation")
             msg = e.signed_message()
-            if e.payload_sha256:
-                if not e.source_sig:
-                    warnings.append(f"{ds} entry {e.seq}: not yet signed by the source")
-                elif keys and not any(signing.verify(k, msg, e.source_sig) for k in keys):
-                    problems.append(f"{ds} entry {e.seq}: bad source signature")
-            if (
-                e.target_sig
-                and keys
-                and not any(signing.verify(k, msg, e.target_sig) for k in keys)
-            ):
-                problems.append(f"{ds} entry {e.seq}: bad target signature")
+            if e.payload_sha256 and not e.source_sig:
+                warnings.append(f"{ds} entry {e.seq}: not yet signed by the source")
+            for role, sig in (("source", e.source_sig), ("target", e.target_sig)):
+                if not sig or keys is None:
+                    continue
+                key = keys.source_key(e.peer) if role == "source" else keys.target_key(e.peer)
+                if key is None:
+                    problems.append(f"{ds} entry {e.seq}: no {role} key for peer {e.peer!r}")
+                elif not signing.verify(key, msg, sig):
+                    problems.append(f"{ds} entry {e.seq}: bad {role} signature")
             if e.payload_sha256 and not e.target_sig:
                 warnings.append(f"{ds} entry {e.seq}: not countersigned by the target")
             stored = payloads.get((ds, e.seq))
@@ -197,8 +231,31 @@ def _cmd_ledger_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def compare_with_peer(state_dir: str, peer_state_dir: str) -> list[str]:
+    """Problems found comparing a ledger with the peer's copy of it. Each side keeps the head
+    the other signed, so a tail lost on one side (with its audit records, or with a WAL) shows
+    as a strict prefix of the other's copy."""
+    _, mine = _open_state(state_dir)
+    _, theirs = _open_state(peer_state_dir)
+    problems: list[str] = []
+    for ds in sorted(set(theirs.datasets())):
+        a, b = mine.entries(ds), theirs.entries(ds)
+        common = min(len(a), len(b))
+        if [e.entry_hash() for e in a[:common]] != [e.entry_hash() for e in b[:common]]:
+            problems.append(f"{ds}: the two copies of the ledger diverge")
+        elif len(a) < len(b):
+            signed = sum(1 for e in b[len(a) :] if e.source_sig and e.target_sig)
+            problems.append(
+                f"{ds}: {len(b) - len(a)} entries the peer holds ({signed} signed by both) are "
+                "missing here: a lost or truncated tail"
+            )
+    return problems
+
+
 def _cmd_ledger_verify(args: argparse.Namespace) -> int:
     problems, warnings, n = verify_ledger(args.state_dir)
+    if args.against:
+        problems += compare_with_peer(args.state_dir, args.against)
     for w in warnings:
         print(f"warning: {w}")
     for p in problems:
@@ -288,6 +345,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ls.set_defaults(func=_cmd_ledger_show)
     lv = lsub.add_parser("verify", help="check chain, signatures, charges and payload hashes")
     lv.add_argument("state_dir")
+    lv.add_argument(
+        "--against",
+        metavar="PEER_STATE_DIR",
+        help="also compare with the peer's copy (detects a lost or truncated tail)",
+    )
     lv.set_defaults(func=_cmd_ledger_verify)
 
     au = sub.add_parser("audit", help="inspect a daemon's payload audit log")

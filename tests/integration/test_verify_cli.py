@@ -96,6 +96,50 @@ def test_ledger_tampering_fails_verify(finished, tmp_path, case: str) -> None:
     assert main(["ledger", "verify", str(state)]) == 1
 
 
+def test_missing_keys_json_fails_verify(finished, tmp_path) -> None:
+    """9ac3bc1 skipped every signature check when keys.json was gone."""
+    for side in ("source", "target"):
+        state, conn = _copy(finished, tmp_path / side, side)
+        conn.close()
+        (state / "keys.json").unlink()
+        assert main(["ledger", "verify", str(state)]) == 1
+
+
+@pytest.mark.parametrize("side", ["source", "target"])
+def test_a_signature_by_the_wrong_role_fails_verify(finished, tmp_path, side: str) -> None:
+    """9ac3bc1 accepted a signature by any known key for either role: the source could forge
+    every countersignature with its own key."""
+    from common import signing
+    from common.dp.ledger import LedgerEntry
+
+    state, conn = _copy(finished, tmp_path, side)
+    source_key = signing.load_private(finished.source_keys.signing_key)
+    (text,) = conn.execute("SELECT entry_json FROM ledger WHERE seq=1").fetchone()
+    forged = signing.sign(source_key, LedgerEntry.from_json(text).signed_message())
+    _edit_entry(conn, 1, lambda d: d.update(target_sig=forged))
+    conn.close()
+    assert main(["ledger", "verify", str(state)]) == 1
+
+
+def test_a_lost_tail_shows_against_the_peers_copy(finished, tmp_path, capsys) -> None:
+    """9ac3bc1: deleting the last entry together with the matching audit tail verified OK.
+    Alone it still does (nothing in one file says what is missing); against the target's
+    countersigned copy it does not."""
+    state, conn = _copy(finished, tmp_path)
+    conn.execute("DELETE FROM ledger WHERE seq=2")
+    conn.execute("DELETE FROM payloads WHERE seq=2")
+    rows = conn.execute("SELECT seq, record_json FROM audit").fetchall()
+    tail = [seq for seq, text in rows if json.loads(text)["ledger_seq"] == 2]
+    assert tail  # the release of entry 2 was audited; its records go with it
+    conn.execute("DELETE FROM audit WHERE seq >= ?", (min(tail),))
+    conn.commit()
+    conn.close()
+    target = str(finished.workdir / "target")
+    assert main(["ledger", "verify", str(state), "--against", target]) == 1
+    assert "missing here: a lost or truncated tail" in capsys.readouterr().out
+    assert main(["ledger", "verify", str(finished.workdir / "source"), "--against", target]) == 0
+
+
 def test_audit_tampering_fails_verify(finished, tmp_path) -> None:
     state, conn = _copy(finished, tmp_path, "target")
     (text,) = conn.execute("SELECT record_json FROM audit WHERE seq=3").fetchone()

@@ -105,7 +105,7 @@ def _side(
     entry = ledger.store.entries(DATASET)[-1]
     spec = info.plan.spec(terms)
     assert entry.dp_event == event_to_json(spec.dp_event())  # the ledger charged the spec
-    return Side(rel, info, terms, spec, rel._sessions[info.session_id][2], entry)
+    return Side(rel, info, terms, spec, rel.features(info.session_id), entry)
 
 
 def _pair(
