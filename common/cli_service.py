@@ -151,9 +151,9 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
     the countersignature against that peer's (on 9ac3bc1 any known key passed for either role,
     so the source could forge every countersignature)."""
     from . import signing
-    from .dp.accounting import LEDGER_PLD_INTERVAL, epsilon_of
-    from .dp.events import event_from_json
-    from .dp.ledger import canonical_events, verify_chain
+    from .dp.accounting import ledger_epsilon
+    from .dp.events import canonical_json, event_from_json
+    from .dp.ledger import verify_chain
 
     conn, store = _open_state(state_dir)
     problems: list[str] = []
@@ -176,12 +176,16 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
             verify_chain(entries)
         except LedgerCorrupt as exc:
             problems.append(f"{ds}: {exc}")
-        events = []
+        groups: dict[str, list[Any]] = {}  # the running groups: verify is linear
         for e in entries:
-            events.append(event_from_json(e.dp_event))
+            key = canonical_json(e.dp_event)
+            if key in groups:
+                groups[key][1] += 1
+            else:
+                groups[key] = [event_from_json(e.dp_event), 1]
             delta = e.params.get("delta")
             if delta:
-                spent = epsilon_of(canonical_events(events), delta, "pld", LEDGER_PLD_INTERVAL)
+                spent = ledger_epsilon([(k, ev, c) for k, (ev, c) in groups.items()], delta)
                 if abs(spent - e.spend_after) > 1e-9:
                     problems.append(f"{ds} entry {e.seq}: spend_after differs from recomputation")
             msg = e.signed_message()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
@@ -26,7 +25,7 @@ from typing import Any, Protocol
 from dp_accounting import dp_event
 
 from ..errors import BudgetExceeded, LedgerCorrupt
-from .accounting import LEDGER_PLD_INTERVAL, Accountant, epsilon_of
+from .accounting import LEDGER_PLD_INTERVAL, Accountant, ledger_epsilon
 from .events import canonical_json, event_from_json, event_to_json
 
 GENESIS = "0" * 64
@@ -113,16 +112,27 @@ class MemoryLedgerStore:
         )
 
 
-def canonical_events(events: Sequence[dp_event.DpEvent]) -> list[dp_event.DpEvent]:
-    """Group identical events into ``SelfComposedDpEvent`` (same composition, far cheaper)."""
-    counts = Counter(canonical_json(event_to_json(e)) for e in events)
-    out: list[dp_event.DpEvent] = []
-    import json
+def group_events(events: Sequence[dp_event.DpEvent]) -> list[tuple[str, dp_event.DpEvent, int]]:
+    """Identical events grouped as ``(key, event, count)`` in order of first appearance: the
+    form ``accounting.ledger_epsilon`` composes (and caches by prefix)."""
+    counts: dict[str, list[Any]] = {}
+    for e in events:
+        key = canonical_json(event_to_json(e))
+        if key in counts:
+            counts[key][1] += 1
+        else:
+            counts[key] = [e, 1]
+    return [(k, e, n) for k, (e, n) in counts.items()]
 
-    for key, n in sorted(counts.items()):
-        ev = event_from_json(json.loads(key))
-        out.append(ev if n == 1 else dp_event.SelfComposedDpEvent(ev, n))
-    return out
+
+def canonical_events(events: Sequence[dp_event.DpEvent]) -> list[dp_event.DpEvent]:
+    """The groups of ``group_events`` as events (``SelfComposedDpEvent`` for repeats)."""
+    return [e if n == 1 else dp_event.SelfComposedDpEvent(e, n) for _, e, n in group_events(events)]
+
+
+def spend_of(events: Sequence[dp_event.DpEvent], delta: float) -> float:
+    """The ledger's ε of a list of events at ``delta`` (all of a dataset's, or one cap's)."""
+    return ledger_epsilon(group_events(events), delta, LEDGER_PLD_INTERVAL)
 
 
 @dataclass(frozen=True)
@@ -147,16 +157,13 @@ class PrivacyLedger:
 
     def spent(self, dataset: str) -> float:
         b = self._budget(dataset)
-        events = [event_from_json(e.dp_event) for e in self.store.entries(dataset)]
-        return epsilon_of(canonical_events(events), b.delta, b.accountant, LEDGER_PLD_INTERVAL)
+        return spend_of([event_from_json(e.dp_event) for e in self.store.entries(dataset)], b.delta)
 
     def would_spend(self, dataset: str, new_events: Sequence[dp_event.DpEvent]) -> float:
         """ε of the dataset after adding ``new_events``; no side effect."""
         b = self._budget(dataset)
         events = [event_from_json(e.dp_event) for e in self.store.entries(dataset)]
-        return epsilon_of(
-            canonical_events([*events, *new_events]), b.delta, b.accountant, LEDGER_PLD_INTERVAL
-        )
+        return spend_of([*events, *new_events], b.delta)
 
     def check(
         self,
@@ -174,12 +181,7 @@ class PrivacyLedger:
         if after > b.epsilon + 1e-12:
             raise BudgetExceeded("the dataset privacy budget would be exceeded")
         for _name, cap, prior in extra_caps:
-            e = epsilon_of(
-                canonical_events([*prior, *new_events]),
-                b.delta,
-                b.accountant,
-                LEDGER_PLD_INTERVAL,
-            )
+            e = spend_of([*prior, *new_events], b.delta)
             if e > cap + 1e-12:
                 raise BudgetExceeded("a session or peer privacy budget would be exceeded")
         return after
@@ -260,7 +262,7 @@ def totals_by_relation(
     if not (0 < delta < 1):
         raise LedgerCorrupt("ledger entries do not state the dataset's delta")
     everything = [event_from_json(e.dp_event) for e in entries]
-    total = epsilon_of(canonical_events(everything), delta, accountant, LEDGER_PLD_INTERVAL)
+    total = spend_of(everything, delta)
     if any(e.privacy_unit == "attribute" for e in entries):
         return {"attribute": total, "record": None}
     return {"attribute": total, "record": total}
