@@ -16,7 +16,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +51,30 @@ class AuditRecord:
     payload_sha256: str = ""  # for releases: the hash the ledger entry records
     dataset: str = ""
     ledger_seq: int = -1
+    sig: str = ""  # Ed25519 by this side's signing key over ``record_hash`` (not part of it)
 
     def record_hash(self) -> str:
-        return hashlib.sha256(canonical_json(asdict(self)).encode()).hexdigest()
+        body = asdict(self)
+        body.pop("sig")
+        return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
 class AuditLog:
-    def __init__(self, conn: sqlite3.Connection, side: str, retain_payloads: bool = False) -> None:
+    """``key``: this side's Ed25519 signing key; every record appended is signed with it, so an
+    edited or rewritten log does not verify without the key (the daemons always pass it)."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        side: str,
+        retain_payloads: bool = False,
+        key: Any = None,
+    ) -> None:
         self.conn = conn
         self.conn.executescript(_SCHEMA)
         self.side = side
         self.retain = retain_payloads
+        self.key = key
         self.lock = threading.RLock()
 
     def records(self) -> list[tuple[AuditRecord, bytes | None]]:
@@ -103,6 +116,10 @@ class AuditLog:
                 dataset=dataset,
                 ledger_seq=ledger_seq,
             )
+            if self.key is not None:
+                from . import signing
+
+                rec = replace(rec, sig=signing.sign(self.key, rec.record_hash().encode()))
             self.conn.execute(
                 "INSERT INTO audit VALUES (?, ?, ?)",
                 (seq, canonical_json(asdict(rec)), message if self.retain else None),
@@ -234,8 +251,13 @@ class ClientAuditInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
 
 
 # ------------------------------------------------------------------------- verify / report
-def verify(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> list[str]:
-    """Problems found (empty when all is well): chain, message hashes, ledger coverage."""
+def verify(
+    log: AuditLog, ledger_entries: dict[tuple[str, int], Any], public_key: Any = None
+) -> list[str]:
+    """Problems found (empty when all is well): chain, signatures (with ``public_key``, this
+    side's), message hashes, ledger coverage."""
+    from . import signing
+
     problems: list[str] = []
     prev = GENESIS
     for i, (rec, payload) in enumerate(log.records()):
@@ -244,6 +266,10 @@ def verify(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> list[st
         if rec.prev_hash != prev:
             problems.append(f"audit record {rec.seq}: hash chain broken")
         prev = rec.record_hash()
+        if public_key is not None and not signing.verify(
+            public_key, prev.encode(), rec.sig
+        ):
+            problems.append(f"audit record {rec.seq}: not signed by this side's key")
         if payload is not None and hashlib.sha256(payload).hexdigest() != rec.sha256:
             problems.append(f"audit record {rec.seq}: retained payload does not match its hash")
         released = rec.method.rsplit("/", 1)[-1] in RELEASE_METHODS and rec.ledger_seq >= 0

@@ -37,17 +37,6 @@ def _cmd_keys_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_keys_json(state_dir: Path, own: Path, peers: dict[str, Path], side: str) -> None:
-    state_dir.mkdir(parents=True, exist_ok=True)
-    own_pub = own.with_suffix(".pub") if own.suffix == ".key" else own
-    data = {
-        "side": side,
-        "self": own_pub.read_text() if own_pub.is_file() else "",
-        "peers": {n: p.read_text() for n, p in peers.items()},
-    }
-    (state_dir / "keys.json").write_text(json.dumps(data, indent=2))
-
-
 def _cmd_source_serve(args: argparse.Namespace) -> int:
     from source_party.app import serve
 
@@ -55,9 +44,6 @@ def _cmd_source_serve(args: argparse.Namespace) -> int:
 
     _setup_logging(args.log_level)
     cfg = load_source(args.config)
-    _write_keys_json(
-        cfg.state_dir, cfg.signing_key, {p.name: p.signing_public_key for p in cfg.peers}, "source"
-    )
     return serve(cfg)
 
 
@@ -68,9 +54,6 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
 
     _setup_logging(args.log_level)
     cfg = load_target(args.config)
-    _write_keys_json(
-        cfg.state_dir, cfg.signing_key, {"source": cfg.source_signing_public_key}, "target"
-    )
     out = run(cfg, progress=not args.quiet)
     acc = "n/a" if out["accuracy"] is None else f"{out['accuracy']:.2f}%"
     print(
@@ -90,9 +73,6 @@ def _cmd_target_serve(args: argparse.Namespace) -> int:
 
     _setup_logging(args.log_level)
     cfg = load_target(args.config)
-    _write_keys_json(
-        cfg.state_dir, cfg.signing_key, {"source": cfg.source_signing_public_key}, "target"
-    )
     return serve(cfg)
 
 
@@ -277,7 +257,11 @@ def _cmd_audit_verify(args: argparse.Namespace) -> int:
 
     conn, store = _open_state(args.state_dir)
     log = AuditLog(conn, "")
-    problems = verify(log, _ledger_index(store))
+    try:
+        own = _role_keys(args.state_dir).own
+        problems = verify(log, _ledger_index(store), own)
+    except LedgerCorrupt as exc:  # no keys.json: the signatures cannot be checked
+        problems = [str(exc), *verify(log, _ledger_index(store))]
     for p in problems:
         print(f"FAIL: {p}")
     print(f"{len(log.records())} audit records checked: {'OK' if not problems else 'TAMPERED'}")

@@ -57,3 +57,25 @@ def verify(key: Ed25519PublicKey, message: bytes, signature: str) -> bool:
         return True
     except (InvalidSignature, ValueError):
         return False
+
+
+def write_role_keys(
+    state_dir: Path, own: Ed25519PrivateKey, peers: dict[str, Path], side: str
+) -> None:
+    """``state_dir/keys.json``: the public signing keys by role (this side's own, and each
+    peer's by name), so that ``dpda ledger verify`` and ``dpda audit verify`` check every
+    signature against its role's key. Written by the daemon at start."""
+    import json
+
+    pem = own.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    data = {
+        "side": side,
+        "self": pem.decode(),
+        "peers": {n: Path(p).read_text() for n, p in peers.items()},
+    }
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = state_dir / "keys.json.tmp"
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(state_dir / "keys.json")

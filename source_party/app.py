@@ -150,7 +150,10 @@ def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
         cfg.max_batches_per_request,
         cfg.limits,
     )
-    audit = AuditLog(conn, "source", cfg.retain_payloads)
+    signing.write_role_keys(
+        cfg.state_dir, handlers.key, {p.name: p.signing_public_key for p in cfg.peers}, "source"
+    )
+    audit = AuditLog(conn, "source", cfg.retain_payloads, handlers.key)
     metrics = Metrics()
     lim = cfg.limits
     max_features = max(d.x.shape[1] for d in domains.values())

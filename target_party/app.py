@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from common import signing
 from common.audit import AuditLog
 from common.config import TargetConfig
 from common.data.loaders import Domain, load_domain, load_table
@@ -71,7 +72,11 @@ def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
     conn = connect(cfg.state_dir / "state.sqlite")
     store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
     ledger = PrivacyLedger(store, {cfg.job.dataset: Budget(cfg.budget_epsilon, cfg.job.delta)})
-    return ledger, AuditLog(conn, "target", cfg.retain_payloads)
+    key = signing.load_private(cfg.signing_key)
+    signing.write_role_keys(
+        cfg.state_dir, key, {"source": cfg.source_signing_public_key}, "target"
+    )
+    return ledger, AuditLog(conn, "target", cfg.retain_payloads, key)
 
 
 def run_job(

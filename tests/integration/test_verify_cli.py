@@ -23,22 +23,11 @@ def finished(tmp_path_factory):
     dep = synthetic_deployment(
         tmp, job={"batch_size": 100, "steps": 3}, attribute_unit=True, retain=True
     )
-    from common.cli_service import _write_keys_json
-
     src_cfg = load_source(dep.source_config)
-    _write_keys_json(
-        src_cfg.state_dir,
-        src_cfg.signing_key,
-        {"target-org": dep.target_keys.signing_pub},
-        "source",
-    )
     with run_server(src_cfg) as rs:
         set_source_address(dep, f"127.0.0.1:{rs.port}")
         tcfg = load_target(dep.target_config)
-        _write_keys_json(
-            tcfg.state_dir, tcfg.signing_key, {"source": dep.source_keys.signing_pub}, "target"
-        )
-        run(tcfg, progress=False)
+        run(tcfg, progress=False)  # both daemons write keys.json (public keys by role)
     return dep
 
 
@@ -146,6 +135,26 @@ def test_audit_tampering_fails_verify(finished, tmp_path) -> None:
     d = json.loads(text)
     d["size"] += 1
     conn.execute("UPDATE audit SET record_json=? WHERE seq=3", (json.dumps(d),))
+    conn.commit()
+    conn.close()
+    assert main(["audit", "verify", str(state)]) == 1
+
+
+def test_a_rewritten_audit_chain_fails_on_its_signatures(finished, tmp_path) -> None:
+    """Someone with write access edits a record and recomputes the whole hash chain: the chain
+    verifies, the records' signatures (by this side's key) do not."""
+    from common.audit import AuditRecord
+
+    state, conn = _copy(finished, tmp_path, "target")
+    rows = conn.execute("SELECT seq, record_json FROM audit ORDER BY seq").fetchall()
+    prev = "0" * 64
+    for seq, text in rows:
+        d = json.loads(text)
+        if seq == 3:
+            d["size"] += 1
+        d["prev_hash"] = prev
+        prev = AuditRecord(**d).record_hash()
+        conn.execute("UPDATE audit SET record_json=? WHERE seq=?", (json.dumps(d), seq))
     conn.commit()
     conn.close()
     assert main(["audit", "verify", str(state)]) == 1
