@@ -95,7 +95,7 @@ def run_job(
     source = GrpcReleaseSource(cfg, ledger, audit)
     t0 = time.perf_counter()
     try:
-        res = run_dpda(source, view, terms, acfg, lambda: ledger.spent(cfg.job.dataset), progress)
+        res = run_dpda(source, view, terms, acfg, source.spent, progress)
     finally:
         source.close()
     job_seconds = time.perf_counter() - t0

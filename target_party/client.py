@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -110,8 +111,27 @@ class GrpcReleaseSource:
         self.stub = _Retrying(pb_grpc.SourceServiceStub(self.channel), cfg.reconnect_s)
         self._sessions: dict[str, tuple[SessionTerms, SessionInfo]] = {}
         self.job_file = cfg.state_dir / "job.json"
+        # the charge check, append and countersignature of a received release run here, while
+        # the job adapts to the release; every next request (and ``spent``) waits for them
+        self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpda-verify")
+        self._pending: Future[None] | None = None
+
+    def settle(self) -> None:
+        """Wait for the last release's charge check and countersignature; raise what failed."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def spent(self) -> float:
+        """ε of the dataset in the target's own ledger, the last release included."""
+        self.settle()
+        return self.ledger.spent(self.dataset)
 
     def close(self) -> None:
+        try:
+            self.settle()
+        finally:
+            self._checker.shutdown(wait=True)
         self.channel.close()
 
     # ------------------------------------------------------------------------ ledger sync
@@ -127,6 +147,7 @@ class GrpcReleaseSource:
         * our own releases the source holds without our countersignature (a ``Countersign``
           lost in a crash) are countersigned again, so the source may release the next one.
         """
+        self.settle()
         mine = self.ledger.store.entries(self.dataset)
         resp = self._get_ledger(len(mine))
         if resp.length < len(mine):
@@ -209,7 +230,7 @@ class GrpcReleaseSource:
     def open_session(
         self, terms: SessionTerms, disclosure: TargetDisclosure, session_id: str | None = None
     ) -> SessionInfo:
-        self.sync_ledger()
+        self.sync_ledger()  # settles the last release first
         req = pb.OpenSessionRequest(
             request_id=hashlib.sha256(terms.model_dump_json().encode()).hexdigest()[:32],
             terms_json=terms.model_dump_json(),
@@ -253,6 +274,7 @@ class GrpcReleaseSource:
         return info
 
     def close_session(self, session_id: str) -> None:
+        self.settle()
         try:
             self.stub.CloseSession(
                 pb.CloseSessionRequest(session_id=session_id), timeout=self.cfg.timeout_s
@@ -277,6 +299,7 @@ class GrpcReleaseSource:
         return self._synced(self._release, session_id, index)
 
     def _release(self, session_id: str, index: int) -> BatchRelease:
+        self.settle()
         terms, info = self._sessions[session_id]
         spec = info.plan.spec(terms)
         rid = f"{session_id}/{index}"
@@ -300,6 +323,7 @@ class GrpcReleaseSource:
         return self._synced(self._query_teachers, session_id, index, queries)
 
     def _query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
+        self.settle()
         terms, info = self._sessions[session_id]
         if info.plan.pate_scale is None:
             raise InvalidInput("PATE is not part of this session's terms")
@@ -335,8 +359,10 @@ class GrpcReleaseSource:
         rid: str,
         event: object,
         known: LedgerEntry | None,
+        more: bool = False,
     ) -> None:
-        """Payload hash, signature, request, event and charge; then append and countersign."""
+        """Payload hash, signature, request and event now; the charge check, append and
+        countersignature in the background (``settle`` waits for them)."""
         if digest != claimed or entry.payload_sha256 != digest:
             raise PeerMisbehaved("payload hash does not match")
         if not signing.verify(self.source_pub, entry.signed_message(), entry.source_sig):
@@ -345,15 +371,27 @@ class GrpcReleaseSource:
             raise PeerMisbehaved("ledger entry is for another request")
         if entry.dp_event != event_to_json(event):  # type: ignore[arg-type]
             raise PeerMisbehaved("the charged event differs from the agreed mechanism")
-        if known is not None:
-            if known.body() != entry.body():
-                raise PeerMisbehaved("a retried release came back with a different entry")
-        else:
+        if known is not None and known.body() != entry.body():
+            raise PeerMisbehaved("a retried release came back with a different entry")
+        self._pending = self._checker.submit(
+            self._charge_and_countersign, entry, event, known, more
+        )
+
+    def _charge_and_countersign(
+        self, entry: LedgerEntry, event: object, known: LedgerEntry | None, more: bool
+    ) -> None:
+        """The charge must equal the target's own recomputation; then the entry is appended
+        durably and countersigned. Runs while the job adapts to the release (the payload is
+        already here; nothing more is asked before this has passed). Afterwards the same
+        event's next charge is composed ahead (a cache warm-up for the next pre-check)."""
+        if known is None:
             expected = self.ledger.would_spend(self.dataset, [event])  # type: ignore[list-item]
             if abs(expected - entry.spend_after) > 1e-9:
                 raise PeerMisbehaved("the charge differs from the target's recomputation")
             self.ledger.store.append(entry)
         self._countersign(entry)
+        if more:  # the session's next batch charges the same event again
+            self.ledger.would_spend(self.dataset, [event])  # type: ignore[list-item]
 
     def _accept(
         self,
@@ -374,7 +412,8 @@ class GrpcReleaseSource:
         entry = LedgerEntry.from_json(msg.entry_json)
         if int(msg.index) != index:
             raise PeerMisbehaved("ledger entry is for another request")
-        self._verify_entry(entry, digest, msg.payload_sha256, rid, spec.dp_event(), known)
+        more = index + 1 < info.plan.steps
+        self._verify_entry(entry, digest, msg.payload_sha256, rid, spec.dp_event(), known, more)
         return BatchRelease(index, z, counts, spec, entry.seq)
 
 
