@@ -22,6 +22,7 @@ Conventions
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -161,6 +162,7 @@ TABLE_PLD_INTERVAL = 1e-4
 LEDGER_PLD_INTERVAL = 1e-3
 
 
+@functools.lru_cache(maxsize=32)  # PLDs are immutable: the planner and the ledger share them
 def revealed_sampled_gaussian_pld(
     sigma: float, sampling_rate: float, pld_interval: float = LEDGER_PLD_INTERVAL
 ) -> privacy_loss_distribution.PrivacyLossDistribution:
