@@ -4,10 +4,32 @@ Routes (GET, JSON unless noted): ``/healthz`` (the process is up), ``/readyz`` (
 serving and the state file answers), ``/metrics`` (Prometheus text format), ``/v1/ledger``
 (``?dataset=`` to filter), ``/v1/audit`` (records, never payload bytes), ``/openapi.json``.
 These are read-only. A daemon may add routes (``extra``): the target adds its jobs API, whose
-``POST /v1/jobs`` spends budget — so the token rule below matters.
+``POST /v1/jobs`` spends budget (``target_party.jobs``).
 
-Bound to 127.0.0.1 by default. On any other address a bearer token is required (the config
-refuses to start otherwise) and every request without ``Authorization: Bearer <token>`` gets 401.
+Every request, on every address, passes these checks first (issue 12, item 5), refused with a
+JSON ``{"error": ...}`` that names what was wrong:
+
+* ``Host`` (403): exactly one, naming this server — the listen host, ``localhost``,
+  ``127.0.0.1`` or ``[::1]`` (plus ``[admin] allowed_hosts``; on a wildcard listen address
+  also any IP literal) — with the bound port. A DNS-rebinding page reaches the socket under the
+  attacker's name, so its Host never matches.
+* ``Origin`` (403): absent (curl, scripts, Prometheus), or this server's own origin
+  ``http://<Host>``. A page on another origin is refused even for a "simple" ``text/plain`` POST
+  the browser sends without a preflight (CSRF).
+* A state-changing request (any method but GET/HEAD) must carry ``Content-Type:
+  application/json`` (415), which no cross-origin page can send without a CORS preflight that
+  this API never answers, and a body of at most ``MAX_BODY`` bytes (413).
+
+Then the bearer token (401 without ``Authorization: Bearer <token>``):
+
+* with a configured ``token_file`` every request needs it. Beyond loopback one is required (the
+  config refuses to start otherwise);
+* ``open_reads`` (the target's default token, generated at start when no ``token_file`` is
+  configured): read-only GETs stay open on loopback — metrics, ledger, audit and job views are
+  what a local operator or Prometheus reads, and the Host and Origin checks keep browsers out —
+  while every state-changing request needs the token;
+* with no token at all (the source on loopback) reads are open and state-changing requests are
+  refused: nothing can spend budget through an API without a token.
 """
 
 from __future__ import annotations
@@ -146,8 +168,64 @@ OPENAPI: dict[str, Any] = {
 }
 
 
+MAX_BODY = 64 * 1024  # bytes of a request body; more gets 413
+SAFE_METHODS = frozenset({"GET", "HEAD"})
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+_WILDCARDS = ("", "0.0.0.0", "::")
+
+Answer = tuple[int, str, bytes]
+
+
+def _js(code: int, data: Any) -> Answer:
+    return code, "application/json", json.dumps(data).encode()
+
+
+def _headers(scope: Scope, name: bytes) -> list[str]:
+    return [v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == name]
+
+
+def _shown(value: str) -> str:
+    return value if len(value) <= 80 else value[:80] + "…"
+
+
+def _split_host(host: str) -> tuple[str, int | None] | None:
+    """``name[:port]`` of a Host header (IPv6 bracketed) → (lower-case name, port or None)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name, sep, rest = host.partition("]")
+        name += sep
+        if rest and not rest.startswith(":"):
+            return None
+        port = rest[1:] if rest else None
+    else:
+        name, sep, port_s = host.partition(":")
+        port = port_s if sep else None
+    if not name or name == "[]":
+        return None
+    if port is None:
+        return name, None
+    if not port.isdigit() or len(port) > 5:
+        return None
+    return name, int(port)
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
 class AdminApp:
-    """ASGI callable; ``ready()`` and the stores are injected by the composition root."""
+    """ASGI callable; ``ready()`` and the stores are injected by the composition root.
+
+    ``token``: the bearer token, or None. ``open_reads``: GET/HEAD need no token (the target's
+    generated token guards only its state-changing requests); default: every request needs the
+    token when there is one. ``allowed_hosts``: Host names accepted besides the listen host and
+    the loopback names. ``bind(host, port)`` (``AdminServer.start`` calls it) sets what the Host
+    header must name.
+    """
 
     def __init__(
         self,
@@ -157,14 +235,32 @@ class AdminApp:
         ready: Callable[[], bool],
         token: str | None = None,
         extra: Callable[[str, str, bytes], tuple[int, str, bytes] | None] | None = None,
+        *,
+        open_reads: bool = False,
+        allowed_hosts: tuple[str, ...] = (),
     ) -> None:
         self.metrics = metrics
         self.ledger_entries = ledger_entries
         self.audit_records = audit_records
         self.ready = ready
         self.token = token
+        self.open_reads = open_reads
         # (method, path, body) → response or None: routes a daemon adds (the target's jobs)
         self.extra = extra
+        self.allowed_hosts = tuple(h.lower() for h in allowed_hosts)
+        self.port: int | None = None
+        self.host_names: frozenset[str] = frozenset((*_LOOPBACK_NAMES, *self.allowed_hosts))
+        self.wildcard = False
+
+    def bind(self, host: str, port: int) -> None:
+        """The address the server listens on: the Host header must name it (with this port)."""
+        self.port = port
+        bare = host.strip("[]").lower()
+        names = {*_LOOPBACK_NAMES, *self.allowed_hosts}
+        self.wildcard = bare in _WILDCARDS
+        if not self.wildcard:
+            names.add(f"[{bare}]" if ":" in bare else bare)
+        self.host_names = frozenset(names)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -177,35 +273,104 @@ class AdminApp:
                     return
         if scope["type"] != "http":
             return
+        answer = self.guard(scope)
         body_in = b""
-        if scope.get("method") == "POST":
+        if answer is None and scope.get("method", "GET") not in SAFE_METHODS:
             more = True
-            while more and len(body_in) <= 1 << 20:
+            while more:
                 msg = await receive()
                 body_in += msg.get("body", b"")
                 more = msg.get("more_body", False)
-        status, ctype, body = self.handle(scope, body_in)
-        headers = [(b"content-type", ctype.encode()), (b"cache-control", b"no-store")]
+                if len(body_in) > MAX_BODY:
+                    answer = _js(413, {"error": f"request body: more than {MAX_BODY} bytes"})
+                    break
+        status, ctype, body = answer or self.handle(scope, body_in)
+        headers = [
+            (b"content-type", ctype.encode()),
+            (b"cache-control", b"no-store"),
+            (b"x-content-type-options", b"nosniff"),
+        ]
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    def _authorized(self, scope: Scope) -> bool:
+    def guard(self, scope: Scope) -> Answer | None:
+        """Host, Origin, Content-Type and Content-Length checks of a request (see the module
+        docstring); None when it may go on to the token check and the routes."""
+        hosts = _headers(scope, b"host")
+        if len(hosts) != 1:
+            return _js(403, {"error": "Host header: missing or repeated"})
+        port = self.port
+        if port is None and scope.get("server"):
+            port = int(scope["server"][1])
+        parsed = _split_host(hosts[0])
+        if parsed is None:
+            return _js(403, {"error": f"Host header {_shown(hosts[0])!r}: malformed"})
+        name, host_port = parsed
+        if host_port != port and not (host_port is None and port == 80):
+            return _js(
+                403,
+                {
+                    "error": f"Host header {_shown(hosts[0])!r}: wrong port "
+                    f"(this admin API listens on port {port}); refused against DNS rebinding"
+                },
+            )
+        if name not in self.host_names and not (self.wildcard and _is_ip(name)):
+            return _js(
+                403,
+                {
+                    "error": f"Host header {_shown(hosts[0])!r}: not a name of this admin API "
+                    f"(use one of {sorted(self.host_names)}, or add it to [admin] allowed_hosts);"
+                    " refused against DNS rebinding"
+                },
+            )
+        origins = _headers(scope, b"origin")
+        if origins and (len(origins) > 1 or origins[0].lower() != f"http://{hosts[0].lower()}"):
+            return _js(
+                403,
+                {
+                    "error": f"Origin header {_shown(origins[0])!r}: not this admin API's origin "
+                    f"(http://{_shown(hosts[0])}); cross-origin requests are refused"
+                },
+            )
+        if scope.get("method", "GET") in SAFE_METHODS:
+            return None
+        ctypes = _headers(scope, b"content-type")
+        media = ctypes[0].split(";", 1)[0].strip().lower() if len(ctypes) == 1 else ""
+        if media != "application/json":
+            got = _shown(ctypes[0]) if ctypes else "none"
+            return _js(
+                415,
+                {
+                    "error": f"Content-Type: {got!r}; a state-changing request must send "
+                    "application/json"
+                },
+            )
+        lengths = _headers(scope, b"content-length")
+        if lengths and (not lengths[0].strip().isdigit() or int(lengths[0]) > MAX_BODY):
+            return _js(413, {"error": f"request body: more than {MAX_BODY} bytes"})
+        return None
+
+    def _refusal(self, scope: Scope, method: str) -> str | None:
+        """Why the bearer token check fails, or None when it passes."""
+        if method in SAFE_METHODS and (self.token is None or self.open_reads):
+            return None
         if self.token is None:
-            return True
-        for k, v in scope.get("headers", []):
-            if k.lower() == b"authorization":
-                return hmac.compare_digest(v, f"Bearer {self.token}".encode())
-        return False
+            return "this daemon has no admin token; state-changing requests are refused"
+        given = _headers(scope, b"authorization")
+        expected = f"Bearer {self.token}".encode()
+        if len(given) == 1 and hmac.compare_digest(given[0].encode("latin-1"), expected):
+            return None
+        return "missing or wrong bearer token"
 
-    def handle(self, scope: Scope, body: bytes = b"") -> tuple[int, str, bytes]:
-        def js(code: int, data: Any) -> tuple[int, str, bytes]:
-            return code, "application/json", json.dumps(data).encode()
-
-        if not self._authorized(scope):
-            return js(401, {"error": "missing or wrong bearer token"})
+    def handle(self, scope: Scope, body: bytes = b"") -> Answer:
+        """The token check and the routes (``__call__`` runs ``guard`` first)."""
+        js = _js
         method = scope.get("method", "GET")
+        refusal = self._refusal(scope, method)
+        if refusal is not None:
+            return js(401, {"error": refusal})
         path = scope.get("path", "")
         if self.extra is not None:
             answer = self.extra(method, path, body)
@@ -245,8 +410,17 @@ class AdminServer:
     def __init__(self, app: AdminApp, host: str, port: int) -> None:
         import uvicorn
 
+        self.app = app
+        self.host = host
         self.config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", lifespan="on", access_log=False
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            access_log=False,
+            proxy_headers=False,  # the checks read the request's own headers, never X-Forwarded-*
+            server_header=False,
         )
         self.server = uvicorn.Server(self.config)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
@@ -262,6 +436,7 @@ class AdminServer:
             time.sleep(0.02)
         sock = self.server.servers[0].sockets[0]
         self.port = int(sock.getsockname()[1])
+        self.app.bind(self.host, self.port)
         return self.port
 
     def stop(self) -> None:

@@ -6,11 +6,12 @@ resolved against the directory of the config file.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ConfigError
 from .policy import PrivacyPolicy
@@ -59,11 +60,41 @@ class Peer(_Strict):
     epsilon_cap: float = Field(gt=0, description="cap for this peer on each dataset")
 
 
+def _host_name(v: str) -> str:
+    """A Host header name: a DNS name or an IPv4 address, or an IPv6 address (kept bracketed,
+    as in a Host header); never with a port."""
+    import ipaddress
+
+    bare = v[1:-1] if v.startswith("[") and v.endswith("]") else v
+    try:
+        ip = ipaddress.ip_address(bare)
+    except ValueError:
+        if not re.fullmatch(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.?", v) or len(v) > 253:
+            raise ValueError("not a host name or an IP address (no port)") from None
+        return v.lower()
+    return f"[{ip}]" if ip.version == 6 else str(ip)
+
+
+_HostName = Annotated[str, AfterValidator(_host_name)]
+# bounds on the job fields that size what the target allocates or how long a job runs (issue 12:
+# an unbounded synthetic_rows from the job API tried to allocate 14.9 GiB); the ones the source
+# also bounds (projection_dim, steps, PATE) match common/terms.py
+MAX_SYNTHETIC_ROWS = 1_000_000
+MAX_BATCH_SIZE = 100_000
+_Rows = Annotated[int, Field(ge=1, le=MAX_SYNTHETIC_ROWS)]
+
+
 class AdminConfig(_Strict):
     enabled: bool = True
     listen: str = Field(default="127.0.0.1:0", description="host:port; port 0 picks a free one")
     token_file: Path | None = Field(
         default=None, description="bearer token; required when listen is not a loopback address"
+    )
+    allowed_hosts: tuple[_HostName, ...] = Field(
+        default=(),
+        max_length=16,
+        description="Host header names accepted besides the listen host and the loopback names "
+        "(e.g. the machine's DNS name when listening beyond loopback); no port",
     )
 
     @model_validator(mode="after")
@@ -139,13 +170,15 @@ class SourceConfig(_Strict):
 
 
 class TargetJob(_Strict):
-    dataset: str = Field(description="the source's dataset name")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    dataset: str = Field(min_length=1, max_length=128, description="the source's dataset name")
     data_kind: Literal["office-caltech", "mnist-usps", "table", "synthetic"]
     data_path: Path | None = None
     domain: str = ""
     representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
     scaling: Literal["zscore", "uniform"] = "zscore"
-    synthetic_rows: tuple[int, int] = Field(
+    synthetic_rows: tuple[_Rows, _Rows] = Field(
         default=(600, 500), description="data_kind synthetic: (source rows, target rows)"
     )
     epsilon: float = Field(gt=0, le=100)
@@ -153,9 +186,9 @@ class TargetJob(_Strict):
     privacy_unit: Literal["attribute", "record"] = "record"
     neighbouring: Literal["add-remove", "replace-one"] = "replace-one"
     projection: Literal["jl", "target-pca"] = "target-pca"
-    projection_dim: int = Field(default=50, ge=1)
-    batch_size: int = Field(default=0, ge=0)
-    steps: int = Field(default=0, ge=0)
+    projection_dim: int = Field(default=50, ge=1, le=4096)
+    batch_size: int = Field(default=0, ge=0, le=MAX_BATCH_SIZE)
+    steps: int = Field(default=0, ge=0, le=100_000)
     noise_multiplier: float = Field(
         default=1.1, ge=0, description="minibatch σ/w; 0: the smallest σ whose steps spend ε"
     )
@@ -169,8 +202,8 @@ class TargetJob(_Strict):
         default=None, description="default: prototypes (record unit), rows (attribute unit)"
     )
     pate_share: float = Field(default=0.1, gt=0, lt=1, description="dpda+pate: PATE's ε share")
-    pate_queries: int = Field(default=100, ge=1)
-    pate_teachers: int = Field(default=50, ge=1)
+    pate_queries: int = Field(default=100, ge=1, le=100_000)
+    pate_teachers: int = Field(default=50, ge=1, le=10_000)
     pate_aggregator: Literal["lnmax", "gnmax"] = "gnmax"
     pate_space: Literal["projected", "raw"] = "projected"
 

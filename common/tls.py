@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import hmac
 import ipaddress
+import logging
+import socket
+import ssl
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +20,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from . import signing
-from .errors import ConfigError
+from .errors import ConfigError, DpdaError, PeerMisbehaved
 from .keyfiles import private_dir, write_private
+
+log = logging.getLogger("dpda.tls")
 
 
 def fingerprint(cert_pem: bytes) -> str:
@@ -152,3 +159,87 @@ def peer_fingerprint(context: grpc.ServicerContext) -> str | None:
     if not certs:
         return None
     return fingerprint(certs[0])
+
+
+def grpc_host_port(address: str) -> tuple[str, int]:
+    """(host, port) of a gRPC target — ``host:port``, ``[v6]:port``, ``dns:///host:port``,
+    ``dns://authority/host:port``, ``ipv4:a.b.c.d:port`` or ``ipv6:[v6]:port`` — with the host as
+    gRPC verifies the server certificate against it (the target's host; port 443 if none)."""
+    rest = address.strip()
+    if rest.startswith("dns:"):
+        rest = rest[4:]
+        if rest.startswith("//"):
+            rest = rest[2:].split("/", 1)[1] if "/" in rest[2:] else ""
+    elif rest.startswith(("ipv4:", "ipv6:")):
+        rest = rest[5:].split(",", 1)[0]
+    elif rest.startswith(("unix:", "unix-abstract:", "vsock:")):
+        raise ConfigError(
+            f"source_address: {address}: the source's certificate is checked over TCP; use "
+            "host:port"
+        )
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port_s = tail[1:] if tail.startswith(":") else ""
+    elif rest.count(":") == 1:
+        host, _, port_s = rest.partition(":")
+    else:
+        host, port_s = rest, ""  # a bare host (or a bare IPv6 address)
+    if not host or (port_s and not port_s.isdigit()):
+        raise ConfigError(f"source_address: {address}: not host:port")
+    return host, int(port_s) if port_s else 443
+
+
+def check_server_fingerprint(
+    address: str,
+    cert: Path,
+    key: Path,
+    ca: Path,
+    expected: str,
+    timeout: float = 10.0,
+    retry_s: float = 0.0,
+) -> str:
+    """Pin the server before anything is sent to it: a TLS handshake (our client certificate,
+    ``ca`` as the only trust root, the host name checked as gRPC checks it) that reads the
+    server's certificate and compares its fingerprint with ``expected``. No application byte is
+    sent. Raises ``PeerMisbehaved`` when the certificate does not verify or is another one than
+    the pinned (any certificate the CA signed would otherwise pass mTLS); retries an unreachable
+    server with backoff for ``retry_s`` seconds, then raises ``DpdaError``. Returns the
+    fingerprint."""
+    host, port = grpc_host_port(address)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_verify_locations(cafile=str(ca))
+    ctx.load_cert_chain(str(cert), str(key))
+    ctx.set_alpn_protocols(["h2"])  # as gRPC offers; its server refuses a handshake without
+    deadline = time.monotonic() + retry_s
+    delay = 0.2
+    while True:
+        try:
+            with (
+                socket.create_connection((host, port), timeout=timeout) as sock,
+                ctx.wrap_socket(sock, server_hostname=host) as tls,
+            ):
+                der = tls.getpeercert(binary_form=True)
+            break
+        except ssl.SSLCertVerificationError as exc:
+            raise PeerMisbehaved(
+                f"source {address}: its certificate does not verify against {ca} "
+                f"({exc.verify_message}); nothing was sent"
+            ) from None
+        except OSError as exc:  # refused, reset, timed out, a failed handshake: unavailable
+            if time.monotonic() + delay > deadline:
+                raise DpdaError(
+                    f"source error: {address} unavailable for the certificate check ({exc})"
+                ) from None
+            log.warning("source %s unavailable (%s); retrying in %.1f s", address, exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    if not der:
+        raise PeerMisbehaved(f"source {address}: presented no certificate; nothing was sent")
+    got = fingerprint(ssl.DER_cert_to_PEM_cert(der).encode())
+    if not hmac.compare_digest(got, expected):
+        raise PeerMisbehaved(
+            f"source {address}: its certificate {got} is not the pinned source_fingerprint "
+            f"{expected}; refusing to send it anything"
+        )
+    return got

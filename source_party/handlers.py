@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from common import signing
 from common.config import Peer, SourceLimits
+from common.crashpoints import crash_point
 from common.data.preprocessing import Scaling
 from common.dp.events import event_from_json
 from common.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
@@ -159,6 +160,7 @@ class SourceHandlers:
                 sid = uuid.uuid4().hex
                 info = releaser.install(prepared, sid)
                 self._store_session(peer, terms, info, scaling)
+                crash_point("source.open_session.stored")
                 self.last_used[sid] = time.monotonic()
         plan_json = info.plan.model_dump_json()
         sig = signing.sign(self.key, (terms.model_dump_json() + plan_json).encode())
@@ -254,6 +256,7 @@ class SourceHandlers:
         for index in range(start, start + count):
             with self.lock:  # charge, draw and store atomically; send outside the lock
                 signed = self._release_one(peer, releaser, session_id, index, call)
+                crash_point("source.release.signed")
             yield signed
 
     def _require_countersigned(self, dataset: str, name: str, call: set[str]) -> None:
@@ -295,7 +298,9 @@ class SourceHandlers:
                 peer=name,
                 extra_caps=[("peer", self.peers[peer].epsilon_cap, prior_peer)],
             )
+        crash_point("source.release.drawn")
         self._store_payload(ds, rel, rid)
+        crash_point("source.release.stored")
         return SignedRelease(rel, self._sign(ds, rel.ledger_seq))
 
     def _store_payload(self, dataset: str, rel: BatchRelease, rid: str) -> None:
@@ -379,10 +384,12 @@ class SourceHandlers:
                     peer=name,
                     extra_caps=[("peer", self.peers[peer].epsilon_cap, prior)],
                 )
+            crash_point("source.pate.drawn")
             self.conn.execute(
                 "INSERT INTO pate_answers VALUES (?, ?, ?, ?)",
                 (ds, ans.ledger_seq, rid, ans.payload_bytes()),
             )
+            crash_point("source.pate.stored")
             return ans, self._sign(ds, ans.ledger_seq)
 
     # ------------------------------------------------------------------------ ledger sync
@@ -395,6 +402,7 @@ class SourceHandlers:
             if not signing.verify(pub, entries[seq].signed_message(), target_sig):
                 raise PeerMisbehaved("countersignature does not verify")
             self.ledger.store.update_signatures(dataset, seq, "", "", target_sig)
+            crash_point("source.countersign.stored")
 
     def ledger_entries(
         self, peer: str, dataset: str, since: int

@@ -22,6 +22,7 @@ import numpy as np
 from common import serde, signing
 from common.audit import AuditLog, ClientAuditInterceptor
 from common.config import TargetConfig
+from common.crashpoints import crash_point
 from common.dp.events import event_from_json, event_to_json
 from common.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
 from common.dp.pate import answers_event
@@ -96,6 +97,20 @@ class GrpcReleaseSource:
         self.dataset = cfg.job.dataset
         self.key = signing.load_private(cfg.signing_key)
         self.source_pub = signing.load_public(cfg.source_signing_public_key)
+        # pin the source before any request carrying data goes out (issue 12, item 11): mTLS
+        # alone let any holder of a certificate from the peer CA receive the target's basis and
+        # column means. Raises PeerMisbehaved on another certificate.
+        from common.tls import check_server_fingerprint
+
+        check_server_fingerprint(
+            cfg.source_address,
+            cfg.tls.cert,
+            cfg.tls.key,
+            cfg.tls.peer_ca,
+            cfg.source_fingerprint,
+            timeout=min(cfg.timeout_s, 30.0),
+            retry_s=cfg.reconnect_s,
+        )
         creds = channel_credentials(cfg.tls.cert, cfg.tls.key, cfg.tls.peer_ca)
         channel = grpc.secure_channel(
             cfg.source_address,
@@ -249,6 +264,7 @@ class GrpcReleaseSource:
             )
         except grpc.RpcError as exc:
             raise _translate(exc) from None
+        crash_point("target.open_session.received")
         if not signing.verify(
             self.source_pub, (terms.model_dump_json() + resp.plan_json).encode(), resp.source_sig
         ):
@@ -389,7 +405,9 @@ class GrpcReleaseSource:
             if abs(expected - entry.spend_after) > 1e-9:
                 raise PeerMisbehaved("the charge differs from the target's recomputation")
             self.ledger.store.append(entry)
+            crash_point("target.release.appended")
         self._countersign(entry)
+        crash_point("target.release.countersigned")
         if more:  # the session's next batch charges the same event again
             self.ledger.would_spend(self.dataset, [event])  # type: ignore[list-item]
 

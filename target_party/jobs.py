@@ -5,29 +5,140 @@ field named on error) starts a job in a background thread — one at a time, a s
 job runs gets 409. ``GET /v1/jobs/{id}`` gives state, progress and results; ``GET
 /v1/jobs/{id}/report`` the HTML report with its plots. The admin API also serves the target's
 own ledger, audit log and metrics (``common.admin``).
+
+A job spends the target's budget and sends the source what the target discloses about its data
+(the projection basis and column means), so the API is guarded (issue 12, item 5):
+
+* **Token by default.** With ``[admin] token_file`` configured, every request needs
+  ``Authorization: Bearer <token>``. Without one, ``serve`` uses ``state_dir/admin_token``:
+  generated at the first start (32 random bytes, created 0600 with ``O_EXCL``), reused on later
+  starts only if it is a regular file owned by this user with no group or other permission
+  bits, and its path is printed. ``POST /v1/jobs`` needs it; read-only GETs (jobs, report,
+  ledger, audit, metrics) stay open on loopback as before — they change nothing, Prometheus and
+  local operators read them, and the Host/Origin checks of ``common.admin`` keep browser pages
+  (CSRF, DNS rebinding) out. Configure ``token_file`` to close reads as well.
+* **Host, Origin, JSON only, 64 KiB bodies**: ``common.admin`` (403, 403, 415, 413).
+* **Allow-list of overridable fields** (``OVERRIDABLE``): privacy and algorithm parameters only.
+  What names the data — ``dataset``, ``data_kind``, ``data_path``, ``domain`` — comes from the
+  config file alone (400 naming the field): a request could otherwise point the daemon at any
+  readable file and send its statistics to the source.
+* **Bounds** on the fields that size allocations (``synthetic_rows``, ``projection_dim``,
+  ``batch_size``, ``steps``, ``pate_queries``, ``pate_teachers``: ``common.config.TargetJob``),
+  finite numbers only (400 naming the field).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import signal
+import stat
 import threading
 import traceback
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from common.admin import AdminApp, AdminServer, Metrics
 from common.config import TargetConfig, TargetJob
-from common.errors import DpdaError, public_message
+from common.errors import ConfigError, DpdaError, public_message
+from common.keyfiles import write_private
 
 from .app import open_state, run_job
 from .report import render
 
 log = logging.getLogger("dpda.target")
+
+# job fields a POST may override: privacy and algorithm parameters. Everything else — above all
+# what names the data or its location (dataset, data_kind, data_path, domain) — is the config's.
+OVERRIDABLE = frozenset(
+    {
+        "representation",
+        "scaling",
+        "synthetic_rows",
+        "epsilon",
+        "delta",
+        "privacy_unit",
+        "neighbouring",
+        "projection",
+        "projection_dim",
+        "batch_size",
+        "steps",
+        "noise_multiplier",
+        "calibration",
+        "clip_norm",
+        "reg_e",
+        "reg_g",
+        "classifier",
+        "method",
+        "release",
+        "pate_share",
+        "pate_queries",
+        "pate_teachers",
+        "pate_aggregator",
+        "pate_space",
+    }
+)
+TOKEN_FILE = "admin_token"
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def _check_overrides(overrides: dict[str, Any]) -> str | None:
+    """The first field (sorted) a request may not set, with why; None when all may be set."""
+    for name in sorted(overrides):
+        if name not in TargetJob.model_fields:
+            return f"job.{_shown(name)}: no such job field"
+        if name not in OVERRIDABLE:
+            return (
+                f"job.{name}: cannot be overridden through the API (what names the data or its "
+                "location comes from the config file only)"
+            )
+    return None
+
+
+def _shown(name: str) -> str:
+    return name if len(name) <= 64 else name[:64] + "…"
+
+
+def admin_token(cfg: TargetConfig) -> tuple[str, Path, bool]:
+    """(token, where it is, whether it was generated): the configured ``token_file``, else
+    ``state_dir/admin_token`` — created 0600 at the first start, reused only if it is a regular
+    file of this user that no one else may read or write."""
+    if cfg.admin.token_file is not None:
+        token = cfg.admin.token_file.read_text().strip()
+        if not token:
+            raise ConfigError(f"admin.token_file: {cfg.admin.token_file} is empty")
+        return token, cfg.admin.token_file, False
+    path = cfg.state_dir / TOKEN_FILE
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        token = secrets.token_urlsafe(32)
+        write_private(path, (token + "\n").encode())
+        return token, path, True
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{path}: not a regular file; refusing to use it as the admin token")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"{path}: owned by another user; refusing to use it as the admin token")
+    if st.st_mode & 0o077:
+        raise ConfigError(
+            f"{path}: readable or writable by group or others (mode {st.st_mode & 0o777:o}); "
+            "refusing to use it as the admin token — remove it and restart to get a new one"
+        )
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        token = f.read(4096).decode("utf-8", "replace").strip()
+    if len(token) < 16:
+        raise ConfigError(f"{path}: too short for an admin token; remove it and restart")
+    return token, path, False
 
 
 @dataclass
@@ -62,11 +173,14 @@ class JobRunner:
 
     def start(self, body: bytes) -> tuple[int, dict[str, Any]]:
         try:
-            overrides = json.loads(body or b"{}")
+            overrides = json.loads(body or b"{}", parse_constant=_no_constant)
             if not isinstance(overrides, dict):
                 raise ValueError
-        except ValueError:
+        except (ValueError, RecursionError):
             return 400, {"error": "the body must be a JSON object of job fields"}
+        refused = _check_overrides(overrides)
+        if refused is not None:
+            return 400, {"error": refused}
         try:
             job_cfg = TargetJob.model_validate({**self.cfg.job.model_dump(), **overrides})
         except ValidationError as exc:
@@ -115,6 +229,8 @@ class JobRunner:
             return js(405, {"error": "method not allowed"})
         if not path.startswith("/v1/jobs/"):
             return None
+        if method != "GET":
+            return js(405, {"error": "method not allowed"})
         parts = path.split("/")[3:]
         job = self.jobs.get(parts[0])
         if job is None:
@@ -136,7 +252,7 @@ def serve(cfg: TargetConfig) -> int:
     ledger, audit = open_state(cfg)
     metrics = Metrics()
     runner = JobRunner(cfg, metrics)
-    token = cfg.admin.token_file.read_text().strip() if cfg.admin.token_file else None
+    token, token_path, generated = admin_token(cfg)
     app = AdminApp(
         metrics,
         ledger.store.entries,
@@ -144,6 +260,9 @@ def serve(cfg: TargetConfig) -> int:
         lambda: True,
         token,
         extra=runner.route,
+        # a configured token_file guards everything; the default token guards what changes state
+        open_reads=cfg.admin.token_file is None,
+        allowed_hosts=cfg.admin.allowed_hosts,
     )
     host, port = cfg.admin.listen.rsplit(":", 1)
     server = AdminServer(app, host.strip("[]"), int(port))
@@ -152,6 +271,12 @@ def serve(cfg: TargetConfig) -> int:
     tmp.write_text(str(server.port))
     tmp.replace(cfg.state_dir / "admin_port")
     print(f"dpda target admin API on http://{host}:{server.port} (POST /v1/jobs)", flush=True)
+    made = "generated in" if generated else "in"
+    print(
+        f"admin token {made} {token_path} (send Authorization: Bearer <token> "
+        "with Content-Type: application/json to POST /v1/jobs)",
+        flush=True,
+    )
     try:
         stop.wait()
     finally:

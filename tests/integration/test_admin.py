@@ -63,6 +63,12 @@ def test_admin_api_of_a_running_daemon(tmp_path) -> None:
         spec = json.loads(_get(port, "/openapi.json")[1])
         assert set(spec["paths"]) >= {"/healthz", "/metrics", "/v1/ledger"}
         assert _get(port, "/nope")[0] == 404
+        # the source's admin API has the same Host/Origin checks (DNS rebinding, issue 12)
+        rebound = urllib.request.Request(f"http://127.0.0.1:{port}/v1/ledger")
+        rebound.add_header("Host", f"evil.example:{port}")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(rebound, timeout=10)
+        assert e.value.code == 403 and b"Host" in e.value.read()
         # one shutdown path: SIGTERM stops gRPC and HTTP and the process exits cleanly
         src.proc.send_signal(signal.SIGTERM)
         assert src.proc.wait(timeout=20) == 0
@@ -93,3 +99,59 @@ def test_bearer_token_is_checked(tmp_path) -> None:
     good = [(b"authorization", b"Bearer s3cret")]
     assert app.handle({"path": "/healthz", "headers": good})[0] == 200
     assert app.handle({"path": "/healthz", "method": "POST", "headers": good})[0] == 405
+
+
+def _scope(
+    method: str = "GET",
+    path: str = "/healthz",
+    host: str | None = "127.0.0.1:8123",
+    **headers: str,
+) -> dict:
+    hdrs = [] if host is None else [(b"host", host.encode())]
+    hdrs += [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
+    return {"type": "http", "method": method, "path": path, "headers": hdrs}
+
+
+def test_host_origin_and_content_type_checks() -> None:
+    """Issue 12, item 5, at the app level: what ``guard`` lets through to the routes."""
+    from common.admin import AdminApp, Metrics
+
+    app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, allowed_hosts=("dpda.lan",))
+    app.bind("127.0.0.1", 8123)
+    for host in ("127.0.0.1:8123", "localhost:8123", "[::1]:8123", "dpda.lan:8123"):
+        assert app.guard(_scope(host=host)) is None, host
+    for host in (None, "evil.example:8123", "127.0.0.1:8124", "10.0.0.1:8123", "x:y", "[::1"):
+        assert app.guard(_scope(host=host))[0] == 403, host
+    assert app.guard(_scope(origin="http://127.0.0.1:8123")) is None
+    assert app.guard(_scope(origin="http://evil.example"))[0] == 403
+    ok = {"content_type": "application/json; charset=utf-8"}
+    assert app.guard(_scope("POST", **ok)) is None
+    assert app.guard(_scope("POST", content_type="text/plain"))[0] == 415
+    assert app.guard(_scope("POST", content_length=str(1 << 20), **ok))[0] == 413
+    # on a wildcard address: any IP literal (not a name: rebinding needs one), and allowed_hosts
+    app.bind("0.0.0.0", 8123)
+    assert app.guard(_scope(host="10.0.0.1:8123")) is None
+    assert app.guard(_scope(host="dpda.lan:8123")) is None
+    assert app.guard(_scope(host="evil.example:8123"))[0] == 403
+    # an IPv6 listen address is matched bracketed
+    app.bind("::1", 8123)
+    assert app.guard(_scope(host="[::1]:8123")) is None
+
+
+def test_state_changing_requests_need_a_token() -> None:
+    from common.admin import AdminApp, Metrics
+
+    def route(method: str, path: str, body: bytes):  # noqa: ANN202
+        return (202, "application/json", b"{}") if path == "/v1/jobs" else None
+
+    # no token at all: reads open, nothing state-changing runs
+    bare = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, extra=route)
+    assert bare.handle(_scope())[0] == 200
+    assert bare.handle(_scope("POST", "/v1/jobs"))[0] == 401
+    # the target's default token: reads open, POST needs it
+    app = AdminApp(
+        Metrics(), lambda ds: [], lambda: [], lambda: True, "t0k", extra=route, open_reads=True
+    )
+    assert app.handle(_scope())[0] == 200
+    assert app.handle(_scope("POST", "/v1/jobs"))[0] == 401
+    assert app.handle(_scope("POST", "/v1/jobs", authorization="Bearer t0k"))[0] == 202

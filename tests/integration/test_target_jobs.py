@@ -16,12 +16,18 @@ from common.deployment import SourceProcess, dpda_command
 
 from .helpers import synthetic_deployment
 
+_TOKEN: dict[int, str] = {}  # admin port → the token ``serve`` generated in its state_dir
+
 
 def _req(port: int, path: str, body: dict | None = None) -> tuple[int, bytes]:
+    """GETs are open on loopback; a POST sends JSON with the daemon's bearer token."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}", data=data, method="POST" if body is not None else "GET"
     )
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+        req.add_header("Authorization", f"Bearer {_TOKEN[port]}")
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, r.read()
@@ -46,8 +52,10 @@ def daemons(tmp_path):
     while not port_file.is_file():
         assert tgt.poll() is None and time.monotonic() < deadline, "target serve did not start"
         time.sleep(0.05)
+    port = int(port_file.read_text())
+    _TOKEN[port] = (dep.target_state / "admin_token").read_text().strip()
     try:
-        yield dep, int(port_file.read_text())
+        yield dep, port
     finally:
         tgt.terminate()
         tgt.wait(timeout=20)

@@ -1,0 +1,98 @@
+"""Issue 12, item 11: the target pins the source's certificate before it sends anything.
+
+9ac3bc1: the target checked only that the server's certificate chained to the peer CA, so an
+impostor holding any certificate from that CA (here: a real source daemon serving the same
+datasets with another certificate, as a compromised or careless CA would allow) received the
+target's session terms, its projection basis and its column means in ``OpenSession``. Now the
+target compares the server certificate's fingerprint with ``source_fingerprint`` in a TLS
+handshake that sends no application byte, and refuses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from common.config import TlsConfig, load_source, load_target
+from common.errors import DpdaError, PeerMisbehaved
+from common.tls import check_server_fingerprint, grpc_host_port, init_party
+from source_party.app import run_server
+from target_party.app import open_state, run_job
+
+from .helpers import synthetic_deployment
+
+
+def _impostor_source(tmp: Path, dep) -> object:  # noqa: ANN001
+    """The honest source's config with another certificate from the same CA, and its own state."""
+    imp = init_party(tmp / "impostor-keys", "source-org", ca_dir=dep.workdir / "keys" / "ca")
+    assert imp.fingerprint != dep.source_keys.fingerprint
+    cfg = load_source(dep.source_config)
+    return cfg.model_copy(
+        update={
+            "state_dir": tmp / "impostor-state",
+            "tls": TlsConfig(cert=imp.cert, key=imp.key, peer_ca=cfg.tls.peer_ca),
+        }
+    )
+
+
+def test_an_impostor_source_gets_nothing(tmp_path: Path) -> None:
+    dep = synthetic_deployment(tmp_path)
+    with run_server(_impostor_source(tmp_path, dep)) as rs:
+        tcfg = load_target(dep.target_config).model_copy(
+            update={"source_address": f"127.0.0.1:{rs.port}", "reconnect_s": 0.0}
+        )
+        with pytest.raises(PeerMisbehaved, match="not the pinned source_fingerprint"):
+            run_job(tcfg)
+        methods = [r.method for r, _ in rs.audit.records()]
+        # the old target had opened a session: the impostor's audit log held OpenSession, and
+        # its handler had the target's disclosure (basis, column means)
+        assert not any("OpenSession" in m for m in methods), methods
+        assert methods == [], methods  # not even a ledger sync: no gRPC request at all
+        assert rs.handlers.ledger.store.entries("synthetic") == []
+    # and the target's own audit log shows nothing sent either
+    _, audit = open_state(tcfg)
+    assert [r for r, _ in audit.records() if r.direction == "out"] == []
+
+
+def test_the_pinned_source_is_accepted(tmp_path: Path) -> None:
+    dep = synthetic_deployment(tmp_path)
+    with run_server(load_source(dep.source_config)) as rs:
+        tcfg = load_target(dep.target_config).model_copy(
+            update={"source_address": f"127.0.0.1:{rs.port}"}
+        )
+        k = dep.target_keys
+        for address in (
+            f"127.0.0.1:{rs.port}",
+            f"localhost:{rs.port}",
+            f"dns:///127.0.0.1:{rs.port}",
+        ):
+            got = check_server_fingerprint(
+                address, k.cert, k.key, k.ca, dep.source_keys.fingerprint, timeout=10
+            )
+            assert got == dep.source_keys.fingerprint
+        results, _ = run_job(tcfg)
+        assert 0 < results["epsilon_spent"] <= 4.0
+        methods = [r.method for r, _ in rs.audit.records()]
+        assert any("OpenSession" in m for m in methods), methods
+
+
+def test_unreachable_source_and_address_forms(tmp_path: Path) -> None:
+    assert grpc_host_port("127.0.0.1:5000") == ("127.0.0.1", 5000)
+    assert grpc_host_port("[::1]:5000") == ("::1", 5000)
+    assert grpc_host_port("dns:///localhost:5000") == ("localhost", 5000)
+    assert grpc_host_port("dns://8.8.8.8/example.org:5000") == ("example.org", 5000)
+    assert grpc_host_port("ipv4:10.0.0.1:5000") == ("10.0.0.1", 5000)
+    assert grpc_host_port("example.org") == ("example.org", 443)
+    dep = synthetic_deployment(tmp_path)
+    k = dep.target_keys
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(DpdaError, match="unavailable") as e:
+        check_server_fingerprint(
+            f"127.0.0.1:{port}", k.cert, k.key, k.ca, dep.source_keys.fingerprint, timeout=2
+        )
+    assert not isinstance(e.value, PeerMisbehaved)
