@@ -211,7 +211,12 @@ def _admin(cfg: SourceConfig, rs: RunningSource) -> AdminServer | None:
             return False
 
     app = AdminApp(
-        rs.metrics, store.entries, lambda: [r for r, _ in rs.audit.records()], ready, token
+        rs.metrics,
+        store.entries,
+        lambda: [r for r, _ in rs.audit.records()],
+        ready,
+        token,
+        allowed_hosts=cfg.admin.allowed_hosts,
     )
     host, port = cfg.admin.listen.rsplit(":", 1)
     server = AdminServer(app, host.strip("[]"), int(port))

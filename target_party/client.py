@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -64,9 +66,15 @@ class _Retrying:
     without charging it again. Gives up after ``reconnect_s`` seconds.
     """
 
-    def __init__(self, stub: pb_grpc.SourceServiceStub, reconnect_s: float) -> None:
+    def __init__(
+        self,
+        stub: pb_grpc.SourceServiceStub,
+        reconnect_s: float,
+        guard: Callable[[bool], None] = lambda dropped: None,
+    ) -> None:
         self.stub = stub
         self.reconnect_s = reconnect_s
+        self.guard = guard  # before each attempt: re-pins the source if the connection dropped
 
     def __getattr__(self, name: str):  # noqa: ANN204
         method = getattr(self.stub, name)
@@ -74,7 +82,9 @@ class _Retrying:
         def call(request, timeout=None):  # noqa: ANN001, ANN202
             deadline = time.monotonic() + self.reconnect_s
             delay = 0.2
+            dropped = False
             while True:
+                self.guard(dropped)
                 try:
                     result = method(request, timeout=timeout)
                     # a server stream is consumed here so that a broken stream is retried too
@@ -86,6 +96,7 @@ class _Retrying:
                     log.warning("source unavailable; retrying %s in %.1f s", name, delay)
                     time.sleep(delay)
                     delay = min(delay * 2, 5.0)
+                    dropped = True
 
         return call
 
@@ -123,13 +134,54 @@ class GrpcReleaseSource:
         self.channel = grpc.intercept_channel(
             channel, ClientAuditInterceptor(audit, cfg.source_fingerprint)
         )
-        self.stub = _Retrying(pb_grpc.SourceServiceStub(self.channel), cfg.reconnect_s)
+        self.stub = _Retrying(
+            pb_grpc.SourceServiceStub(self.channel), cfg.reconnect_s, self._guard
+        )
+        # gRPC reconnects on its own, to whoever listens at the address: every connection
+        # state other than READY after the first READY means the next call may go to a new
+        # server, so the pin is checked again first (``_guard``)
+        self._dropped = threading.Event()
+        self._was_ready = False
+
+        def watch(state: grpc.ChannelConnectivity) -> None:
+            if state is grpc.ChannelConnectivity.READY:
+                self._was_ready = True
+            elif self._was_ready:
+                self._dropped.set()
+
+        channel.subscribe(watch, try_to_connect=False)
+        self._raw_channel = channel
         self._sessions: dict[str, tuple[SessionTerms, SessionInfo]] = {}
         self.job_file = cfg.state_dir / "job.json"
         # the charge check, append and countersignature of a received release run here, while
         # the job adapts to the release; every next request (and ``spent``) waits for them
         self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpda-verify")
         self._pending: Future[None] | None = None
+
+    def _guard(self, dropped: bool) -> None:
+        """Before a call: if the connection dropped since the last check (a state change or an
+        UNAVAILABLE), the certificate of whoever listens now must be the pinned one (a
+        PeerMisbehaved ends the job); an unreachable source is left to the retry loop. The
+        window between this handshake and gRPC's own reconnection stays open in principle (the
+        Python API has no per-connection hook); it is milliseconds wide, not a whole restart."""
+        if not (dropped or self._dropped.is_set()):
+            return
+        self._dropped.clear()
+        from common.tls import check_server_fingerprint
+
+        try:
+            check_server_fingerprint(
+                self.cfg.source_address,
+                self.cfg.tls.cert,
+                self.cfg.tls.key,
+                self.cfg.tls.peer_ca,
+                self.cfg.source_fingerprint,
+                timeout=min(self.cfg.timeout_s, 10.0),
+            )
+        except PeerMisbehaved:
+            raise
+        except DpdaError:
+            self._dropped.set()  # not listening yet: check again before the next attempt
 
     def settle(self) -> None:
         """Wait for the last release's charge check and countersignature; raise what failed."""

@@ -96,3 +96,35 @@ def test_unreachable_source_and_address_forms(tmp_path: Path) -> None:
             f"127.0.0.1:{port}", k.cert, k.key, k.ca, dep.source_keys.fingerprint, timeout=2
         )
     assert not isinstance(e.value, PeerMisbehaved)
+
+
+def test_an_impostor_taking_over_the_address_mid_job_gets_nothing(tmp_path: Path) -> None:
+    """The pin is checked again before every retry: when the source goes away and another
+    certificate from the same CA answers on its address, the target stops with PeerMisbehaved
+    instead of sending its next request there."""
+    from common.terms import SessionTerms
+    from source_party.releases import TargetDisclosure
+    from target_party.client import GrpcReleaseSource
+
+    from .helpers import DELTA
+
+    dep = synthetic_deployment(tmp_path)
+    honest = load_source(dep.source_config)
+    with run_server(honest) as rs:
+        port = rs.port
+        tcfg = load_target(dep.target_config).model_copy(
+            update={"source_address": f"127.0.0.1:{port}", "reconnect_s": 20.0}
+        )
+        ledger, audit = open_state(tcfg)
+        client = GrpcReleaseSource(tcfg, ledger, audit)
+        terms = SessionTerms(
+            dataset="synthetic", epsilon=1.0, delta=DELTA, projection_dim=5, projection="jl"
+        )
+        info = client.open_session(terms, TargetDisclosure())
+    impostor = _impostor_source(tmp_path, dep).model_copy(update={"listen": f"127.0.0.1:{port}"})
+    with run_server(impostor) as imp:
+        with pytest.raises(PeerMisbehaved, match="not the pinned source_fingerprint"):
+            client.release(info.session_id, 0)
+        requests = [r.method for r, _ in imp.audit.records()]
+        assert requests == [], requests
+    client.channel.close()
