@@ -13,6 +13,7 @@ Release protocol (DESIGN.md §3), source side, for each batch of a ``ReleaseBatc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -79,6 +80,7 @@ def log_restored(dataset: str, seq: int) -> None:
 class SignedRelease:
     release: BatchRelease
     entry: LedgerEntry  # signed: entry.source_sig
+    catch_up: tuple[LedgerEntry, ...] = ()  # entries before it the peer has not been sent yet
 
     @property
     def source_sig(self) -> str:
@@ -242,7 +244,13 @@ class SourceHandlers:
 
     # -------------------------------------------------------------------------- releases
     def release_batches(
-        self, peer: str, session_id: str, start: int, count: int, ledger_head: str
+        self,
+        peer: str,
+        session_id: str,
+        start: int,
+        count: int,
+        ledger_head: str,
+        ledger_length: int = -1,
     ) -> Iterator[SignedRelease]:
         if count < 1 or count > self.max_batches or start < 0:
             raise InvalidInput("batch range out of bounds")
@@ -250,14 +258,35 @@ class SourceHandlers:
         if start + count > info.plan.steps:
             raise InvalidInput("batch range out of bounds")
         with self.lock:
-            if ledger_head != head_hash(self.ledger.store.entries(releaser.dataset)):
-                raise LedgerCorrupt("ledger heads differ: sync the ledger first")
+            known = self._known_prefix(releaser.dataset, ledger_head, ledger_length)
         call = {f"{session_id}/{i}" for i in range(start, start + count)}
         for index in range(start, start + count):
             with self.lock:  # charge, draw and store atomically; send outside the lock
                 signed = self._release_one(peer, releaser, session_id, index, call)
+                signed, known = self._with_catch_up(releaser.dataset, signed, known)
                 crash_point("source.release.signed")
             yield signed
+
+    def _known_prefix(self, dataset: str, ledger_head: str, ledger_length: int) -> int:
+        """How many of the dataset's entries the peer holds: its head must be our head, or the
+        hash of our entry ``ledger_length - 1`` (it lags because other sessions released
+        meanwhile; the entries it lacks travel with the release, ``catch_up``). Anything else:
+        sync first."""
+        entries = self.ledger.store.entries(dataset)
+        if ledger_head == head_hash(entries):
+            return len(entries)
+        if 0 <= ledger_length <= len(entries) and ledger_head == head_hash(entries[:ledger_length]):
+            return ledger_length
+        raise LedgerCorrupt("ledger heads differ: sync the ledger first")
+
+    def _with_catch_up(
+        self, dataset: str, signed: SignedRelease, known: int
+    ) -> tuple[SignedRelease, int]:
+        seq = signed.entry.seq
+        if seq <= known:
+            return signed, max(known, seq + 1)
+        gap = tuple(self.ledger.store.entries(dataset)[known:seq])
+        return dataclasses.replace(signed, catch_up=gap), seq + 1
 
     def _require_countersigned(self, dataset: str, name: str, call: set[str]) -> None:
         """A new charge waits until the peer has countersigned every earlier release of its own
@@ -288,9 +317,7 @@ class SourceHandlers:
             name = self.peers[peer].name
             self._require_countersigned(ds, name, call)
             prior_peer = [
-                event_from_json(e.dp_event)
-                for e in self.ledger.store.entries(ds)
-                if e.peer == name
+                event_from_json(e.dp_event) for e in self.ledger.store.entries(ds) if e.peer == name
             ]
             rel = releaser.release(
                 session_id,
@@ -347,17 +374,25 @@ class SourceHandlers:
 
     # ------------------------------------------------------------------------------ PATE
     def query_teachers(
-        self, peer: str, session_id: str, index: int, queries: np.ndarray, ledger_head: str
-    ) -> tuple[PateAnswer, LedgerEntry]:
+        self,
+        peer: str,
+        session_id: str,
+        index: int,
+        queries: np.ndarray,
+        ledger_head: str,
+        ledger_length: int = -1,
+    ) -> tuple[PateAnswer, LedgerEntry, tuple[LedgerEntry, ...]]:
         if index < 0:
             raise InvalidInput("query index out of bounds")
         releaser, _ = self._session(peer, session_id)
+        releaser.check_queries(session_id, queries)
+        releaser.prepare_teachers(session_id)  # training outside the lock (seconds, at times)
         with self.lock:
-            releaser.check_queries(session_id, queries)
             ds = releaser.dataset
             entries = self.ledger.store.entries(ds)
             rid = f"{session_id}/pate/{index}"
             existing = next((e for e in entries if e.request_id == rid), None)
+            known: int | None = None
             if existing is not None:
                 if existing.params.get("queries_sha256") != queries_digest(queries):
                     raise InvalidInput("a replayed request id with altered content")
@@ -367,13 +402,12 @@ class SourceHandlers:
                 ).fetchone()
                 if row is not None:
                     ans = PateAnswer(np.frombuffer(row[0], "<i8"), existing.seq)
-                    return ans, self._sign(ds, existing.seq)
+                    return ans, self._sign(ds, existing.seq), ()
                 if existing.source_sig:  # sent before the source lost it: never draw again
                     raise LedgerCorrupt("this answer was sent before and cannot be sent again")
                 ans = releaser.draw_answer(session_id, queries, existing)
             else:
-                if ledger_head != head_hash(entries):
-                    raise LedgerCorrupt("ledger heads differ: sync the ledger first")
+                known = self._known_prefix(ds, ledger_head, ledger_length)
                 name = self.peers[peer].name
                 self._require_countersigned(ds, name, set())
                 prior = [event_from_json(e.dp_event) for e in entries if e.peer == name]
@@ -390,7 +424,8 @@ class SourceHandlers:
                 (ds, ans.ledger_seq, rid, ans.payload_bytes()),
             )
             crash_point("source.pate.stored")
-            return ans, self._sign(ds, ans.ledger_seq)
+            gap = tuple(entries[known : ans.ledger_seq]) if known is not None else ()
+            return ans, self._sign(ds, ans.ledger_seq), gap
 
     # ------------------------------------------------------------------------ ledger sync
     def countersign(self, peer: str, dataset: str, seq: int, target_sig: str) -> None:
@@ -436,9 +471,14 @@ class SourceHandlers:
             for text in entries_json:
                 try:
                     entry = LedgerEntry.from_json(text)
-                except (ValueError, TypeError):
+                    # canonical JSON refuses NaN/Infinity (json.loads accepts them); deep nesting
+                    # exhausts the recursion limit: both are malformed entries, not internal errors
+                    msg = entry.signed_message()
+                    sigs = (entry.source_sig, entry.target_sig)
+                    if not all(isinstance(sig, str) for sig in sigs):  # null, a number …
+                        raise TypeError("signatures are base64 strings")
+                except (ValueError, TypeError, RecursionError):
                     raise InvalidInput("a restored entry does not parse") from None
-                msg = entry.signed_message()
                 if entry.dataset != dataset or entry.peer != name:
                     raise PeerMisbehaved("a restored entry is not this peer's")
                 if not (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -201,6 +202,8 @@ class SourceReleaser:
         self.insecure_seed = insecure_seed
         self._sessions: dict[str, tuple[SessionTerms, SessionInfo, Scaling | None]] = {}
         self._features: dict[str, np.ndarray] = {}  # scaling digest → prepared features (LRU)
+        self._feat_lock = threading.Lock()
+        self._ens_lock = threading.Lock()
         self._bound: dict[str, dict[str, Any]] = {}  # session → what its charges depend on
         self._noise: dict[str, np.random.Generator] = {}  # session → its own noise stream
 
@@ -297,13 +300,14 @@ class SourceReleaser:
         read-only copy per distinct scaling, at most ``FEATURE_CACHE`` of them kept."""
         scaling = self._sessions[session_id][2]
         key = "" if scaling is None else digest(scaling.mean) + digest(scaling.std)
-        x = self._features.pop(key, None)
-        if x is None:
-            x = prepare_features(self.domain.x, self.representation, scaling)
-            x.setflags(write=False)
-        self._features[key] = x  # most recently used last
-        while len(self._features) > FEATURE_CACHE:
-            self._features.pop(next(iter(self._features)))
+        with self._feat_lock:
+            x = self._features.pop(key, None)
+            if x is None:
+                x = prepare_features(self.domain.x, self.representation, scaling)
+                x.setflags(write=False)
+            self._features[key] = x  # most recently used last
+            while len(self._features) > FEATURE_CACHE:
+                self._features.pop(next(iter(self._features)))
         return x
 
     def session(self, session_id: str) -> tuple[SessionTerms, SessionInfo]:
@@ -436,7 +440,16 @@ class SourceReleaser:
 
     # ------------------------------------------------------------------------------ PATE
     def _teachers(self, session_id: str) -> TeacherEnsemble:
+        """The session's teachers, trained on first use. The daemon calls this before it takes
+        its lock (``prepare_teachers``): training can take seconds and must not hold up other
+        sessions' releases."""
         terms, info = self.session(session_id)
+        with self._ens_lock:
+            return self._ensemble(session_id, terms, info)
+
+    prepare_teachers = _teachers
+
+    def _ensemble(self, session_id: str, terms: SessionTerms, info: SessionInfo) -> TeacherEnsemble:
         ens = self._ensembles.get(session_id)
         if ens is None:
             x = self.features(session_id)

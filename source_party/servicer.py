@@ -112,6 +112,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
                 request.start,
                 request.count,
                 request.ledger_head,
+                request.ledger_length if request.HasField("ledger_length") else -1,
             ):
                 yield pb.BatchRelease(
                     index=sr.release.index,
@@ -120,6 +121,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
                     entry_json=sr.entry.to_json(),
                     payload_sha256=sr.entry.payload_sha256,
                     source_sig=sr.source_sig,
+                    catch_up_json=[e.to_json() for e in sr.catch_up],
                 )
         except Exception as exc:  # noqa: BLE001
             _abort(context, exc, self.on_refusal)
@@ -129,14 +131,20 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
         self, request: pb.QueryTeachersRequest, context: Any
     ) -> pb.QueryTeachersResponse:
         queries = serde.from_pb(request.queries, dtype="<f8", ndim=2)
-        ans, entry = self.h.query_teachers(
-            self._peer(context), request.session_id, request.index, queries, request.ledger_head
+        ans, entry, catch_up = self.h.query_teachers(
+            self._peer(context),
+            request.session_id,
+            request.index,
+            queries,
+            request.ledger_head,
+            request.ledger_length if request.HasField("ledger_length") else -1,
         )
         return pb.QueryTeachersResponse(
             labels=serde.to_pb(ans.labels),
             entry_json=entry.to_json(),
             payload_sha256=entry.payload_sha256,
             source_sig=entry.source_sig,
+            catch_up_json=[e.to_json() for e in catch_up],
         )
 
     @_guard

@@ -134,9 +134,7 @@ class GrpcReleaseSource:
         self.channel = grpc.intercept_channel(
             channel, ClientAuditInterceptor(audit, cfg.source_fingerprint)
         )
-        self.stub = _Retrying(
-            pb_grpc.SourceServiceStub(self.channel), cfg.reconnect_s, self._guard
-        )
+        self.stub = _Retrying(pb_grpc.SourceServiceStub(self.channel), cfg.reconnect_s, self._guard)
         # gRPC reconnects on its own, to whoever listens at the address: every connection
         # state other than READY after the first READY means the next call may go to a new
         # server, so the pin is checked again first (``_guard``)
@@ -284,7 +282,21 @@ class GrpcReleaseSource:
                 timeout=self.cfg.timeout_s,
             )
         except grpc.RpcError as exc:
-            raise _translate(exc) from None
+            err = _translate(exc)
+            if not (isinstance(err, InvalidInput) and self._source_lost(entry)):
+                raise err from None
+
+    def _source_lost(self, entry: LedgerEntry) -> bool:
+        """Whether the source, refusing to countersign ``entry``, no longer holds it: it
+        restarted on a file that lost its tail while we countersigned. Then our copy, this
+        countersignature included, is sent back (as ``sync_ledger`` does); nothing is released
+        or charged again."""
+        resp = self._get_ledger(entry.seq)
+        if resp.length > entry.seq:
+            return False
+        mine = self.ledger.store.entries(self.dataset)
+        self._restore_source_tail(mine, int(resp.length), resp.head)
+        return True
 
     # -------------------------------------------------------------------------- sessions
     def _saved_session(self, terms: SessionTerms) -> str:
@@ -376,7 +388,11 @@ class GrpcReleaseSource:
         if known is None:
             self.ledger.check(self.dataset, [spec.dp_event()])  # (1) do not ask if over budget
         req = pb.ReleaseBatchesRequest(
-            session_id=session_id, start=index, count=1, ledger_head=head_hash(mine)
+            session_id=session_id,
+            start=index,
+            count=1,
+            ledger_head=head_hash(mine),
+            ledger_length=len(mine),
         )
         try:
             msgs = list(self.stub.ReleaseBatches(req, timeout=self.cfg.timeout_s))
@@ -406,6 +422,7 @@ class GrpcReleaseSource:
             index=index,
             queries=serde.to_pb(queries),
             ledger_head=head_hash(mine),
+            ledger_length=len(mine),
         )
         try:
             resp = self.stub.QueryTeachers(req, timeout=self.cfg.timeout_s)
@@ -416,7 +433,8 @@ class GrpcReleaseSource:
             raise PeerMisbehaved("labels out of range")
         entry = LedgerEntry.from_json(resp.entry_json)
         digest = hashlib.sha256(resp.labels.data).hexdigest()
-        self._verify_entry(entry, digest, resp.payload_sha256, rid, event, known)
+        catch_up = [LedgerEntry.from_json(t) for t in resp.catch_up_json]
+        self._verify_entry(entry, digest, resp.payload_sha256, rid, event, known, catch_up=catch_up)
         return labels
 
     def _verify_entry(
@@ -428,6 +446,7 @@ class GrpcReleaseSource:
         event: object,
         known: LedgerEntry | None,
         more: bool = False,
+        catch_up: list[LedgerEntry] | None = None,
     ) -> None:
         """Payload hash, signature, request and event now; the charge check, append and
         countersignature in the background (``settle`` waits for them)."""
@@ -441,19 +460,36 @@ class GrpcReleaseSource:
             raise PeerMisbehaved("the charged event differs from the agreed mechanism")
         if known is not None and known.body() != entry.body():
             raise PeerMisbehaved("a retried release came back with a different entry")
+        for e in catch_up or []:
+            if e.source_sig and not signing.verify(
+                self.source_pub, e.signed_message(), e.source_sig
+            ):
+                raise PeerMisbehaved("a caught-up ledger entry has a bad source signature")
         self._pending = self._checker.submit(
-            self._charge_and_countersign, entry, event, known, more
+            self._charge_and_countersign, entry, event, known, more, catch_up or []
         )
 
     def _charge_and_countersign(
-        self, entry: LedgerEntry, event: object, known: LedgerEntry | None, more: bool
+        self,
+        entry: LedgerEntry,
+        event: object,
+        known: LedgerEntry | None,
+        more: bool,
+        catch_up: list[LedgerEntry],
     ) -> None:
         """The charge must equal the target's own recomputation; then the entry is appended
         durably and countersigned. Runs while the job adapts to the release (the payload is
         already here; nothing more is asked before this has passed). Afterwards the same
         event's next charge is composed ahead (a cache warm-up for the next pre-check)."""
+        for e in catch_up:  # other sessions' releases since our last contact, chained in
+            try:
+                self.ledger.store.append(e)
+            except LedgerCorrupt:
+                raise PeerMisbehaved("caught-up ledger entries do not link to our copy") from None
         if known is None:
-            expected = self.ledger.would_spend(self.dataset, [event])  # type: ignore[list-item]
+            # the charge recomputed over every entry (caught-up ones included); over the
+            # target's own budget it stops here, the release unused
+            expected = self.ledger.check(self.dataset, [event])  # type: ignore[list-item]
             if abs(expected - entry.spend_after) > 1e-9:
                 raise PeerMisbehaved("the charge differs from the target's recomputation")
             self.ledger.store.append(entry)
@@ -483,7 +519,10 @@ class GrpcReleaseSource:
         if int(msg.index) != index:
             raise PeerMisbehaved("ledger entry is for another request")
         more = index + 1 < info.plan.steps
-        self._verify_entry(entry, digest, msg.payload_sha256, rid, spec.dp_event(), known, more)
+        catch_up = [LedgerEntry.from_json(t) for t in msg.catch_up_json]
+        self._verify_entry(
+            entry, digest, msg.payload_sha256, rid, spec.dp_event(), known, more, catch_up
+        )
         return BatchRelease(index, z, counts, spec, entry.seq)
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x63ommon/pb/dpda.proto\x12\x07\x64pda.v1\"5\n\x07NDArray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xd4\x01\n\x12OpenSessionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nterms_json\x18\x02 \x01(\t\x12&\n\x0cscaling_mean\x18\x03 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12%\n\x0bscaling_std\x18\x04 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12\x1f\n\x05\x62\x61sis\x18\x05 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x12\n\ntarget_sig\x18\x07 \x01(\t\"\x87\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06n_rows\x18\x02 \x01(\x03\x12\x12\n\nn_features\x18\x03 \x01(\x03\x12\x11\n\tn_classes\x18\x04 \x01(\x03\x12\x11\n\tplan_json\x18\x05 \x01(\t\x12\x12\n\nsource_sig\x18\x06 \x01(\t\"*\n\x14GetProjectionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"=\n\x15GetProjectionResponse\x12$\n\nprojection\x18\x01 \x01(\x0b\x32\x10.dpda.v1.NDArray\"^\n\x15ReleaseBatchesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x03\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\x12\x13\n\x0bledger_head\x18\x04 \x01(\t\"\xa2\x01\n\x0c\x42\x61tchRelease\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x1b\n\x01z\x18\x02 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12&\n\x0cnoisy_counts\x18\x03 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12\x12\n\nentry_json\x18\x04 \x01(\t\x12\x16\n\x0epayload_sha256\x18\x05 \x01(\t\x12\x12\n\nsource_sig\x18\x06 \x01(\t\"q\n\x14QueryTeachersRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x03\x12!\n\x07queries\x18\x03 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12\x13\n\x0bledger_head\x18\x04 \x01(\t\"y\n\x15QueryTeachersResponse\x12 \n\x06labels\x18\x01 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12\x12\n\nentry_json\x18\x02 \x01(\t\x12\x16\n\x0epayload_sha256\x18\x03 \x01(\t\x12\x12\n\nsource_sig\x18\x04 \x01(\t\"F\n\x12\x43ountersignRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x12\n\ntarget_sig\x18\x03 \x01(\t\"\x15\n\x13\x43ountersignResponse\"6\n\x10GetLedgerRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x11\n\tsince_seq\x18\x02 \x01(\x03\"`\n\x11GetLedgerResponse\x12\x14\n\x0c\x65ntries_json\x18\x01 \x03(\t\x12\x0e\n\x06length\x18\x02 \x01(\x03\x12\x0c\n\x04head\x18\x03 \x01(\t\x12\x17\n\x0funcountersigned\x18\x04 \x03(\x03\"=\n\x14RestoreLedgerRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x14\n\x0c\x65ntries_json\x18\x02 \x03(\t\"5\n\x15RestoreLedgerResponse\x12\x0e\n\x06length\x18\x01 \x01(\x03\x12\x0c\n\x04head\x18\x02 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse2\xef\x04\n\rSourceService\x12H\n\x0bOpenSession\x12\x1b.dpda.v1.OpenSessionRequest\x1a\x1c.dpda.v1.OpenSessionResponse\x12N\n\rGetProjection\x12\x1d.dpda.v1.GetProjectionRequest\x1a\x1e.dpda.v1.GetProjectionResponse\x12I\n\x0eReleaseBatches\x12\x1e.dpda.v1.ReleaseBatchesRequest\x1a\x15.dpda.v1.BatchRelease0\x01\x12N\n\rQueryTeachers\x12\x1d.dpda.v1.QueryTeachersRequest\x1a\x1e.dpda.v1.QueryTeachersResponse\x12H\n\x0b\x43ountersign\x12\x1b.dpda.v1.CountersignRequest\x1a\x1c.dpda.v1.CountersignResponse\x12\x42\n\tGetLedger\x12\x19.dpda.v1.GetLedgerRequest\x1a\x1a.dpda.v1.GetLedgerResponse\x12N\n\rRestoreLedger\x12\x1d.dpda.v1.RestoreLedgerRequest\x1a\x1e.dpda.v1.RestoreLedgerResponse\x12K\n\x0c\x43loseSession\x12\x1c.dpda.v1.CloseSessionRequest\x1a\x1d.dpda.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x63ommon/pb/dpda.proto\x12\x07\x64pda.v1\"5\n\x07NDArray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xd4\x01\n\x12OpenSessionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nterms_json\x18\x02 \x01(\t\x12&\n\x0cscaling_mean\x18\x03 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12%\n\x0bscaling_std\x18\x04 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12\x1f\n\x05\x62\x61sis\x18\x05 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x12\n\ntarget_sig\x18\x07 \x01(\t\"\x87\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06n_rows\x18\x02 \x01(\x03\x12\x12\n\nn_features\x18\x03 \x01(\x03\x12\x11\n\tn_classes\x18\x04 \x01(\x03\x12\x11\n\tplan_json\x18\x05 \x01(\t\x12\x12\n\nsource_sig\x18\x06 \x01(\t\"*\n\x14GetProjectionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"=\n\x15GetProjectionResponse\x12$\n\nprojection\x18\x01 \x01(\x0b\x32\x10.dpda.v1.NDArray\"\x8c\x01\n\x15ReleaseBatchesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x03\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\x12\x13\n\x0bledger_head\x18\x04 \x01(\t\x12\x1a\n\rledger_length\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x10\n\x0e_ledger_length\"\xb9\x01\n\x0c\x42\x61tchRelease\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x1b\n\x01z\x18\x02 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12&\n\x0cnoisy_counts\x18\x03 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12\x12\n\nentry_json\x18\x04 \x01(\t\x12\x16\n\x0epayload_sha256\x18\x05 \x01(\t\x12\x12\n\nsource_sig\x18\x06 \x01(\t\x12\x15\n\rcatch_up_json\x18\x07 \x03(\t\"\x9f\x01\n\x14QueryTeachersRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x03\x12!\n\x07queries\x18\x03 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12\x13\n\x0bledger_head\x18\x04 \x01(\t\x12\x1a\n\rledger_length\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x10\n\x0e_ledger_length\"\x90\x01\n\x15QueryTeachersResponse\x12 \n\x06labels\x18\x01 \x01(\x0b\x32\x10.dpda.v1.NDArray\x12\x12\n\nentry_json\x18\x02 \x01(\t\x12\x16\n\x0epayload_sha256\x18\x03 \x01(\t\x12\x12\n\nsource_sig\x18\x04 \x01(\t\x12\x15\n\rcatch_up_json\x18\x05 \x03(\t\"F\n\x12\x43ountersignRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x12\n\ntarget_sig\x18\x03 \x01(\t\"\x15\n\x13\x43ountersignResponse\"6\n\x10GetLedgerRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x11\n\tsince_seq\x18\x02 \x01(\x03\"`\n\x11GetLedgerResponse\x12\x14\n\x0c\x65ntries_json\x18\x01 \x03(\t\x12\x0e\n\x06length\x18\x02 \x01(\x03\x12\x0c\n\x04head\x18\x03 \x01(\t\x12\x17\n\x0funcountersigned\x18\x04 \x03(\x03\"=\n\x14RestoreLedgerRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x14\n\x0c\x65ntries_json\x18\x02 \x03(\t\"5\n\x15RestoreLedgerResponse\x12\x0e\n\x06length\x18\x01 \x01(\x03\x12\x0c\n\x04head\x18\x02 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse2\xef\x04\n\rSourceService\x12H\n\x0bOpenSession\x12\x1b.dpda.v1.OpenSessionRequest\x1a\x1c.dpda.v1.OpenSessionResponse\x12N\n\rGetProjection\x12\x1d.dpda.v1.GetProjectionRequest\x1a\x1e.dpda.v1.GetProjectionResponse\x12I\n\x0eReleaseBatches\x12\x1e.dpda.v1.ReleaseBatchesRequest\x1a\x15.dpda.v1.BatchRelease0\x01\x12N\n\rQueryTeachers\x12\x1d.dpda.v1.QueryTeachersRequest\x1a\x1e.dpda.v1.QueryTeachersResponse\x12H\n\x0b\x43ountersign\x12\x1b.dpda.v1.CountersignRequest\x1a\x1c.dpda.v1.CountersignResponse\x12\x42\n\tGetLedger\x12\x19.dpda.v1.GetLedgerRequest\x1a\x1a.dpda.v1.GetLedgerResponse\x12N\n\rRestoreLedger\x12\x1d.dpda.v1.RestoreLedgerRequest\x1a\x1e.dpda.v1.RestoreLedgerResponse\x12K\n\x0c\x43loseSession\x12\x1c.dpda.v1.CloseSessionRequest\x1a\x1d.dpda.v1.CloseSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,30 +41,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETPROJECTIONREQUEST']._serialized_end=483
   _globals['_GETPROJECTIONRESPONSE']._serialized_start=485
   _globals['_GETPROJECTIONRESPONSE']._serialized_end=546
-  _globals['_RELEASEBATCHESREQUEST']._serialized_start=548
-  _globals['_RELEASEBATCHESREQUEST']._serialized_end=642
-  _globals['_BATCHRELEASE']._serialized_start=645
-  _globals['_BATCHRELEASE']._serialized_end=807
-  _globals['_QUERYTEACHERSREQUEST']._serialized_start=809
-  _globals['_QUERYTEACHERSREQUEST']._serialized_end=922
-  _globals['_QUERYTEACHERSRESPONSE']._serialized_start=924
-  _globals['_QUERYTEACHERSRESPONSE']._serialized_end=1045
-  _globals['_COUNTERSIGNREQUEST']._serialized_start=1047
-  _globals['_COUNTERSIGNREQUEST']._serialized_end=1117
-  _globals['_COUNTERSIGNRESPONSE']._serialized_start=1119
-  _globals['_COUNTERSIGNRESPONSE']._serialized_end=1140
-  _globals['_GETLEDGERREQUEST']._serialized_start=1142
-  _globals['_GETLEDGERREQUEST']._serialized_end=1196
-  _globals['_GETLEDGERRESPONSE']._serialized_start=1198
-  _globals['_GETLEDGERRESPONSE']._serialized_end=1294
-  _globals['_RESTORELEDGERREQUEST']._serialized_start=1296
-  _globals['_RESTORELEDGERREQUEST']._serialized_end=1357
-  _globals['_RESTORELEDGERRESPONSE']._serialized_start=1359
-  _globals['_RESTORELEDGERRESPONSE']._serialized_end=1412
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1414
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1455
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1457
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1479
-  _globals['_SOURCESERVICE']._serialized_start=1482
-  _globals['_SOURCESERVICE']._serialized_end=2105
+  _globals['_RELEASEBATCHESREQUEST']._serialized_start=549
+  _globals['_RELEASEBATCHESREQUEST']._serialized_end=689
+  _globals['_BATCHRELEASE']._serialized_start=692
+  _globals['_BATCHRELEASE']._serialized_end=877
+  _globals['_QUERYTEACHERSREQUEST']._serialized_start=880
+  _globals['_QUERYTEACHERSREQUEST']._serialized_end=1039
+  _globals['_QUERYTEACHERSRESPONSE']._serialized_start=1042
+  _globals['_QUERYTEACHERSRESPONSE']._serialized_end=1186
+  _globals['_COUNTERSIGNREQUEST']._serialized_start=1188
+  _globals['_COUNTERSIGNREQUEST']._serialized_end=1258
+  _globals['_COUNTERSIGNRESPONSE']._serialized_start=1260
+  _globals['_COUNTERSIGNRESPONSE']._serialized_end=1281
+  _globals['_GETLEDGERREQUEST']._serialized_start=1283
+  _globals['_GETLEDGERREQUEST']._serialized_end=1337
+  _globals['_GETLEDGERRESPONSE']._serialized_start=1339
+  _globals['_GETLEDGERRESPONSE']._serialized_end=1435
+  _globals['_RESTORELEDGERREQUEST']._serialized_start=1437
+  _globals['_RESTORELEDGERREQUEST']._serialized_end=1498
+  _globals['_RESTORELEDGERRESPONSE']._serialized_start=1500
+  _globals['_RESTORELEDGERRESPONSE']._serialized_end=1553
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1555
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1596
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1598
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1620
+  _globals['_SOURCESERVICE']._serialized_start=1623
+  _globals['_SOURCESERVICE']._serialized_end=2246
 # @@protoc_insertion_point(module_scope)

@@ -180,11 +180,14 @@ class ReleaseBatchesRequest(_message.Message):
     START_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
     LEDGER_HEAD_FIELD_NUMBER: _builtins.int
+    LEDGER_LENGTH_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     start: _builtins.int
     count: _builtins.int
     ledger_head: _builtins.str
     """hash of the target's last ledger entry for the dataset"""
+    ledger_length: _builtins.int
+    """how many entries the target holds (it may lag: catch_up)"""
     def __init__(
         self,
         *,
@@ -192,12 +195,15 @@ class ReleaseBatchesRequest(_message.Message):
         start: _builtins.int = ...,
         count: _builtins.int = ...,
         ledger_head: _builtins.str = ...,
+        ledger_length: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ledger_length", b"_ledger_length", "ledger_length", b"ledger_length"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "ledger_head", b"ledger_head", "session_id", b"session_id", "start", b"start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ledger_length", b"_ledger_length", "count", b"count", "ledger_head", b"ledger_head", "ledger_length", b"ledger_length", "session_id", b"session_id", "start", b"start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__ledger_length: _TypeAlias = _typing.Literal["ledger_length"]  # noqa: Y015
+    _WhichOneofArgType__ledger_length: _TypeAlias = _typing.Literal["_ledger_length", b"_ledger_length"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ledger_length) -> _WhichOneofReturnType__ledger_length | None: ...
 
 Global___ReleaseBatchesRequest: _TypeAlias = ReleaseBatchesRequest  # noqa: Y015
 
@@ -211,6 +217,7 @@ class BatchRelease(_message.Message):
     ENTRY_JSON_FIELD_NUMBER: _builtins.int
     PAYLOAD_SHA256_FIELD_NUMBER: _builtins.int
     SOURCE_SIG_FIELD_NUMBER: _builtins.int
+    CATCH_UP_JSON_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     entry_json: _builtins.str
     """the ledger entry that charged this release"""
@@ -224,6 +231,10 @@ class BatchRelease(_message.Message):
     def noisy_counts(self) -> Global___NDArray:
         """noisy class counts"""
 
+    @_builtins.property
+    def catch_up_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """entries before this one the target lacked (other sessions)"""
+
     def __init__(
         self,
         *,
@@ -233,10 +244,11 @@ class BatchRelease(_message.Message):
         entry_json: _builtins.str = ...,
         payload_sha256: _builtins.str = ...,
         source_sig: _builtins.str = ...,
+        catch_up_json: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["noisy_counts", b"noisy_counts", "z", b"z"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_json", b"entry_json", "index", b"index", "noisy_counts", b"noisy_counts", "payload_sha256", b"payload_sha256", "source_sig", b"source_sig", "z", b"z"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catch_up_json", b"catch_up_json", "entry_json", b"entry_json", "index", b"index", "noisy_counts", b"noisy_counts", "payload_sha256", b"payload_sha256", "source_sig", b"source_sig", "z", b"z"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -250,10 +262,12 @@ class QueryTeachersRequest(_message.Message):
     INDEX_FIELD_NUMBER: _builtins.int
     QUERIES_FIELD_NUMBER: _builtins.int
     LEDGER_HEAD_FIELD_NUMBER: _builtins.int
+    LEDGER_LENGTH_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     index: _builtins.int
     """the request id is session_id/pate/index"""
     ledger_head: _builtins.str
+    ledger_length: _builtins.int
     @_builtins.property
     def queries(self) -> Global___NDArray:
         """(n, l) in the projection space, or (n, k) raw when opted in"""
@@ -265,12 +279,15 @@ class QueryTeachersRequest(_message.Message):
         index: _builtins.int = ...,
         queries: Global___NDArray | None = ...,
         ledger_head: _builtins.str = ...,
+        ledger_length: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["queries", b"queries"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ledger_length", b"_ledger_length", "ledger_length", b"ledger_length", "queries", b"queries"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "ledger_head", b"ledger_head", "queries", b"queries", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ledger_length", b"_ledger_length", "index", b"index", "ledger_head", b"ledger_head", "ledger_length", b"ledger_length", "queries", b"queries", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__ledger_length: _TypeAlias = _typing.Literal["ledger_length"]  # noqa: Y015
+    _WhichOneofArgType__ledger_length: _TypeAlias = _typing.Literal["_ledger_length", b"_ledger_length"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ledger_length) -> _WhichOneofReturnType__ledger_length | None: ...
 
 Global___QueryTeachersRequest: _TypeAlias = QueryTeachersRequest  # noqa: Y015
 
@@ -282,6 +299,7 @@ class QueryTeachersResponse(_message.Message):
     ENTRY_JSON_FIELD_NUMBER: _builtins.int
     PAYLOAD_SHA256_FIELD_NUMBER: _builtins.int
     SOURCE_SIG_FIELD_NUMBER: _builtins.int
+    CATCH_UP_JSON_FIELD_NUMBER: _builtins.int
     entry_json: _builtins.str
     payload_sha256: _builtins.str
     source_sig: _builtins.str
@@ -289,6 +307,8 @@ class QueryTeachersResponse(_message.Message):
     def labels(self) -> Global___NDArray:
         """(n,) noisy arg-max labels; never the vote counts"""
 
+    @_builtins.property
+    def catch_up_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -296,10 +316,11 @@ class QueryTeachersResponse(_message.Message):
         entry_json: _builtins.str = ...,
         payload_sha256: _builtins.str = ...,
         source_sig: _builtins.str = ...,
+        catch_up_json: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_json", b"entry_json", "labels", b"labels", "payload_sha256", b"payload_sha256", "source_sig", b"source_sig"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catch_up_json", b"catch_up_json", "entry_json", b"entry_json", "labels", b"labels", "payload_sha256", b"payload_sha256", "source_sig", b"source_sig"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

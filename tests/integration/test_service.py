@@ -190,6 +190,11 @@ def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> Non
         cb.release(sb.session_id, 0)  # the source's head moves past what client a has seen
         ca.release(sa.session_id, 0)  # a is told the heads differ, syncs, verifies, retries
         ca.settle()  # its charge check and countersignature finish in the background
+        # the entry a lacked came with its release (catch_up): no refusal, no extra round trip
+        refused = rs.metrics.registry.get_sample_value(
+            "dpda_refusals_total", {"code": "LEDGER_CORRUPT"}
+        )
+        assert not refused
         source_rows = [e.to_json() for e in rs.handlers.ledger.store.entries("synthetic")]
         assert len(source_rows) == 2
         assert [e.to_json() for e in la.store.entries("synthetic")] == source_rows
