@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .errors import InvalidInput
@@ -49,8 +51,13 @@ def from_pb(
             raise InvalidInput("array has the wrong shape")
         if any(s is not None and s != d for s, d in zip(shape, dims, strict=True)):
             raise InvalidInput("array has the wrong shape")
-    count = int(np.prod(dims)) if dims else 1
-    if count * 8 > max_bytes or len(msg.data) != count * 8:
+    # Python integers: numpy's int64 product wraps around (2^32 × 2^32 gave 0, which matched
+    # empty data and then failed to reshape), and a zero dimension must not excuse a huge other
+    # one (numpy refuses to build an empty (0, 2^63 - 1) array)
+    if math.prod(max(d, 1) for d in dims) * 8 > max_bytes:
+        raise InvalidInput("array size does not match its shape or exceeds the limit")
+    count = math.prod(dims)
+    if len(msg.data) != count * 8:
         raise InvalidInput("array size does not match its shape or exceeds the limit")
     arr = np.frombuffer(msg.data, dtype=ALLOWED_DTYPES[msg.dtype]).reshape(dims)
     if finite and arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):

@@ -49,7 +49,7 @@ class SessionTerms(BaseModel):
     record), one aggregate release (noisy per-class sums and counts).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     dataset: str = Field(min_length=1, max_length=128)
     epsilon: float = Field(gt=0, le=100, description="budget of this session (ε)")
@@ -59,21 +59,23 @@ class SessionTerms(BaseModel):
     projection: Literal["jl", "target-pca"] = "target-pca"
     projection_dim: int = Field(default=50, ge=1, le=4096)
     batch_size: int = Field(default=0, ge=0, description="0: one whole-dataset release")
+    # upper bounds: far past any useful noise, and below where the accountant's PLD overflows
     noise_multiplier: float = Field(
         default=1.1,
         ge=0,
+        le=1e6,
         description="σ/w for minibatches; 0: the smallest σ that spends ε over `steps` batches",
     )
     # σ_h / σ for the per-batch Gaussian histogram (attribute-unit minibatches: uncharged, since
     # labels do not change under the attribute relation; the noise still blurs block boundaries).
-    histogram_noise_ratio: float = Field(default=2.0, gt=0)
+    histogram_noise_ratio: float = Field(default=2.0, gt=0, le=1e6)
     steps: int = Field(
         default=0, ge=0, le=100_000, description="minibatch steps; 0: as many as ε allows"
     )
     max_steps: int = Field(default=64, ge=1, le=100_000)
     calibration: Literal["theorem2", "analytic"] = "theorem2"
     histogram_share: float = Field(default=0.5, gt=0, lt=1)
-    clip_norm: float = Field(default=1.0, gt=0)
+    clip_norm: float = Field(default=1.0, gt=0, le=1e12)
     release: Literal["rows", "prototypes", "class-gaussians"] = Field(
         default="prototypes",
         description="rows: noisy projected rows (Algorithm 2); prototypes: noisy per-class sums"

@@ -268,7 +268,7 @@ class SourceReleaser:
             ) from None
         except PlanRefused as exc:
             raise PolicyRefused(str(exc)) from None
-        except ValueError:  # from a library: its text is not public
+        except (ValueError, ArithmeticError, RuntimeWarning):  # a library's text is not public
             raise InvalidInput("no release plan can be computed for these terms") from None
         check_plan(self.policy, plan, terms)
         bound = {

@@ -188,6 +188,7 @@ def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> Non
         sa = ca.open_session(terms, TargetDisclosure(view.scaling, None))
         sb = cb.open_session(terms, TargetDisclosure(view.scaling, None))
         cb.release(sb.session_id, 0)  # the source's head moves past what client a has seen
+        cb.settle()  # b's countersignature is in: the source may charge this peer again
         ca.release(sa.session_id, 0)  # a is told the heads differ, syncs, verifies, retries
         ca.settle()  # its charge check and countersignature finish in the background
         # the entry a lacked came with its release (catch_up): no refusal, no extra round trip

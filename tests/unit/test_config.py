@@ -106,3 +106,25 @@ def test_the_broken_rdp_ledger_option_is_gone(tmp_path) -> None:
     (tmp_path / "s.toml").write_text(text)
     with pytest.raises(ConfigError, match=r"datasets\.0\.accountant"):
         load_source(tmp_path / "s.toml")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("noise_multiplier", "Infinity"),
+        ("noise_multiplier", "1e300"),
+        ("noise_multiplier", "NaN"),
+        ("histogram_noise_ratio", "1e308"),
+        ("clip_norm", "Infinity"),
+        ("epsilon", "Infinity"),
+    ],
+)
+def test_session_terms_refuse_non_finite_and_absurd_floats(field: str, value: str) -> None:
+    """Issue 12 fuzzing: ``noise_multiplier = Infinity`` parsed, and 1e300 overflowed the
+    accountant's PLD inside the source's planner (INTERNAL); the terms now refuse both by name."""
+    from common.terms import SessionTerms, terms_error
+
+    text = f'{{"dataset": "x", "epsilon": 1.0, "delta": 1e-5, "{field}": {value}}}'
+    with pytest.raises(ValueError) as info:
+        SessionTerms.model_validate_json(text)
+    assert terms_error(info.value).startswith(f"{field}:")
