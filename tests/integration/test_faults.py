@@ -1,35 +1,140 @@
-"""SIGKILL the source or the target at random points of a release stream (real processes)."""
+"""SIGKILL the source or the target during a release stream (real processes), at random moments
+and at every named crash point; reach a budget cap across crashes; lose the writes after a
+commit. Every assertion is on what was observed (see ``faults``).
+
+Trials: ``DPDA_FAULT_TRIALS=N`` (default 2) timed kills per victim; crash points, budget and lost
+writes scale with it (the soak: ``DPDA_FAULT_TRIALS=100``, see ``faults``)."""
 
 from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 
-from .faults import STEPS, run_trial
+from .faults import (
+    SOURCE_POINTS,
+    STEPS,
+    TARGET_POINTS,
+    run_budget_trial,
+    run_crash_trial,
+    run_lost_writes_trial,
+    run_trial,
+)
 from .helpers import synthetic_deployment
 
-TRIALS = int(os.environ.get("DPDA_FAULT_TRIALS", "20"))
+TRIALS = int(os.environ.get("DPDA_FAULT_TRIALS", "2"))
+JOB = {"batch_size": 60, "steps": STEPS}
+PATE_STEPS = 3
+PATE_JOB = {
+    "batch_size": 60,
+    "steps": PATE_STEPS,
+    "method": "dpda+pate",
+    "pate_queries": 30,
+    "pate_teachers": 10,
+}
+# the spend after each of the 12 releases is 1.67, 2.01, …, 3.17, 3.35, …, 4.00: 7 fit
+CAP = 3.2
+
+
+def _scaled(divisor: int) -> int:
+    return max(1, TRIALS // divisor)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill", ["source", "target"])
-def test_sigkill_never_loses_or_double_charges(tmp_path, kill: str) -> None:
-    dep = synthetic_deployment(
-        tmp_path, job={"batch_size": 60, "steps": STEPS}, attribute_unit=True
-    )
+def test_sigkill_never_loses_or_double_charges(tmp_path: Path, kill: str) -> None:
+    dep = synthetic_deployment(tmp_path, job=JOB, attribute_unit=True)
     rng = random.Random(2026 if kill == "source" else 7)
-    n = TRIALS if kill == "source" else max(5, TRIALS // 2)
+    n = TRIALS if kill == "source" else max(2, TRIALS // 2)
     results = [run_trial(dep, t, rng, kill) for t in range(n)]
-    live = sum(r.resumed_live for r in results)
-    inside = sum(0 < r.kill_after_entries for r in results)
+    # observed: the victim died by SIGKILL with part of this trial's releases on record
+    inside = sum(
+        r.returncode == -9 and 0 < (r.new_entries if kill == "source" else r.target_entries) < STEPS
+        for r in results
+    )
+    live = sum(r.outcome == "live" for r in results)
     print(
-        f"\n{kill} SIGKILL trials: {n}, kills inside the stream: {inside}, "
+        f"\n{kill} SIGKILL trials: {n}, killed inside the stream (observed): {inside}, "
         f"finished by live reconnection: {live}, invariants held in all"
     )
-    # the kills landed inside the stream, not only before or after it
-    assert sum(0 < r.kill_after_entries for r in results) >= n // 2
+    assert all(r.returncode == -9 for r in results)
+    assert inside >= (n + 1) // 2, "most kills must land inside the stream"
     if kill == "source":
         # the running target reconnected to the restarted source and finished on its own
-        assert sum(r.resumed_live for r in results) >= n // 2
+        assert live >= (n + 1) // 2
+
+
+def _points() -> list[tuple[str, bool]]:
+    out = [(p, p.startswith("source.pate.")) for p in SOURCE_POINTS]
+    out += [(p, False) for p in TARGET_POINTS]
+    # a PATE answer appended and countersigned by the target (it is the job's last release)
+    out += [("target.release.appended", True), ("target.release.countersigned", True)]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("point", "pate"), _points())
+def test_a_crash_at_every_point_recovers(tmp_path: Path, point: str, pate: bool) -> None:
+    """The victim SIGKILLs itself at the named step (OpenSession, charge/draw, store, sign,
+    PATE, countersign); it is restarted or the job resumed; the invariants hold."""
+    dep = synthetic_deployment(tmp_path, job=PATE_JOB if pate else JOB, attribute_unit=True)
+    steps = PATE_STEPS if pate else STEPS
+    rng = random.Random(f"{point}/{pate}")
+    n = _scaled(20)
+    for t in range(n):
+        if "open_session" in point or point.startswith("source.pate."):
+            nth = 1
+        elif pate:  # the PATE answer comes after every release
+            nth = steps + 1
+        else:
+            nth = rng.randint(1, steps)
+        obs = run_crash_trial(dep, t, point, nth, steps)
+        print(
+            f"\n{obs.point}: at the kill {obs.new_entries} new source entries, "
+            f"{obs.target_entries} target entries; finished {obs.outcome}"
+        )
+
+
+@pytest.mark.slow
+def test_a_source_that_lost_the_release_being_countersigned_takes_it_back(
+    tmp_path: Path,
+) -> None:
+    """The source dies while the target countersigns release 3 and loses its ledger tail from
+    release 2 on (a lost WAL). The target's retried Countersign finds no such entry: it must send
+    back its countersigned copy and go on, live — before, the job failed ("INVALID_ARGUMENT")
+    and, since the restored releases' payloads were gone, could never be resumed."""
+    dep = synthetic_deployment(tmp_path, job=JOB, attribute_unit=True)
+    obs = run_crash_trial(dep, 0, "source.countersign.stored", 3, lose_from=1)
+    assert obs.outcome == "live" and obs.restored == 2
+
+
+@pytest.mark.slow
+def test_a_budget_cap_is_reached_across_crashes(tmp_path: Path) -> None:
+    dep = synthetic_deployment(tmp_path, job=JOB, attribute_unit=True, dataset_cap=CAP)
+    rng = random.Random(11)
+    for t in range(_scaled(20)):
+        obs = run_budget_trial(dep, t, rng, CAP)
+        print(f"\nbudget: {obs.extra}, {obs.outcome}")
+        # one job per trial exhausts the cap; the next trial starts from a fresh source state
+        if t + 1 < _scaled(20):
+            (tmp_path / f"d{t + 1}").mkdir()
+            dep = synthetic_deployment(
+                tmp_path / f"d{t + 1}", job=JOB, attribute_unit=True, dataset_cap=CAP
+            )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["source-live", "source-resumed", "target"])
+def test_lost_writes_after_a_commit_are_recovered(tmp_path: Path, case: str) -> None:
+    dep = synthetic_deployment(tmp_path, job=JOB, attribute_unit=True)
+    rng = random.Random({"source-live": 3, "source-resumed": 5, "target": 8}[case])
+    n = _scaled(10)
+    results = [run_lost_writes_trial(dep, t, rng, case, earliest=t == 0) for t in range(n)]
+    for r in results:
+        print(f"\n{case}: {r.extra}, restored {r.restored}, {r.outcome}")
+    assert all(r.returncode == -9 for r in results)
+    if case.startswith("source"):
+        # the first trial loses the longest tail: the target must have sent it back
+        assert results[0].restored > 0 or results[0].extra["copy_entries"] >= STEPS
