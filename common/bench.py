@@ -192,6 +192,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.set_defaults(func=run_bench_service)
     from .bench_accuracy import register_accuracy
     from .bench_figures import register_figures
+    from .bench_load import register_load
     from .bench_privacy import register_privacy
     from .bench_speed import register_speed
 
@@ -199,3 +200,4 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     register_accuracy(bsub)
     register_figures(bsub)
     register_privacy(bsub)
+    register_load(bsub)
