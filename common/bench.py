@@ -3,7 +3,8 @@
 Both arms run in the same invocation on the same data with the same seed: the in-process arm
 calls the job directly against ``SourceReleaser``; the service arm starts ``dpda source serve``
 as a process (mTLS, SQLite ledger, audit log on) and runs ``dpda target run`` as another. The job
-time of each (opening the session to the last batch adapted, as measured inside the job), the
+time of each (opening the session to the results, every charge countersigned, as measured inside
+the job; the channel's teardown after it is not counted), the
 whole-process wall time of the service arm, their ratio and the bytes on the wire (from both
 audit logs) are printed and written as JSON.
 """

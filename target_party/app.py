@@ -96,9 +96,11 @@ def run_job(
     t0 = time.perf_counter()
     try:
         res = run_dpda(source, view, terms, acfg, source.spent, progress)
+        # the job ends with its results in hand and every charge checked and countersigned
+        # (``spent`` settled them); tearing the channel down after it is not job time
+        job_seconds = time.perf_counter() - t0
     finally:
         source.close()
-    job_seconds = time.perf_counter() - t0
     (cfg.state_dir / "model.pkl").write_bytes(pickle.dumps(res.model))
     out = {
         "accuracy": res.accuracy,
