@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .tls import PartyKeys, init_party
+from dpda.service.tls import PartyKeys, init_party
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def _listen_host(config: Path) -> str:
 
 
 def dpda_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "common.cli", *args]
+    return [sys.executable, "-m", "dpda.cli", *args]
 
 
 class SourceProcess:

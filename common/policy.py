@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .dp.mechanisms import MIN_DISCRETE_LAPLACE_PARAMETER
+from dpda.dp.mechanisms import MIN_DISCRETE_LAPLACE_PARAMETER
 
 Unit = Literal["attribute", "record"]
 Release = Literal["rows", "prototypes", "class-gaussians"]
@@ -105,7 +105,7 @@ class PrivacyPolicy(BaseModel):
 
 
 def _refuse(message: str) -> None:
-    from .errors import PolicyRefused
+    from dpda.errors import PolicyRefused
 
     raise PolicyRefused(message)
 

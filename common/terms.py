@@ -24,16 +24,16 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .dp.accounting import (
+from dpda.dp.accounting import (
     calibrate_sigma,
     discrete_laplace_parameter,
     max_revealed_steps,
     revealed_sampled_epsilon,
     revealed_sigma_for_epsilon,
 )
-from .dp.events import BatchSpec, FeatureSpec, HistogramSpec
-from .dp.mechanisms import attribute_sensitivity, projection_sensitivity, relation_factor
-from .dp.pate import calibrate_pate
+from dpda.dp.events import BatchSpec, FeatureSpec, HistogramSpec
+from dpda.dp.mechanisms import attribute_sensitivity, projection_sensitivity, relation_factor
+from dpda.dp.pate import calibrate_pate
 
 LABEL_CAVEAT = (
     "attribute unit: protects one feature of one record moving by at most the source's "
@@ -305,3 +305,33 @@ def plan_batches(
         histogram_sensitivity=h_sens,
         **common,
     )
+
+
+METHODS = ("dpda", "pate", "dpda+pate")
+
+
+def method_terms(
+    terms: SessionTerms, method: str, pate_queries: int, pate_share: float
+) -> SessionTerms:
+    """The session terms of one method at the same total ε."""
+    if method == "dpda":
+        return terms.model_copy(update={"pate_epsilon": 0.0, "pate_queries": 0, "dpda": True})
+    if method == "pate":
+        return SessionTerms.model_validate(
+            {
+                **terms.model_dump(),
+                "dpda": False,
+                "pate_epsilon": terms.epsilon,
+                "pate_queries": pate_queries,
+            }
+        )
+    if method == "dpda+pate":
+        return SessionTerms.model_validate(
+            {
+                **terms.model_dump(),
+                "dpda": True,
+                "pate_epsilon": terms.epsilon * pate_share,
+                "pate_queries": pate_queries,
+            }
+        )
+    raise ValueError(f"unknown method {method!r} (choose from {', '.join(METHODS)}, all)")

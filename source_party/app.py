@@ -17,23 +17,22 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from common import serde, signing
-from common.admin import AdminApp, AdminServer, Metrics
-from common.audit import RELEASE_METHODS, AuditLog, AuditRecord, ServerAuditInterceptor
-from common.auth import Admission, AdmissionInterceptor, Denial, method_limits
-from common.config import SourceConfig, SourceDataset
-from common.data.loaders import Domain, load_domain, load_table
-from common.data.synthetic import two_domains
-from common.dp.ledger import Budget, PrivacyLedger
-from common.dp.ledger_store import SqliteLedgerStore, connect
-from common.errors import ConfigError
-from common.pb import dpda_pb2_grpc as pb_grpc
-from common.rng import public_rng, secure_rng, testing_streams
-from common.tls import peer_fingerprint, server_credentials
-
-from .handlers import SourceHandlers
-from .releases import SourceReleaser
-from .servicer import SourceServicer
+from dpda.data.loaders import Domain, load_domain, load_table
+from dpda.data.synthetic import two_domains
+from dpda.dp.ledger import Budget, PrivacyLedger
+from dpda.dp.rng import public_rng, secure_rng, testing_streams
+from dpda.errors import ConfigError
+from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.service import serde, signing
+from dpda.service.admin import AdminApp, AdminServer, Metrics
+from dpda.service.audit import RELEASE_METHODS, AuditLog, AuditRecord, ServerAuditInterceptor
+from dpda.service.auth import Admission, AdmissionInterceptor, Denial, method_limits
+from dpda.service.config import SourceConfig, SourceDataset
+from dpda.service.ledger_store import SqliteLedgerStore, connect
+from dpda.service.tls import peer_fingerprint, server_credentials
+from dpda.source_party.handlers import SourceHandlers
+from dpda.source_party.releases import SourceReleaser
+from dpda.source_party.servicer import SourceServicer
 
 log = logging.getLogger("dpda.source")
 

@@ -26,13 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import ValidationError
 
-from common import signing
-from common.config import Peer, SourceLimits
-from common.crashpoints import crash_point
-from common.data.preprocessing import Scaling
-from common.dp.events import event_from_json
-from common.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
-from common.errors import (
+from dpda.data.preprocessing import Scaling
+from dpda.dp.events import event_from_json
+from dpda.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
+from dpda.errors import (
     InvalidInput,
     LedgerCorrupt,
     Overloaded,
@@ -40,17 +37,12 @@ from common.errors import (
     PolicyRefused,
     TermsInvalid,
 )
-from common.terms import SessionTerms, terms_error
-
-from .releases import (
-    BatchRelease,
-    PateAnswer,
-    PreparedSession,
-    SessionInfo,
-    SourceReleaser,
-    TargetDisclosure,
-    queries_digest,
-)
+from dpda.protocol import BatchRelease, PateAnswer, SessionInfo, TargetDisclosure, queries_digest
+from dpda.service import signing
+from dpda.service.config import Peer, SourceLimits
+from dpda.service.crashpoints import crash_point
+from dpda.source_party.releases import PreparedSession, SourceReleaser
+from dpda.terms import SessionTerms, terms_error
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (

@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from common.data.loaders import Domain
-from common.data.preprocessing import Scaling, per_row
-from common.dp.accounting import CalibrationTimeout, time_limit
-from common.dp.events import BatchSpec, event_from_json
-from common.dp.ledger import LedgerEntry, PrivacyLedger
-from common.dp.mechanisms import (
+from dpda.data.loaders import Domain
+from dpda.data.preprocessing import Scaling, per_row
+from dpda.dp.accounting import CalibrationTimeout, time_limit
+from dpda.dp.events import BatchSpec, event_from_json
+from dpda.dp.ledger import LedgerEntry, PrivacyLedger
+from dpda.dp.mechanisms import (
     check_projection,
     class_sums,
     clip_rows,
@@ -33,37 +33,19 @@ from common.dp.mechanisms import (
     jl_matrix,
     label_counts,
 )
-from common.dp.pate import answers_event, noisy_argmax
-from common.errors import BudgetExceeded, InvalidInput, PolicyRefused
-from common.policy import (
+from dpda.dp.pate import answers_event, noisy_argmax
+from dpda.dp.rng import is_cryptographic, public_rng, secure_rng
+from dpda.errors import BudgetExceeded, InvalidInput, PolicyRefused
+from dpda.policy import (
     SCALING_MEAN_MAX,
     SCALING_STD_RANGE,
     PrivacyPolicy,
     check_plan,
     check_terms,
 )
-from common.rng import is_cryptographic, public_rng, secure_rng
-from common.terms import PlanRefused, ReleasePlan, SessionTerms, plan_batches
-
-from .teachers import TeacherEnsemble
-
-
-@dataclass(frozen=True)
-class TargetDisclosure:
-    """What the target discloses about its own data when it opens a session (it logs it)."""
-
-    scaling: Scaling | None = None  # column mean/std in the shared representation
-    basis: np.ndarray | None = None  # (k, ℓ) orthonormal, for projection = target-pca
-
-
-@dataclass(frozen=True)
-class SessionInfo:
-    session_id: str
-    n_rows: int  # public metadata
-    n_features: int
-    n_classes: int
-    projection: np.ndarray  # M (k, ℓ)
-    plan: ReleasePlan
+from dpda.protocol import BatchRelease, PateAnswer, SessionInfo, TargetDisclosure, queries_digest
+from dpda.source_party.teachers import TeacherEnsemble
+from dpda.terms import PlanRefused, ReleasePlan, SessionTerms, plan_batches
 
 
 @dataclass(frozen=True)
@@ -75,41 +57,6 @@ class PreparedSession:
     projection: np.ndarray
     plan: ReleasePlan
     bound: dict[str, Any]  # what its charges depend on (recorded in every entry)
-
-
-@dataclass(frozen=True)
-class BatchRelease:
-    index: int
-    z: np.ndarray  # (n_b, ℓ) noisy projected rows, label-sorted blocks
-    noisy_counts: np.ndarray  # (q,) int64
-    spec: BatchSpec
-    ledger_seq: int
-
-    def payload_bytes(self) -> bytes:
-        return (
-            np.ascontiguousarray(self.z, dtype="<f8").tobytes()
-            + np.ascontiguousarray(self.noisy_counts, dtype="<i8").tobytes()
-        )
-
-    def sha256(self) -> str:
-        return hashlib.sha256(self.payload_bytes()).hexdigest()
-
-
-@dataclass(frozen=True)
-class PateAnswer:
-    labels: np.ndarray  # (n,) int64: the noisy arg-max, nothing else
-    ledger_seq: int
-
-    def payload_bytes(self) -> bytes:
-        return np.ascontiguousarray(self.labels, dtype="<i8").tobytes()
-
-    def sha256(self) -> str:
-        return hashlib.sha256(self.payload_bytes()).hexdigest()
-
-
-def queries_digest(queries: np.ndarray) -> str:
-    """SHA-256 of the queries as sent (little-endian float64): binds a request id to its content."""
-    return hashlib.sha256(np.ascontiguousarray(queries, dtype="<f8").tobytes()).hexdigest()
 
 
 # Values of the scaled per-row representation are clamped to this magnitude: an elementwise

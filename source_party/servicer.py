@@ -8,14 +8,13 @@ from typing import Any
 
 import grpc
 
-from common import serde
-from common.data.preprocessing import Scaling
-from common.errors import DpdaError, public_message
-from common.pb import dpda_pb2 as pb
-from common.pb import dpda_pb2_grpc as pb_grpc
-from common.tls import peer_fingerprint
-
-from .handlers import SourceHandlers
+from dpda.data.preprocessing import Scaling
+from dpda.errors import DpdaError, public_message
+from dpda.pb import dpda_pb2 as pb
+from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.service import serde
+from dpda.service.tls import peer_fingerprint
+from dpda.source_party.handlers import SourceHandlers
 
 log = logging.getLogger("dpda.source")
 

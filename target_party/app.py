@@ -11,20 +11,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from common import signing
-from common.audit import AuditLog
-from common.config import TargetConfig
-from common.data.loaders import Domain, load_domain, load_table
-from common.data.synthetic import two_domains
-from common.dp.ledger import Budget, PrivacyLedger
-from common.dp.ledger_store import SqliteLedgerStore, connect
-from common.errors import ConfigError
-from common.progress import Progress
-from common.terms import SessionTerms
-
-from .client import GrpcReleaseSource
-from .pipeline import AdaptConfig, run_dpda, target_view
-from .report import figures_of
+from dpda.data.loaders import Domain, load_domain, load_table
+from dpda.data.synthetic import two_domains
+from dpda.dp.ledger import Budget, PrivacyLedger
+from dpda.errors import ConfigError
+from dpda.service import signing
+from dpda.service.audit import AuditLog
+from dpda.service.config import TargetConfig
+from dpda.service.ledger_store import SqliteLedgerStore, connect
+from dpda.service.progress import Progress
+from dpda.target_party.client import GrpcReleaseSource
+from dpda.target_party.pipeline import AdaptConfig, run_dpda, target_view
+from dpda.target_party.report import figures_of
+from dpda.terms import SessionTerms
 
 log = logging.getLogger("dpda.target")
 
@@ -41,7 +40,7 @@ def load_target_data(cfg: TargetConfig) -> Domain:
 
 
 def job_terms(cfg: TargetConfig) -> SessionTerms:
-    from .simulate import method_terms
+    from dpda.terms import method_terms
 
     j = cfg.job
     base = SessionTerms(
@@ -73,9 +72,7 @@ def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
     store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
     ledger = PrivacyLedger(store, {cfg.job.dataset: Budget(cfg.budget_epsilon, cfg.job.delta)})
     key = signing.load_private(cfg.signing_key)
-    signing.write_role_keys(
-        cfg.state_dir, key, {"source": cfg.source_signing_public_key}, "target"
-    )
+    signing.write_role_keys(cfg.state_dir, key, {"source": cfg.source_signing_public_key}, "target")
     return ledger, AuditLog(conn, "target", cfg.retain_payloads, key)
 
 

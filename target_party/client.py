@@ -16,30 +16,29 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import numpy as np
 
-from common import serde, signing
-from common.audit import AuditLog, ClientAuditInterceptor
-from common.config import TargetConfig
-from common.crashpoints import crash_point
-from common.dp.events import event_from_json, event_to_json
-from common.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
-from common.dp.pate import answers_event
-from common.errors import (
+from dpda.dp.events import event_from_json, event_to_json
+from dpda.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
+from dpda.dp.pate import answers_event
+from dpda.errors import (
     BudgetExceeded,
     DpdaError,
     InvalidInput,
     LedgerCorrupt,
     PeerMisbehaved,
 )
-from common.pb import dpda_pb2 as pb
-from common.pb import dpda_pb2_grpc as pb_grpc
-from common.terms import ReleasePlan, SessionTerms, plan_batches
-from common.tls import channel_credentials
-from source_party.releases import BatchRelease, SessionInfo, TargetDisclosure
+from dpda.pb import dpda_pb2 as pb
+from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.protocol import BatchRelease, SessionInfo, TargetDisclosure, payload_digest
+from dpda.service import serde, signing
+from dpda.service.audit import AuditLog, ClientAuditInterceptor
+from dpda.service.config import TargetConfig
+from dpda.service.crashpoints import crash_point
+from dpda.service.tls import channel_credentials
+from dpda.terms import ReleasePlan, SessionTerms, plan_batches
 
 log = logging.getLogger("dpda.target")
 
@@ -111,7 +110,7 @@ class GrpcReleaseSource:
         # pin the source before any request carrying data goes out (issue 12, item 11): mTLS
         # alone let any holder of a certificate from the peer CA receive the target's basis and
         # column means. Raises PeerMisbehaved on another certificate.
-        from common.tls import check_server_fingerprint
+        from dpda.service.tls import check_server_fingerprint
 
         check_server_fingerprint(
             cfg.source_address,
@@ -166,7 +165,7 @@ class GrpcReleaseSource:
         if not (dropped or self._dropped.is_set()):
             return
         self._dropped.clear()
-        from common.tls import check_server_fingerprint
+        from dpda.service.tls import check_server_fingerprint
 
         try:
             check_server_fingerprint(
@@ -436,7 +435,7 @@ class GrpcReleaseSource:
         if labels.min(initial=0) < 0 or labels.max(initial=0) >= info.n_classes:
             raise PeerMisbehaved("labels out of range")
         entry = LedgerEntry.from_json(resp.entry_json)
-        digest = hashlib.sha256(resp.labels.data).hexdigest()
+        digest = payload_digest(resp.labels.data)
         catch_up = [LedgerEntry.from_json(t) for t in resp.catch_up_json]
         self._verify_entry(entry, digest, resp.payload_sha256, rid, event, known, catch_up=catch_up)
         return labels
@@ -518,7 +517,7 @@ class GrpcReleaseSource:
         rows = None if terms.release == "rows" else info.n_classes
         z = serde.from_pb(msg.z, dtype="<f8", ndim=2, shape=(rows, width))
         counts = serde.from_pb(msg.noisy_counts, dtype="<i8", ndim=1, shape=(info.n_classes,))
-        digest = hashlib.sha256(msg.z.data + msg.noisy_counts.data).hexdigest()
+        digest = payload_digest(msg.z.data, msg.noisy_counts.data)
         entry = LedgerEntry.from_json(msg.entry_json)
         if int(msg.index) != index:
             raise PeerMisbehaved("ledger entry is for another request")
@@ -528,7 +527,3 @@ class GrpcReleaseSource:
             entry, digest, msg.payload_sha256, rid, spec.dp_event(), known, more, catch_up
         )
         return BatchRelease(index, z, counts, spec, entry.seq)
-
-
-def state_paths(state_dir: Path) -> dict[str, Path]:
-    return {"db": state_dir / "state.sqlite", "results": state_dir / "results.json"}

@@ -44,13 +44,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from common.admin import AdminApp, AdminServer, Metrics
-from common.config import TargetConfig, TargetJob
-from common.errors import ConfigError, DpdaError, public_message
-from common.keyfiles import write_private
-
-from .app import open_state, run_job
-from .report import render
+from dpda.errors import ConfigError, DpdaError, public_message
+from dpda.service.admin import AdminApp, AdminServer, Metrics
+from dpda.service.config import TargetConfig, TargetJob
+from dpda.service.keyfiles import write_private
+from dpda.target_party.app import open_state, run_job
+from dpda.target_party.report import render
 
 log = logging.getLogger("dpda.target")
 

@@ -10,30 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
-from common.data.loaders import Domain
-from common.data.preprocessing import Scaling, per_row
-from common.dp.mechanisms import counts_to_labels
-from common.errors import ConfigError
-from common.ot.costs import dpot_cost, label_mask
-from common.ot.mapping import barycentric_map
-from common.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
-from common.terms import SessionTerms
-from source_party.releases import BatchRelease, SessionInfo, TargetDisclosure
-
-from .training import accuracy, fit_predict
-
-
-class ReleaseSource(Protocol):
-    def open_session(
-        self, terms: SessionTerms, disclosure: TargetDisclosure, session_id: str | None = None
-    ) -> SessionInfo: ...
-    def release(self, session_id: str, index: int, peer: str = ...) -> BatchRelease: ...
-    def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray: ...
-    def close_session(self, session_id: str) -> None: ...
+from dpda.data.loaders import Domain
+from dpda.data.preprocessing import Scaling, per_row
+from dpda.dp.mechanisms import counts_to_labels
+from dpda.errors import ConfigError
+from dpda.ot.costs import dpot_cost, label_mask
+from dpda.ot.mapping import barycentric_map
+from dpda.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
+from dpda.protocol import BatchRelease, ReleaseSource, TargetDisclosure
+from dpda.target_party.training import accuracy, fit_predict
+from dpda.terms import SessionTerms
 
 
 @dataclass(frozen=True)
@@ -240,7 +229,7 @@ def _acc(pred: np.ndarray, view: TargetView) -> float | None:
 def _ask_teachers(source: ReleaseSource, session_id: str, queries: np.ndarray) -> np.ndarray:
     """PATE labels for ``queries``, asked in chunks that fit the source's request limit (one
     request id per chunk; each chunk is charged for its own queries)."""
-    from common.serde import MAX_REQUEST_BYTES
+    from dpda.service.serde import MAX_REQUEST_BYTES
 
     rows = max(1, (MAX_REQUEST_BYTES // 2) // (8 * max(1, queries.shape[1])))
     parts = [

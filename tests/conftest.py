@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.data.loaders import default_data_dir
+from dpda.data.loaders import default_data_dir
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ def default_data_dir() -> Path | None:
 
 def require_data_dir(given: str | Path | None) -> Path:
     """``--data-dir`` if given, else the default; a clear error naming the flag if neither."""
-    from ..errors import ConfigError
+    from dpda.errors import ConfigError
 
     data_dir = Path(given) if given else default_data_dir()
     if data_dir is None:

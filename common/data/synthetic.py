@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .loaders import Domain
+from dpda.data.loaders import Domain
 
 
 def two_domains(

@@ -38,7 +38,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from .events import RevealedSampledGaussianDpEvent
+from dpda.dp.events import RevealedSampledGaussianDpEvent
 
 # Relative safety margin used when rounding σ up after a root-finder: it makes the
 # "never overshoots" property hold despite the root-finder's tolerance.

@@ -36,7 +36,7 @@ from typing import Any
 import attr
 from dp_accounting import dp_event
 
-from .mechanisms import PrivacyUnit
+from dpda.dp.mechanisms import PrivacyUnit
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class HistogramSpec:
         """Standard deviation of the noise on each count (for the statistical tests)."""
         if self.mechanism == "gaussian":
             return self.parameter * self.sensitivity
-        from .mechanisms import discrete_laplace_variance
+        from dpda.dp.mechanisms import discrete_laplace_variance
 
         return discrete_laplace_variance(self.parameter) ** 0.5
 

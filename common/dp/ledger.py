@@ -24,9 +24,9 @@ from typing import Any, Protocol
 
 from dp_accounting import dp_event
 
-from ..errors import BudgetExceeded, LedgerCorrupt
-from .accounting import LEDGER_PLD_INTERVAL, Accountant, ledger_epsilon
-from .events import canonical_json, event_from_json, event_to_json
+from dpda.dp.accounting import LEDGER_PLD_INTERVAL, Accountant, ledger_epsilon
+from dpda.dp.events import canonical_json, event_from_json, event_to_json
+from dpda.errors import BudgetExceeded, LedgerCorrupt
 
 GENESIS = "0" * 64
 

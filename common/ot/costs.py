@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .solvers import MASK_COST
+from dpda.ot.solvers import MASK_COST
 
 _BLOCK = 1 << 20  # elements of the cost computed at a time (8 MB of float64 temporaries)
 
@@ -30,7 +30,7 @@ class Cost:
 
     def value(self, plan: np.ndarray) -> float:
         """``W̃ = ⟨γ, C̃⟩`` for a plan that puts no mass on masked entries."""
-        from .fast import dot64
+        from dpda.ot.fast import dot64
 
         return self.scale * dot64(plan, self.normalized) - self.bias * float(
             plan.sum(dtype=np.float64)

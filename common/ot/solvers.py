@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import ot
 
-from ..errors import SolverFailed
-from . import fast
+from dpda.errors import SolverFailed
+from dpda.ot import fast
 
 _EPS_NORM = 1e-12
 MASK_COST = 1e3  # masked entries of a normalized cost: exp(-1e3 / λe) underflows to exactly 0

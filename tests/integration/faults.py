@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.crashpoints import ENV
-from common.deployment import Deployment, SourceProcess, dpda_command
+from dpda.deployment import Deployment, SourceProcess, dpda_command
+from dpda.service.crashpoints import ENV
 
 STEPS = 12
 DATASET = "synthetic"

@@ -32,10 +32,10 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message_factory
 from google.protobuf.message import Message
 
-from common import signing
-from common.dp.ledger import GENESIS, LedgerEntry
-from common.pb import dpda_pb2 as pb
-from common.terms import SessionTerms
+from dpda.dp.ledger import GENESIS, LedgerEntry
+from dpda.pb import dpda_pb2 as pb
+from dpda.service import signing
+from dpda.terms import SessionTerms
 
 SERVICE = pb.DESCRIPTOR.services_by_name["SourceService"]
 METHODS = {m.name: m for m in SERVICE.methods}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common.deployment import Deployment, make_deployment
+from dpda.deployment import Deployment, make_deployment
 
 DELTA = 1.0 / (1.2 * 600)
 # a source that opts into the attribute unit (and so into per-row releases) besides the defaults
@@ -67,7 +67,7 @@ class SignedStub:
     target does (the source refuses unsigned terms); everything else passes through."""
 
     def __init__(self, stub: Any, dep: Deployment) -> None:
-        from common import signing
+        from dpda.service import signing
 
         self._stub = stub
         self._key = signing.load_private(dep.target_keys.signing_key)
@@ -76,7 +76,7 @@ class SignedStub:
         return getattr(self._stub, name)
 
     def OpenSession(self, request: Any, **kw: Any) -> Any:  # noqa: N802 - the RPC's name
-        from common import signing
+        from dpda.service import signing
 
         if not request.target_sig:
             request.target_sig = signing.sign(self._key, request.terms_json.encode())

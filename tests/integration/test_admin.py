@@ -10,9 +10,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.config import AdminConfig, load_source
-from common.deployment import SourceProcess, run_target
-from common.errors import ConfigError
+from dpda.deployment import SourceProcess, run_target
+from dpda.errors import ConfigError
+from dpda.service.config import AdminConfig, load_source
 
 from .helpers import synthetic_deployment
 
@@ -90,7 +90,7 @@ def test_token_required_beyond_loopback(tmp_path) -> None:
 
 
 def test_bearer_token_is_checked(tmp_path) -> None:
-    from common.admin import AdminApp, Metrics
+    from dpda.service.admin import AdminApp, Metrics
 
     app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, token="s3cret")
     assert app.handle({"path": "/healthz", "headers": []})[0] == 401
@@ -114,7 +114,7 @@ def _scope(
 
 def test_host_origin_and_content_type_checks() -> None:
     """Issue 12, item 5, at the app level: what ``guard`` lets through to the routes."""
-    from common.admin import AdminApp, Metrics
+    from dpda.service.admin import AdminApp, Metrics
 
     app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, allowed_hosts=("dpda.lan",))
     app.bind("127.0.0.1", 8123)
@@ -139,7 +139,7 @@ def test_host_origin_and_content_type_checks() -> None:
 
 
 def test_state_changing_requests_need_a_token() -> None:
-    from common.admin import AdminApp, Metrics
+    from dpda.service.admin import AdminApp, Metrics
 
     def route(method: str, path: str, body: bytes):  # noqa: ANN202
         return (202, "application/json", b"{}") if path == "/v1/jobs" else None

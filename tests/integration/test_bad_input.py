@@ -6,14 +6,14 @@ import grpc
 import numpy as np
 import pytest
 
-from common import serde
-from common.config import load_source
-from common.errors import PUBLIC_CATALOG
-from common.pb import dpda_pb2 as pb
-from common.pb import dpda_pb2_grpc as pb_grpc
-from common.terms import SessionTerms
-from common.tls import channel_credentials
-from source_party.app import run_server
+from dpda.errors import PUBLIC_CATALOG
+from dpda.pb import dpda_pb2 as pb
+from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.service import serde
+from dpda.service.config import load_source
+from dpda.service.tls import channel_credentials
+from dpda.source_party.app import run_server
+from dpda.terms import SessionTerms
 
 from .helpers import DELTA, SignedStub, synthetic_deployment
 
@@ -169,7 +169,7 @@ def test_bad_teacher_queries(peer) -> None:
         pb.OpenSessionRequest(terms_json=_terms(dpda=False, pate_epsilon=4.0, pate_queries=20)),
         timeout=10,
     ).session_id
-    from common.dp.ledger import head_hash
+    from dpda.dp.ledger import head_hash
 
     def head() -> str:
         return head_hash(rs.handlers.ledger.store.entries("synthetic"))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from common.bench_load import REQUIRED_KEYS
-from common.deployment import dpda_command
+from dpda.bench.load import REQUIRED_KEYS
+from dpda.deployment import dpda_command
 
 
 @pytest.mark.slow

@@ -45,16 +45,16 @@ import pytest
 from google.protobuf import message_factory
 from grpc_health.v1 import health_pb2
 
-from common import signing
-from common.config import SourceLimits, load_source
-from common.dp.ledger import LedgerEntry, head_hash
-from common.errors import PUBLIC_CATALOG
-from common.pb import dpda_pb2 as pb
-from common.pb import dpda_pb2_grpc as pb_grpc
-from common.terms import SessionTerms
-from common.tls import channel_credentials, init_party
-from source_party.app import run_server
-from source_party.servicer import STATUS
+from dpda.dp.ledger import LedgerEntry, head_hash
+from dpda.errors import PUBLIC_CATALOG
+from dpda.pb import dpda_pb2 as pb
+from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.service import signing
+from dpda.service.config import SourceLimits, load_source
+from dpda.service.tls import channel_credentials, init_party
+from dpda.source_party.app import run_server
+from dpda.source_party.servicer import STATUS
+from dpda.terms import SessionTerms
 
 from .fuzz_requests import METHODS, SERVICE, Generator, Live
 from .helpers import DELTA, SignedStub, synthetic_deployment

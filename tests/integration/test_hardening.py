@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common import serde, signing
-from common.auth import Admission, AdmissionInterceptor, method_limits
-from common.config import SourceLimits, load_source, load_target
-from common.dp.ledger import LedgerEntry, head_hash
-from common.pb import dpda_pb2 as pb
-from common.pb import dpda_pb2_grpc as pb_grpc
-from common.terms import SessionTerms
-from common.tls import channel_credentials, init_party
-from source_party.app import run_server
+from dpda.dp.ledger import LedgerEntry, head_hash
+from dpda.pb import dpda_pb2 as pb
+from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.service import serde, signing
+from dpda.service.auth import Admission, AdmissionInterceptor, method_limits
+from dpda.service.config import SourceLimits, load_source, load_target
+from dpda.service.tls import channel_credentials, init_party
+from dpda.source_party.app import run_server
+from dpda.terms import SessionTerms
 
 from .helpers import DELTA, SignedStub, synthetic_deployment
 
@@ -93,7 +93,7 @@ def test_a_slow_plan_holds_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     """9ac3bc1: a 10⁷-step calibration ran 153 s inside the handlers' lock and an honest release
     waited 122 s behind it. A plan made slow on purpose (a 3 s sleep around the real planner)
     must not delay another session's release."""
-    import source_party.releases as releases
+    import dpda.source_party.releases as releases
 
     real = releases.plan_batches
 
@@ -341,8 +341,8 @@ def test_a_lost_source_tail_is_restored_from_the_targets_copy(tmp_path: Path) ->
     Now the target sees the shorter ledger on its next contact and sends back its copy, signed
     by the source and countersigned by itself; the source never draws a restored release
     again, and both ledgers end equal."""
-    from target_party.app import open_state
-    from target_party.client import GrpcReleaseSource
+    from dpda.target_party.app import open_state
+    from dpda.target_party.client import GrpcReleaseSource
 
     dep = synthetic_deployment(tmp_path, attribute_unit=True)
     db = dep.workdir / "source" / "state.sqlite"
@@ -359,7 +359,7 @@ def test_a_lost_source_tail_is_restored_from_the_targets_copy(tmp_path: Path) ->
         noise_multiplier=1.0,
         steps=5,
     )
-    from source_party.releases import TargetDisclosure
+    from dpda.protocol import TargetDisclosure
 
     with run_server(load_source(dep.source_config)) as rs:
         tcfg = tcfg.model_copy(update={"source_address": f"127.0.0.1:{rs.port}"})

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from common.config import load_target
-from common.deployment import SourceProcess, dpda_command
-from common.errors import ConfigError
-from target_party.jobs import admin_token
+from dpda.deployment import SourceProcess, dpda_command
+from dpda.errors import ConfigError
+from dpda.service.config import load_target
+from dpda.target_party.jobs import admin_token
 
 from .helpers import synthetic_deployment
 

@@ -6,11 +6,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.config import load_source
-from common.pb import dpda_pb2 as pb
-from common.pb import dpda_pb2_grpc as pb_grpc
-from common.tls import channel_credentials, init_party
-from source_party.app import run_server
+from dpda.pb import dpda_pb2 as pb
+from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.service.config import load_source
+from dpda.service.tls import channel_credentials, init_party
+from dpda.source_party.app import run_server
 
 from .helpers import synthetic_deployment
 

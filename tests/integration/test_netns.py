@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from common.deployment import SourceProcess, make_deployment, run_target
+from dpda.deployment import SourceProcess, make_deployment, run_target
 
 from .helpers import DELTA
 

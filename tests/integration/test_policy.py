@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import inspect
 
-from common import errors
-from common.auth import POLICY, SERVICE, allowed
-from common.pb import dpda_pb2
-from common.pb import dpda_pb2_grpc as pb_grpc
-from source_party.servicer import STATUS
+from dpda import errors
+from dpda.pb import dpda_pb2
+from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.service.auth import POLICY, SERVICE, allowed
+from dpda.source_party.servicer import STATUS
 
 
 def test_policy_names_every_generated_method() -> None:

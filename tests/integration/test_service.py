@@ -8,17 +8,17 @@ import json
 import numpy as np
 import pytest
 
-from common.config import load_source, load_target
-from common.data.synthetic import two_domains
-from common.deployment import set_source_address
-from common.dp.ledger import LedgerEntry
-from common.errors import BudgetExceeded, PeerMisbehaved
-from common.terms import SessionTerms
-from source_party.app import run_server
-from source_party.handlers import SignedRelease, SourceHandlers
-from target_party.app import open_state, run
-from target_party.pipeline import AdaptConfig
-from target_party.simulate import simulate
+from dpda.data.synthetic import two_domains
+from dpda.deployment import set_source_address
+from dpda.dp.ledger import LedgerEntry
+from dpda.errors import BudgetExceeded, PeerMisbehaved
+from dpda.service.config import load_source, load_target
+from dpda.simulate import simulate
+from dpda.source_party.app import run_server
+from dpda.source_party.handlers import SignedRelease, SourceHandlers
+from dpda.target_party.app import open_state, run
+from dpda.target_party.pipeline import AdaptConfig
+from dpda.terms import SessionTerms
 
 from .helpers import DELTA, synthetic_deployment
 
@@ -80,7 +80,7 @@ class _Tamper(SourceHandlers):
             d = json.loads(entry.to_json())
             d["dp_event"]["events"][0]["noise_multiplier"] *= 2  # claims more noise than drawn
             forged = LedgerEntry(**d)
-            from common import signing
+            from dpda.service import signing
 
             sig = signing.sign(self.key, forged.signed_message())
             return SignedRelease(rel, dataclasses.replace(forged, source_sig=sig))
@@ -157,9 +157,9 @@ def test_pate_channels_over_the_service_equal_simulate(tmp_path, method: str) ->
 
 
 def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> None:
-    from common.data.synthetic import two_domains
-    from target_party.client import GrpcReleaseSource
-    from target_party.pipeline import target_view
+    from dpda.data.synthetic import two_domains
+    from dpda.target_party.client import GrpcReleaseSource
+    from dpda.target_party.pipeline import target_view
 
     dep = synthetic_deployment(tmp_path, job={"batch_size": 100, "steps": 2}, attribute_unit=True)
     with run_server(load_source(dep.source_config)) as rs:
@@ -171,7 +171,7 @@ def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> Non
             ledger, audit = open_state(cfg)
             clients.append((GrpcReleaseSource(cfg, ledger, audit), ledger))
         view = target_view(two_domains()[1], "raw")
-        from source_party.releases import TargetDisclosure
+        from dpda.protocol import TargetDisclosure
 
         terms = SessionTerms(
             dataset="synthetic",

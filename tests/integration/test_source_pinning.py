@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from common.config import TlsConfig, load_source, load_target
-from common.errors import DpdaError, PeerMisbehaved
-from common.tls import check_server_fingerprint, grpc_host_port, init_party
-from source_party.app import run_server
-from target_party.app import open_state, run_job
+from dpda.errors import DpdaError, PeerMisbehaved
+from dpda.service.config import TlsConfig, load_source, load_target
+from dpda.service.tls import check_server_fingerprint, grpc_host_port, init_party
+from dpda.source_party.app import run_server
+from dpda.target_party.app import open_state, run_job
 
 from .helpers import synthetic_deployment
 
@@ -102,9 +102,9 @@ def test_an_impostor_taking_over_the_address_mid_job_gets_nothing(tmp_path: Path
     """The pin is checked again before every retry: when the source goes away and another
     certificate from the same CA answers on its address, the target stops with PeerMisbehaved
     instead of sending its next request there."""
-    from common.terms import SessionTerms
-    from source_party.releases import TargetDisclosure
-    from target_party.client import GrpcReleaseSource
+    from dpda.protocol import TargetDisclosure
+    from dpda.target_party.client import GrpcReleaseSource
+    from dpda.terms import SessionTerms
 
     from .helpers import DELTA
 

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from common.deployment import SourceProcess, dpda_command
+from dpda.deployment import SourceProcess, dpda_command
 
 from .helpers import synthetic_deployment
 

@@ -8,11 +8,11 @@ import sqlite3
 
 import pytest
 
-from common.cli import main
-from common.config import load_source, load_target
-from common.deployment import set_source_address
-from source_party.app import run_server
-from target_party.app import run
+from dpda.cli.main import main
+from dpda.deployment import set_source_address
+from dpda.service.config import load_source, load_target
+from dpda.source_party.app import run_server
+from dpda.target_party.app import run
 
 from .helpers import synthetic_deployment
 
@@ -98,8 +98,8 @@ def test_missing_keys_json_fails_verify(finished, tmp_path) -> None:
 def test_a_signature_by_the_wrong_role_fails_verify(finished, tmp_path, side: str) -> None:
     """9ac3bc1 accepted a signature by any known key for either role: the source could forge
     every countersignature with its own key."""
-    from common import signing
-    from common.dp.ledger import LedgerEntry
+    from dpda.dp.ledger import LedgerEntry
+    from dpda.service import signing
 
     state, conn = _copy(finished, tmp_path, side)
     source_key = signing.load_private(finished.source_keys.signing_key)
@@ -143,7 +143,7 @@ def test_audit_tampering_fails_verify(finished, tmp_path) -> None:
 def test_a_rewritten_audit_chain_fails_on_its_signatures(finished, tmp_path) -> None:
     """Someone with write access edits a record and recomputes the whole hash chain: the chain
     verifies, the records' signatures (by this side's key) do not."""
-    from common.audit import AuditRecord
+    from dpda.service.audit import AuditRecord
 
     state, conn = _copy(finished, tmp_path, "target")
     rows = conn.execute("SELECT seq, record_json FROM audit ORDER BY seq").fetchall()

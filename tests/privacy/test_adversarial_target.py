@@ -19,19 +19,19 @@ import grpc
 import numpy as np
 import pytest
 
-from common import serde, signing
-from common.config import load_source
-from common.data.synthetic import two_domains
-from common.deployment import make_deployment
-from common.dp.accounting import calibrate_sigma
-from common.dp.ledger import LedgerEntry, head_hash
-from common.errors import PUBLIC_CATALOG, ConfigError
-from common.pb import dpda_pb2 as pb
-from common.pb import dpda_pb2_grpc as pb_grpc
-from common.policy import SCALING_MEAN_MAX, SCALING_STD_RANGE
-from common.tls import channel_credentials
-from source_party.app import run_server
-from source_party.releases import digest
+from dpda.data.synthetic import two_domains
+from dpda.deployment import make_deployment
+from dpda.dp.accounting import calibrate_sigma
+from dpda.dp.ledger import LedgerEntry, head_hash
+from dpda.errors import PUBLIC_CATALOG, ConfigError
+from dpda.pb import dpda_pb2 as pb
+from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.policy import SCALING_MEAN_MAX, SCALING_STD_RANGE
+from dpda.service import serde, signing
+from dpda.service.config import load_source
+from dpda.service.tls import channel_credentials
+from dpda.source_party.app import run_server
+from dpda.source_party.releases import digest
 from tests.integration.helpers import SignedStub
 
 DATASET = "synthetic"

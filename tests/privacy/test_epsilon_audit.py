@@ -43,15 +43,16 @@ import pytest
 from dp_accounting import dp_event
 from pydantic import ValidationError
 
-from common.data.loaders import Domain
-from common.data.preprocessing import Scaling
-from common.dp.accounting import epsilon_of
-from common.dp.events import BatchSpec, RevealedSampledGaussianDpEvent, event_to_json
-from common.dp.ledger import Budget, LedgerEntry, MemoryLedgerStore, PrivacyLedger
-from common.dp.pate import answers_event, noisy_argmax
-from common.policy import PrivacyPolicy
-from common.terms import PlanRefused, SessionTerms, plan_batches
-from source_party.releases import BatchRelease, SessionInfo, SourceReleaser, TargetDisclosure
+from dpda.data.loaders import Domain
+from dpda.data.preprocessing import Scaling
+from dpda.dp.accounting import epsilon_of
+from dpda.dp.events import BatchSpec, RevealedSampledGaussianDpEvent, event_to_json
+from dpda.dp.ledger import Budget, LedgerEntry, MemoryLedgerStore, PrivacyLedger
+from dpda.dp.pate import answers_event, noisy_argmax
+from dpda.policy import PrivacyPolicy
+from dpda.protocol import BatchRelease, SessionInfo, TargetDisclosure
+from dpda.source_party.releases import SourceReleaser
+from dpda.terms import PlanRefused, SessionTerms, plan_batches
 
 from .audit import Audit, audit_scores, epsilon_lower_bound_sets
 

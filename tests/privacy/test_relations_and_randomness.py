@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from common.admin import AdminApp, Metrics
-from common.data.loaders import Domain
-from common.data.preprocessing import Scaling
-from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger, totals_by_relation
-from common.errors import PolicyRefused
-from common.policy import PrivacyPolicy
-from common.rng import is_cryptographic
-from common.terms import SessionTerms
-from source_party.releases import SourceReleaser, TargetDisclosure
+from dpda.data.loaders import Domain
+from dpda.data.preprocessing import Scaling
+from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger, totals_by_relation
+from dpda.dp.rng import is_cryptographic
+from dpda.errors import PolicyRefused
+from dpda.policy import PrivacyPolicy
+from dpda.protocol import TargetDisclosure
+from dpda.service.admin import AdminApp, Metrics
+from dpda.source_party.releases import SourceReleaser
+from dpda.terms import SessionTerms
 
 ATTRIBUTE = PrivacyPolicy(
     units=("record", "attribute"),
@@ -92,7 +93,7 @@ def test_noise_is_cryptographic_and_public_randomness_is_separate() -> None:
 
 
 def _secure() -> np.random.Generator:
-    from common.rng import secure_rng
+    from dpda.dp.rng import secure_rng
 
     return secure_rng()
 

@@ -8,7 +8,7 @@ from dp_accounting import dp_event
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.dp.accounting import (
+from dpda.dp.accounting import (
     epsilon_of,
     max_sampled_gaussian_steps,
     sampled_gaussian_epsilon,
@@ -126,7 +126,7 @@ def test_calibrated_minibatch_noise_needs_batches_and_steps() -> None:
     import pytest
     from pydantic import ValidationError
 
-    from common.terms import SessionTerms
+    from dpda.terms import SessionTerms
 
     with pytest.raises(ValidationError, match="noise_multiplier"):
         SessionTerms(dataset="d", epsilon=1, delta=1e-5, noise_multiplier=0.0)

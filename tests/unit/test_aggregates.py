@@ -5,14 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.data.loaders import Domain
-from common.data.preprocessing import Scaling
-from common.dp.accounting import epsilon_of
-from common.dp.events import event_from_json
-from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
-from common.terms import SessionTerms
-from source_party.releases import SourceReleaser, TargetDisclosure
-from target_party.pipeline import aggregate_points
+from dpda.data.loaders import Domain
+from dpda.data.preprocessing import Scaling
+from dpda.dp.accounting import epsilon_of
+from dpda.dp.events import event_from_json
+from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+from dpda.protocol import TargetDisclosure
+from dpda.source_party.releases import SourceReleaser
+from dpda.target_party.pipeline import aggregate_points
+from dpda.terms import SessionTerms
 
 from .noise_checks import std_matches
 
@@ -88,7 +89,7 @@ def test_parallel_composition_only_across_disjoint_classes() -> None:
 
 
 def test_aggregate_points_post_processing() -> None:
-    from source_party.releases import BatchRelease
+    from dpda.protocol import BatchRelease
 
     sums = np.array([[2.0, 4.0], [0.0, 0.0], [9.0, 3.0]])
     rel = BatchRelease(0, sums, np.array([2, -1, 3]), None, 0)  # type: ignore[arg-type]

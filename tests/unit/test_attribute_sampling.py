@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from common.dp.accounting import (
+from dpda.dp.accounting import (
     LEDGER_PLD_INTERVAL,
     epsilon_of,
     max_revealed_steps,
@@ -34,13 +34,13 @@ from common.dp.accounting import (
     revealed_sigma_for_epsilon,
     sampled_gaussian_epsilon,
 )
-from common.dp.events import (
+from dpda.dp.events import (
     RevealedSampledGaussianDpEvent,
     canonical_json,
     event_from_json,
     event_to_json,
 )
-from common.dp.ledger import canonical_events
+from dpda.dp.ledger import canonical_events
 
 
 # ---------------------------------------------------------------- exact closed form (scipy)
@@ -301,8 +301,8 @@ def test_planner_predicts_what_the_ledger_charges(capsys) -> None:  # noqa: ANN0
     amplified add/remove bound is only shown on request (it under-states that charge)."""
     import json
 
-    from common.cli import main
-    from common.dp.accounting import revealed_sampled_epsilon
+    from dpda.cli.main import main
+    from dpda.dp.accounting import revealed_sampled_epsilon
 
     argv = ["privacy", "epsilon", "--sigma", "1.1", "--sampling-rate", "0.114"]
     argv += ["--steps", "64", "--delta", "0.000742", "--json"]

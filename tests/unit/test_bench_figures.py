@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from common.bench_accuracy import PUBLISHED_OT_GL, _pairs, paper_epsilon
-from common.cli import main
+from dpda.bench.accuracy import PUBLISHED_OT_GL, _pairs, paper_epsilon
+from dpda.cli.main import main
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
-from common.bench_speed import PeakMemory
-from common.cli import main
+from dpda.bench.speed import PeakMemory
+from dpda.cli.main import main
 
 
 def test_bench_speed_smoke(tmp_path, capsys) -> None:  # noqa: ANN001

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import load_source, load_target
-from common.errors import ConfigError
+from dpda.errors import ConfigError
+from dpda.service.config import load_source, load_target
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -47,8 +47,8 @@ def test_missing_and_broken_files(tmp_path) -> None:
 def test_simulate_terms_error_names_the_field() -> None:
     import pytest
 
-    from common.cli import _terms, build_parser
-    from common.errors import ConfigError
+    from dpda.cli.main import _terms, build_parser
+    from dpda.errors import ConfigError
 
     argv = ["simulate", "--dataset", "office-caltech", "--source", "C", "--target", "A"]
     args = build_parser().parse_args([*argv, "--noise-multiplier", "0"])
@@ -69,7 +69,7 @@ def test_simulate_terms_error_names_the_field() -> None:
 def test_deploy_examples_load_with_the_default_policy() -> None:
     from pathlib import Path
 
-    from common.config import load_source, load_target
+    from dpda.service.config import load_source, load_target
 
     root = Path(__file__).resolve().parents[2] / "deploy"
     src = load_source(root / "source.example.toml")
@@ -83,7 +83,7 @@ def test_attribute_unit_needs_the_explicit_opt_in() -> None:
     import pytest
     from pydantic import ValidationError
 
-    from common.policy import PrivacyPolicy
+    from dpda.policy import PrivacyPolicy
 
     with pytest.raises(ValidationError, match="neither labels nor membership"):
         PrivacyPolicy(units=("attribute",))
@@ -96,8 +96,8 @@ def test_the_broken_rdp_ledger_option_is_gone(tmp_path) -> None:
     the target aborted minibatch jobs ("charge differs"); the option is refused now, naming it."""
     import pytest
 
-    from common.config import load_source
-    from common.errors import ConfigError
+    from dpda.errors import ConfigError
+    from dpda.service.config import load_source
 
     text = (
         'state_dir = "s"\nsigning_key = "k"\n[tls]\ncert = "c"\nkey = "k"\npeer_ca = "ca"\n'
@@ -122,7 +122,7 @@ def test_the_broken_rdp_ledger_option_is_gone(tmp_path) -> None:
 def test_session_terms_refuse_non_finite_and_absurd_floats(field: str, value: str) -> None:
     """Issue 12 fuzzing: ``noise_multiplier = Infinity`` parsed, and 1e300 overflowed the
     accountant's PLD inside the source's planner (INTERNAL); the terms now refuse both by name."""
-    from common.terms import SessionTerms, terms_error
+    from dpda.terms import SessionTerms, terms_error
 
     text = f'{{"dataset": "x", "epsilon": 1.0, "delta": 1e-5, "{field}": {value}}}'
     with pytest.raises(ValueError) as info:

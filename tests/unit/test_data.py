@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.data.loaders import load_domain, load_table
-from common.data.preprocessing import l2_normalize, row_normalize, zscore_own
-from common.data.synthetic import two_domains
-from target_party.training import accuracy, fit_predict
+from dpda.data.loaders import load_domain, load_table
+from dpda.data.preprocessing import l2_normalize, row_normalize, zscore_own
+from dpda.data.synthetic import two_domains
+from dpda.target_party.training import accuracy, fit_predict
 
 pytestmark = pytest.mark.data
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from common.cli import main
-from common.dp.ledger_store import connect
-from common.errors import ConfigError
-from common.keyfiles import private_dir, write_private
+from dpda.cli.main import main
+from dpda.errors import ConfigError
+from dpda.service.keyfiles import private_dir, write_private
+from dpda.service.ledger_store import connect
 
 
 def _mode(p: Path) -> int:

@@ -12,14 +12,15 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from common.data.loaders import Domain
-from common.data.preprocessing import Scaling
-from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
-from common.dp.mechanisms import counts_to_labels
-from common.ot.costs import sq_euclidean
-from common.policy import PrivacyPolicy
-from common.terms import LABEL_CAVEAT, SessionTerms
-from source_party.releases import SourceReleaser, TargetDisclosure
+from dpda.data.loaders import Domain
+from dpda.data.preprocessing import Scaling
+from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+from dpda.dp.mechanisms import counts_to_labels
+from dpda.ot.costs import sq_euclidean
+from dpda.policy import PrivacyPolicy
+from dpda.protocol import TargetDisclosure
+from dpda.source_party.releases import SourceReleaser
+from dpda.terms import LABEL_CAVEAT, SessionTerms
 
 
 def test_attribute_unit_does_not_hide_labels() -> None:

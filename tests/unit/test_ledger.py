@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 from dp_accounting import dp_event
 
-from common.dp.accounting import epsilon_of
-from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger, verify_chain
-from common.errors import BudgetExceeded, LedgerCorrupt
+from dpda.dp.accounting import epsilon_of
+from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger, verify_chain
+from dpda.errors import BudgetExceeded, LedgerCorrupt
 
 G = dp_event.GaussianDpEvent(1.5)
 L = dp_event.DiscreteLaplaceDpEvent(1.0, 1)
@@ -86,8 +86,8 @@ def test_a_charge_recomposes_only_what_changed(monkeypatch: pytest.MonkeyPatch) 
     compositions, with the peer and session caps on the same events reusing the work."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
-    from common.dp.events import RevealedSampledGaussianDpEvent
-    from common.dp.ledger import spend_of
+    from dpda.dp.events import RevealedSampledGaussianDpEvent
+    from dpda.dp.ledger import spend_of
 
     led = PrivacyLedger(MemoryLedgerStore(), {"d": Budget(1e6, 1e-5)})
     events = [RevealedSampledGaussianDpEvent(2.0 + 0.01 * i, 0.01) for i in range(60)]
@@ -106,7 +106,7 @@ def test_a_charge_recomposes_only_what_changed(monkeypatch: pytest.MonkeyPatch) 
     assert calls["n"] <= 4, calls  # one step and one fold compose (was 60+ per cap)
     # and the cached value is the one a from-scratch composition gives
     monkeypatch.setattr(pld.PrivacyLossDistribution, "compose", real)
-    from common.dp import accounting
+    from dpda.dp import accounting
 
     accounting._FOLD_CACHE.clear()
     accounting._STEP_CACHE.clear()

@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.data.loaders import Domain
-from common.data.preprocessing import Scaling
-from common.dp.events import RevealedSampledGaussianDpEvent
-from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
-from common.dp.mechanisms import (
+from dpda.data.loaders import Domain
+from dpda.data.preprocessing import Scaling
+from dpda.dp.events import RevealedSampledGaussianDpEvent
+from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+from dpda.dp.mechanisms import (
     clip_rows,
     counts_to_labels,
     discrete_laplace_noise,
@@ -17,9 +17,10 @@ from common.dp.mechanisms import (
     jl_matrix,
     projection_sensitivity,
 )
-from common.policy import PrivacyPolicy
-from common.terms import SessionTerms
-from source_party.releases import SourceReleaser, TargetDisclosure
+from dpda.policy import PrivacyPolicy
+from dpda.protocol import TargetDisclosure
+from dpda.source_party.releases import SourceReleaser
+from dpda.terms import SessionTerms
 
 from .noise_checks import std_matches
 
@@ -180,7 +181,7 @@ def test_budget_exceeded_before_noise(rng: np.random.Generator) -> None:
     rel.release(info.session_id, 0)
     info2 = rel.open_session(terms, disc)
     before = gen.bit_generator.state
-    from common.errors import BudgetExceeded
+    from dpda.errors import BudgetExceeded
 
     with pytest.raises(BudgetExceeded):
         rel.release(info2.session_id, 0)

@@ -4,11 +4,11 @@ import numpy as np
 import ot
 import pytest
 
-from common.errors import SolverFailed
-from common.ot import fast
-from common.ot.costs import dpot_cost, label_mask, sq_euclidean
-from common.ot.mapping import barycentric_map
-from common.ot.solvers import group_lasso_terms, one_hot, sinkhorn, sinkhorn_group_lasso, uniform
+from dpda.errors import SolverFailed
+from dpda.ot import fast
+from dpda.ot.costs import dpot_cost, label_mask, sq_euclidean
+from dpda.ot.mapping import barycentric_map
+from dpda.ot.solvers import group_lasso_terms, one_hot, sinkhorn, sinkhorn_group_lasso, uniform
 
 
 def _problem(rng: np.random.Generator, n: int = 60, m: int = 50, q: int = 3):

@@ -9,22 +9,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.cli import main
-from common.data.loaders import Domain
-from common.data.preprocessing import Scaling
-from common.dp.events import event_to_json
-from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
-from common.dp.pate import (
+from dpda.cli.main import main
+from dpda.data.loaders import Domain
+from dpda.data.preprocessing import Scaling
+from dpda.dp.events import event_to_json
+from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+from dpda.dp.pate import (
     answers_event,
     calibrate_pate,
     noise_std,
     noisy_counts,
     pate_epsilon,
 )
-from common.errors import BudgetExceeded, InvalidInput, PolicyRefused
-from common.terms import SessionTerms
-from source_party.releases import SourceReleaser, TargetDisclosure, teacher_assignment
-from source_party.teachers import TeacherEnsemble
+from dpda.errors import BudgetExceeded, InvalidInput, PolicyRefused
+from dpda.protocol import TargetDisclosure
+from dpda.source_party.releases import SourceReleaser, teacher_assignment
+from dpda.source_party.teachers import TeacherEnsemble
+from dpda.terms import SessionTerms
 
 from .noise_checks import std_matches
 

@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from common.cli import main
-from common.data.synthetic import two_domains
-from common.terms import SessionTerms
-from target_party.pipeline import AdaptConfig
-from target_party.simulate import simulate
+from dpda.cli.main import main
+from dpda.data.synthetic import two_domains
+from dpda.simulate import simulate
+from dpda.target_party.pipeline import AdaptConfig
+from dpda.terms import SessionTerms
 
 
 def _terms(**kw) -> SessionTerms:
@@ -187,11 +187,11 @@ def test_simulate_office_caltech_pair(data_dir, tmp_path) -> None:
 
 
 def test_target_batch_with_pate_is_refused_before_any_spend() -> None:
-    from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
-    from common.errors import ConfigError
-    from common.rng import make_rng
-    from source_party.releases import SourceReleaser
-    from target_party.pipeline import run_dpda, target_view
+    from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+    from dpda.dp.rng import make_rng
+    from dpda.errors import ConfigError
+    from dpda.source_party.releases import SourceReleaser
+    from dpda.target_party.pipeline import run_dpda, target_view
 
     s, t = two_domains(n_source=300, n_target=200)
     terms = _terms(pate_epsilon=1.0, pate_queries=20, privacy_unit="attribute")

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from randomgen import AESCounter, ChaCha  # type: ignore[import-untyped]
 from scipy import stats
 
-from common import rng as rng_mod
-from common.dp import mechanisms as mech
-from common.dp.mechanisms import (
+from dpda.dp import mechanisms as mech
+from dpda.dp import rng as rng_mod
+from dpda.dp.mechanisms import (
     DISCRETE_LAPLACE_MAX_DENOMINATOR,
     MAX_DISCRETE_LAPLACE_PARAMETER,
     MIN_DISCRETE_LAPLACE_PARAMETER,
@@ -25,7 +25,7 @@ from common.dp.mechanisms import (
     discrete_laplace_variance,
     gaussian_noise,
 )
-from common.rng import is_cryptographic, make_rng, public_rng, secure_rng
+from dpda.dp.rng import is_cryptographic, make_rng, public_rng, secure_rng
 
 FLOOR = MIN_DISCRETE_LAPLACE_PARAMETER
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import DpdaError
+from dpda.errors import DpdaError
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
@@ -20,8 +20,8 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
 
 # ------------------------------------------------------------------------------- privacy
 def _cmd_privacy_sigma(args: argparse.Namespace) -> int:
-    from .dp.accounting import calibrate_sigma
-    from .dp.mechanisms import relation_factor
+    from dpda.dp.accounting import calibrate_sigma
+    from dpda.dp.mechanisms import relation_factor
 
     sigma = calibrate_sigma(args.epsilon, args.delta, args.method)
     factor = relation_factor(args.neighbouring)
@@ -44,7 +44,7 @@ def _cmd_privacy_sigma(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_epsilon(args: argparse.Namespace) -> int:
-    from .dp.accounting import revealed_sampled_epsilon, sampled_gaussian_epsilon
+    from dpda.dp.accounting import revealed_sampled_epsilon, sampled_gaussian_epsilon
 
     if args.relation == "attribute":  # what the ledger charges for attribute-unit minibatches
         eps = revealed_sampled_epsilon(
@@ -66,7 +66,7 @@ def _cmd_privacy_epsilon(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_steps(args: argparse.Namespace) -> int:
-    from .dp.accounting import max_revealed_steps, max_sampled_gaussian_steps
+    from dpda.dp.accounting import max_revealed_steps, max_sampled_gaussian_steps
 
     if args.relation == "attribute":
         steps = max_revealed_steps(
@@ -94,8 +94,8 @@ _RELATION_NOTE = {
 
 
 def _cmd_privacy_pate(args: argparse.Namespace) -> int:
-    from .dp.pate import pate_epsilon
-    from .errors import ConfigError
+    from dpda.dp.pate import pate_epsilon
+    from dpda.errors import ConfigError
 
     scale = args.gamma if args.aggregator == "lnmax" else args.sigma
     if scale is None:
@@ -118,7 +118,7 @@ def _cmd_privacy_pate(args: argparse.Namespace) -> int:
 
 def _no_replace_sampled(args: argparse.Namespace) -> None:
     if args.neighbouring == "replace-one":
-        from .errors import ConfigError
+        from dpda.errors import ConfigError
 
         raise ConfigError(
             "--neighbouring replace-one: Poisson-sampled accounting is only available under "
@@ -128,16 +128,15 @@ def _no_replace_sampled(args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------------------ simulate
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from target_party.pipeline import AdaptConfig
-    from target_party.simulate import METHODS, simulate
-
-    from .data.loaders import load_domain, require_data_dir
-    from .data.preprocessing import (
+    from dpda.data.loaders import load_domain, require_data_dir
+    from dpda.data.preprocessing import (
         DEFAULT_REPRESENTATION,
         DEFAULT_SCALING,
         default_attribute_bound,
     )
-    from .progress import Progress
+    from dpda.service.progress import Progress
+    from dpda.simulate import METHODS, simulate
+    from dpda.target_party.pipeline import AdaptConfig
 
     data_dir = require_data_dir(args.data_dir)
     src = load_domain(data_dir, args.dataset, args.source)
@@ -190,8 +189,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _terms(args: argparse.Namespace, dataset: str, delta: float):  # noqa: ANN202
     from pydantic import ValidationError
 
-    from .errors import ConfigError
-    from .terms import SessionTerms, terms_error
+    from dpda.errors import ConfigError
+    from dpda.terms import SessionTerms, terms_error
 
     try:
         return SessionTerms(
@@ -309,7 +308,7 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------------------------- demo
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from dpda.cli.demo import run_demo
 
     return run_demo(args)
 
@@ -319,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dpda",
         description="Differentially private domain adaptation across a privacy boundary.",
     )
+    from dpda import __version__
+
+    parser.add_argument("--version", action="version", version=f"dpda {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     # privacy planner
@@ -392,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dm.set_defaults(func=_cmd_demo)
 
-    from . import bench, cli_service
+    from dpda.bench import service as bench
+    from dpda.cli import service as cli_service
 
     cli_service.register(sub)
     bench.register(sub)

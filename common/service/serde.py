@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from .errors import InvalidInput
-from .pb import dpda_pb2 as pb
+from dpda.errors import InvalidInput
+from dpda.pb import dpda_pb2 as pb
 
 ALLOWED_DTYPES = {"<f8": np.float64, "<i8": np.int64}
 MAX_ARRAY_BYTES = 256 * 1024 * 1024

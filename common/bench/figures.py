@@ -26,21 +26,22 @@ from typing import Any
 
 import numpy as np
 
+from dpda.errors import ConfigError
+
 
 def _load_pair(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str]:
     """Preprocessed source and target features (target scaling applied to both)."""
-    from target_party.pipeline import target_view
-    from target_party.simulate import source_in_target_scaling
-
-    from .data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
+    from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
+    from dpda.simulate import source_in_target_scaling
+    from dpda.target_party.pipeline import target_view
 
     if args.dataset == "synthetic":
-        from .data.synthetic import two_domains
+        from dpda.data.synthetic import two_domains
 
         s, t = two_domains(1000, 1000, seed=0)
         label = "synthetic"
     else:
-        from .data.loaders import load_domain, require_data_dir
+        from dpda.data.loaders import load_domain, require_data_dir
 
         data_dir = require_data_dir(args.data_dir)
         s = load_domain(data_dir, args.dataset, args.source)
@@ -54,7 +55,7 @@ def _load_pair(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str]:
 def _emd(a_rows: int, b_rows: int, cost: np.ndarray) -> tuple[np.ndarray, float]:
     import ot
 
-    from .ot.solvers import uniform
+    from dpda.ot.solvers import uniform
 
     plan = ot.emd(uniform(a_rows), uniform(b_rows), cost, numItermax=10_000_000)
     return plan, float(np.sum(plan * cost))
@@ -70,8 +71,8 @@ def dpot_errors(
     batch: int = 0,
 ) -> list[dict[str, float]]:
     """Mean Err and plan agreement per σ/w; ``batch = 0``: whole batch."""
-    from .dp.mechanisms import gaussian_noise, jl_matrix, projection_sensitivity
-    from .ot.costs import sq_euclidean
+    from dpda.dp.mechanisms import gaussian_noise, jl_matrix, projection_sensitivity
+    from dpda.ot.costs import sq_euclidean
 
     out = []
     for ratio in ratios:
@@ -109,11 +110,21 @@ def dpot_errors(
     return out
 
 
-def _plot_dpot(result: dict[str, Any], path: str) -> None:
-    import matplotlib
-
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend; it is the ``bench`` extra (daemon hosts do
+    not need it: the job report draws its own SVG)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("--png needs matplotlib: pip install 'dpda[bench]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _plot_dpot(result: dict[str, Any], path: str) -> None:
+    plt = _pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, key, title in (
@@ -182,8 +193,8 @@ def run_dpot_error(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------ privacy-utility
 def _pu_task(data_dir: str, src: str, tgt: str, eps: float, seed: int, batch: int) -> dict:
-    from .bench_accuracy import run_methods
-    from .terms import SessionTerms
+    from dpda.bench.accuracy import run_methods
+    from dpda.terms import SessionTerms
 
     def terms_for(dataset: str, ns: int) -> SessionTerms:
         return SessionTerms(
@@ -205,10 +216,7 @@ def _pu_task(data_dir: str, src: str, tgt: str, eps: float, seed: int, batch: in
 
 
 def _plot_pu(table: list[dict[str, Any]], pairs: list[str], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     eps = [r["epsilon"] for r in table]
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -238,8 +246,8 @@ def _plot_pu(table: list[dict[str, Any]], pairs: list[str], path: str) -> None:
 
 
 def run_privacy_utility(args: argparse.Namespace) -> int:
-    from .bench_accuracy import _pairs, _worker_init, gather
-    from .data.loaders import require_data_dir
+    from dpda.bench.accuracy import _pairs, _worker_init, gather
+    from dpda.data.loaders import require_data_dir
 
     data_dir = require_data_dir(args.data_dir)
     pairs = _pairs(args.pairs)

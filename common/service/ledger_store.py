@@ -13,9 +13,9 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from ..errors import LedgerCorrupt
-from ..keyfiles import restrict
-from .ledger import LedgerEntry, head_hash
+from dpda.dp.ledger import LedgerEntry, head_hash
+from dpda.errors import LedgerCorrupt
+from dpda.service.keyfiles import restrict
 
 SCHEMA_VERSION = 1
 

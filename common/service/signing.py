@@ -16,7 +16,7 @@ def new_key() -> Ed25519PrivateKey:
 
 def save_key(key: Ed25519PrivateKey, private_path: Path, public_path: Path) -> None:
     """The private key created 0600 (``O_EXCL``: never overwrites), the public key beside it."""
-    from .keyfiles import write_private
+    from dpda.service.keyfiles import write_private
 
     write_private(
         private_path,

@@ -169,8 +169,8 @@ class AdmissionInterceptor:
     def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001, ANN201
         import grpc
 
-        from .errors import PUBLIC_CATALOG
-        from .tls import peer_fingerprint
+        from dpda.errors import PUBLIC_CATALOG
+        from dpda.service.tls import peer_fingerprint
 
         handler = continuation(handler_call_details)
         if handler is None:
@@ -212,9 +212,7 @@ class AdmissionInterceptor:
                 finally:
                     admission.release(key)
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary, None, handler.response_serializer
-            )
+            return grpc.unary_unary_rpc_method_handler(unary, None, handler.response_serializer)
         if handler.unary_stream:
             inner_s = handler.unary_stream
 
@@ -225,9 +223,8 @@ class AdmissionInterceptor:
                 finally:
                     admission.release(key)
 
-            return grpc.unary_stream_rpc_method_handler(
-                stream, None, handler.response_serializer
-            )
+            return grpc.unary_stream_rpc_method_handler(stream, None, handler.response_serializer)
+
         # no streaming-request methods exist; refuse anything else rather than pass it unchecked
         def refuse(request_iterator, context):  # noqa: ANN001, ANN202
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "UNIMPLEMENTED")

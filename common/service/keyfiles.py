@@ -17,7 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import ConfigError
+from dpda.errors import ConfigError
 
 
 def private_dir(path: Path) -> Path:

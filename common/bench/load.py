@@ -165,8 +165,8 @@ class Peer:
 def _deploy(workdir: Path, n_peers: int) -> tuple[Any, list[Peer]]:
     """The source's config (one synthetic dataset, ``n_peers`` pinned target organizations from
     one CA) and their keys."""
-    from .deployment import _table, make_deployment
-    from .tls import init_party
+    from dpda.deployment import _table, make_deployment
+    from dpda.service.tls import init_party
 
     dataset = {
         "name": DATASET,
@@ -273,7 +273,7 @@ class Workload:
     projection_dim: int = 10
 
     def terms(self) -> Any:
-        from .terms import SessionTerms
+        from dpda.terms import SessionTerms
 
         return SessionTerms(
             dataset=DATASET,
@@ -294,7 +294,7 @@ class Workload:
 
 def _target_view(dim: int) -> tuple[np.ndarray, np.ndarray]:
     """The target's public basis (its PCA, orthonormal columns) and its projected rows."""
-    from .data.synthetic import two_domains
+    from dpda.data.synthetic import two_domains
 
     x = two_domains(SOURCE_ROWS, 500)[1].x
     xc = x - x.mean(axis=0)
@@ -307,11 +307,11 @@ def _client(workdir: Path, i: int, peer: Peer, dep: Any, address: str, rec: Reco
     """A ``GrpcReleaseSource`` with its own state directory, whose channel is timed."""
     import grpc
 
-    from common.audit import ClientAuditInterceptor
-    from common.config import TargetConfig
-    from common.pb import dpda_pb2_grpc as pb_grpc
-    from target_party.app import open_state
-    from target_party.client import GrpcReleaseSource
+    from dpda.pb import dpda_pb2_grpc as pb_grpc
+    from dpda.service.audit import ClientAuditInterceptor
+    from dpda.service.config import TargetConfig
+    from dpda.target_party.app import open_state
+    from dpda.target_party.client import GrpcReleaseSource
 
     cfg = TargetConfig.model_validate(
         {
@@ -351,7 +351,7 @@ def _patiently(rec: Recorder, src: Any, fn: Callable[..., Any], *args: Any) -> A
     """Run one honest operation; while the source says the ledger must be synced first (the
     head moved, or a release of this peer awaits its countersignature: both are
     FAILED_PRECONDITION, LEDGER_CORRUPT with one public message), sync and ask again."""
-    from .errors import LedgerCorrupt
+    from dpda.errors import LedgerCorrupt
 
     t0 = time.monotonic()
     attempt = 0
@@ -386,7 +386,7 @@ def honest_session(
     ``deadline`` has passed. Every release and answer is verified, appended to the client's
     ledger copy and countersigned by ``GrpcReleaseSource``; closing waits for the last
     countersignature. A failure is raised after a best-effort close."""
-    from source_party.releases import TargetDisclosure
+    from dpda.protocol import TargetDisclosure
 
     def timed(kind: str, fn: Callable[..., Any], *args: Any) -> Any:
         t0 = time.perf_counter()
@@ -475,10 +475,10 @@ def _hostile_main(
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from common.auth import POLICY as METHODS
-    from common.pb import dpda_pb2 as pb
-    from common.pb import dpda_pb2_grpc as pb_grpc
-    from common.tls import channel_credentials
+    from dpda.pb import dpda_pb2 as pb
+    from dpda.pb import dpda_pb2_grpc as pb_grpc
+    from dpda.service.auth import POLICY as METHODS
+    from dpda.service.tls import channel_credentials
 
     creds = channel_credentials(Path(cert), Path(key), Path(ca))
     opts = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
@@ -578,9 +578,9 @@ def run_load(
     """The whole benchmark; returns the result dict (``REQUIRED_KEYS`` and more)."""
     import multiprocessing as mp
 
-    from .cli_service import verify_ledger
-    from .deployment import SourceProcess
-    from .tls import init_party
+    from dpda.deployment import SourceProcess
+    from dpda.service.tls import init_party
+    from dpda.service.verify import verify_ledger
 
     work = work or Workload()
     n_peers = max(1, min(peers or sessions, sessions))

@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from . import signing
-from .errors import ConfigError, DpdaError, PeerMisbehaved
-from .keyfiles import private_dir, write_private
+from dpda.errors import ConfigError, DpdaError, PeerMisbehaved
+from dpda.service import signing
+from dpda.service.keyfiles import private_dir, write_private
 
 log = logging.getLogger("dpda.tls")
 

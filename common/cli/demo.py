@@ -19,12 +19,11 @@ DEMO_DELTA = 1.0 / (10 * 600)  # 1/(10·ns), the default policy's δ
 
 
 def _in_process(args: argparse.Namespace) -> dict[str, Any]:
-    from common.data.synthetic import two_domains
-    from common.terms import SessionTerms
-    from target_party.pipeline import AdaptConfig
-    from target_party.simulate import simulate
-
-    from .progress import Progress
+    from dpda.data.synthetic import two_domains
+    from dpda.service.progress import Progress
+    from dpda.simulate import simulate
+    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.terms import SessionTerms
 
     src, tgt = two_domains()
     terms = SessionTerms(
@@ -37,8 +36,8 @@ def _in_process(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _service(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    from .cli_service import verify_ledger
-    from .deployment import SourceProcess, dpda_command, make_deployment, run_target
+    from dpda.deployment import SourceProcess, dpda_command, make_deployment, run_target
+    from dpda.service.verify import verify_ledger
 
     dep = make_deployment(
         workdir,

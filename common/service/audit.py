@@ -17,13 +17,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import grpc
 
-from .dp.events import canonical_json
-from .errors import LedgerCorrupt
+from dpda.dp.events import canonical_json
 
 GENESIS = "0" * 64
 
@@ -117,7 +115,7 @@ class AuditLog:
                 ledger_seq=ledger_seq,
             )
             if self.key is not None:
-                from . import signing
+                from dpda.service import signing
 
                 rec = replace(rec, sig=signing.sign(self.key, rec.record_hash().encode()))
             self.conn.execute(
@@ -256,7 +254,7 @@ def verify(
 ) -> list[str]:
     """Problems found (empty when all is well): chain, signatures (with ``public_key``, this
     side's), message hashes, ledger coverage."""
-    from . import signing
+    from dpda.service import signing
 
     problems: list[str] = []
     prev = GENESIS
@@ -266,9 +264,7 @@ def verify(
         if rec.prev_hash != prev:
             problems.append(f"audit record {rec.seq}: hash chain broken")
         prev = rec.record_hash()
-        if public_key is not None and not signing.verify(
-            public_key, prev.encode(), rec.sig
-        ):
+        if public_key is not None and not signing.verify(public_key, prev.encode(), rec.sig):
             problems.append(f"audit record {rec.seq}: not signed by this side's key")
         if payload is not None and hashlib.sha256(payload).hexdigest() != rec.sha256:
             problems.append(f"audit record {rec.seq}: retained payload does not match its hash")
@@ -283,7 +279,7 @@ def verify(
             if batch and payload is not None and hashlib.sha256(payload).hexdigest() == rec.sha256:
                 from google.protobuf.message import DecodeError
 
-                from .pb import dpda_pb2 as pb
+                from dpda.pb import dpda_pb2 as pb
 
                 try:
                     msg = pb.BatchRelease.FromString(payload)
@@ -326,14 +322,3 @@ def report(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> dict[st
         "outgoing_by_method": by_method,
         "releases_by_dataset": releases,
     }
-
-
-def open_log(path: Path, side: str, retain_payloads: bool = False) -> AuditLog:
-    from .dp.ledger_store import connect
-
-    return AuditLog(connect(path), side, retain_payloads)
-
-
-def raise_if(problems: list[str]) -> None:
-    if problems:
-        raise LedgerCorrupt("; ".join(problems[:5]))

@@ -80,9 +80,9 @@ def _solve_child(kind: str, n: int, seed: int, out_dir: str, conn) -> None:  # n
     import numpy as np
     import ot
 
-    from .data.synthetic import two_domains
-    from .ot.costs import dpot_cost
-    from .ot.solvers import sinkhorn, sinkhorn_group_lasso, uniform
+    from dpda.data.synthetic import two_domains
+    from dpda.ot.costs import dpot_cost
+    from dpda.ot.solvers import sinkhorn, sinkhorn_group_lasso, uniform
 
     src, tgt = two_domains(n, n, seed=seed)
     # float64: POT's default precision; ours converts to float32 inside and counts that copy
@@ -171,11 +171,10 @@ def solver_rows(sizes: list[int], pot_max_n: int) -> dict[str, list[dict[str, An
 
 # ------------------------------------------------------------------------------ (b) whole jobs
 def _job_child(spec: dict[str, Any], conn) -> None:  # noqa: ANN001
-    from target_party.pipeline import AdaptConfig
-    from target_party.simulate import simulate
-
-    from .data.synthetic import two_domains
-    from .terms import SessionTerms
+    from dpda.data.synthetic import two_domains
+    from dpda.simulate import simulate
+    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.terms import SessionTerms
 
     # Linux keeps a process's maximum RSS across fork + exec, so ru_maxrss here would start at
     # the parent's size; reset the high-water mark and read it back instead.
@@ -275,7 +274,7 @@ def sinkhorn_throughput(n: int = 8000, iters: int = 20) -> dict[str, float]:
     import numpy as np
     import ot
 
-    from .ot import fast
+    from dpda.ot import fast
 
     rng = np.random.default_rng(0)
     k32 = rng.random((n, n), dtype=np.float32) + 0.5

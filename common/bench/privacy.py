@@ -19,18 +19,18 @@ import numpy as np
 
 
 def label_leak(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> dict[str, Any]:
-    from source_party.releases import SourceReleaser, TargetDisclosure
-    from target_party.pipeline import target_pca_basis, target_view
-
-    from .bench_accuracy import dataset_of
-    from .data.loaders import load_domain
-    from .data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
-    from .data.preprocessing import default_attribute_bound as bound_rule
-    from .dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
-    from .dp.mechanisms import counts_to_labels
-    from .ot.costs import sq_euclidean
-    from .policy import PrivacyPolicy
-    from .terms import SessionTerms
+    from dpda.bench.accuracy import dataset_of
+    from dpda.data.loaders import load_domain
+    from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
+    from dpda.data.preprocessing import default_attribute_bound as bound_rule
+    from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+    from dpda.dp.mechanisms import counts_to_labels
+    from dpda.ot.costs import sq_euclidean
+    from dpda.policy import PrivacyPolicy
+    from dpda.protocol import TargetDisclosure
+    from dpda.source_party.releases import SourceReleaser
+    from dpda.target_party.pipeline import target_pca_basis, target_view
+    from dpda.terms import SessionTerms
 
     ds = dataset_of(src)
     rep = DEFAULT_REPRESENTATION[ds]
@@ -61,14 +61,14 @@ def label_leak(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> 
 
 
 def _per_row(x: np.ndarray, rep: str) -> np.ndarray:
-    from .data.preprocessing import per_row
+    from dpda.data.preprocessing import per_row
 
     return per_row(x, rep)
 
 
 def run_label_leak(args: argparse.Namespace) -> int:
-    from .bench_accuracy import _pairs
-    from .data.loaders import require_data_dir
+    from dpda.bench.accuracy import _pairs
+    from dpda.data.loaders import require_data_dir
 
     data_dir = require_data_dir(args.data_dir)
     rows = []

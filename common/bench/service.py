@@ -20,8 +20,8 @@ from typing import Any
 
 
 def _in_process(src, tgt, terms, rep: str, scaling: str, seed: int) -> dict[str, Any]:  # noqa: ANN001
-    from target_party.pipeline import AdaptConfig
-    from target_party.simulate import simulate
+    from dpda.simulate import simulate
+    from dpda.target_party.pipeline import AdaptConfig
 
     t0 = time.perf_counter()
     out = simulate(
@@ -35,9 +35,9 @@ def _in_process(src, tgt, terms, rep: str, scaling: str, seed: int) -> dict[str,
 
 
 def _service(workdir: Path, dataset: dict, job: dict, seed: int) -> dict[str, Any]:  # noqa: ANN001
-    from .audit import AuditLog, report
-    from .deployment import SourceProcess, make_deployment, run_target
-    from .dp.ledger_store import connect
+    from dpda.deployment import SourceProcess, make_deployment, run_target
+    from dpda.service.audit import AuditLog, report
+    from dpda.service.ledger_store import connect
 
     dep = make_deployment(
         workdir, dataset=dataset, job=job, source_extra={"seed": seed, "insecure_testing": True}
@@ -99,9 +99,9 @@ def _case(
 
 
 def run_bench_service(args: argparse.Namespace) -> int:
-    from .data.loaders import default_data_dir, load_domain
-    from .data.synthetic import two_domains
-    from .terms import SessionTerms
+    from dpda.data.loaders import default_data_dir, load_domain
+    from dpda.data.synthetic import two_domains
+    from dpda.terms import SessionTerms
 
     root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dpda-bench-"))
     results = []
@@ -191,11 +191,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--batch-size", type=int, default=500)
     s.add_argument("--steps", type=int, default=4)
     s.set_defaults(func=run_bench_service)
-    from .bench_accuracy import register_accuracy
-    from .bench_figures import register_figures
-    from .bench_load import register_load
-    from .bench_privacy import register_privacy
-    from .bench_speed import register_speed
+    from dpda.bench.accuracy import register_accuracy
+    from dpda.bench.figures import register_figures
+    from dpda.bench.load import register_load
+    from dpda.bench.privacy import register_privacy
+    from dpda.bench.speed import register_speed
 
     register_speed(bsub)
     register_accuracy(bsub)

@@ -11,22 +11,21 @@ from typing import Any
 
 import numpy as np
 
-from common.data.loaders import Domain
-from common.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
-from common.ot.costs import dpot_cost
-from common.ot.mapping import barycentric_map
-from common.ot.solvers import sinkhorn_group_lasso, uniform
-from common.policy import PrivacyPolicy
-from common.rng import public_rng, secure_rng, testing_streams
-from common.terms import SessionTerms
-from source_party.releases import SourceReleaser, prepare_features
-
-from .pipeline import AdaptConfig, DPDAResult, TargetView, run_dpda, target_view
-from .training import accuracy, fit_predict
+from dpda.data.loaders import Domain
+from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+from dpda.dp.rng import public_rng, secure_rng, testing_streams
+from dpda.ot.costs import dpot_cost
+from dpda.ot.mapping import barycentric_map
+from dpda.ot.solvers import sinkhorn_group_lasso, uniform
+from dpda.policy import PrivacyPolicy
+from dpda.source_party.releases import SourceReleaser, prepare_features
+from dpda.target_party.pipeline import AdaptConfig, DPDAResult, TargetView, run_dpda, target_view
+from dpda.target_party.training import accuracy, fit_predict
+from dpda.terms import METHODS, SessionTerms, method_terms
 
 
 def source_in_target_scaling(source: Domain, view: TargetView, representation: str) -> np.ndarray:
-    from common.data.preprocessing import per_row
+    from dpda.data.preprocessing import per_row
 
     return view.scaling.apply(per_row(source.x, representation))
 
@@ -56,34 +55,6 @@ def otda(source: Domain, view: TargetView, representation: str, cfg: AdaptConfig
     return accuracy(pred, view.labels)
 
 
-METHODS = ("dpda", "pate", "dpda+pate")
-
-
-def method_terms(
-    terms: SessionTerms, method: str, pate_queries: int, pate_share: float
-) -> SessionTerms:
-    """The session terms of one method at the same total ε."""
-    if method == "dpda":
-        return terms.model_copy(update={"pate_epsilon": 0.0, "pate_queries": 0, "dpda": True})
-    if method == "pate":
-        return SessionTerms.model_validate(
-            {
-                **terms.model_dump(),
-                "dpda": False,
-                "pate_epsilon": terms.epsilon,
-                "pate_queries": pate_queries,
-            }
-        )
-    if method == "dpda+pate":
-        return SessionTerms.model_validate(
-            {
-                **terms.model_dump(),
-                "dpda": True,
-                "pate_epsilon": terms.epsilon * pate_share,
-                "pate_queries": pate_queries,
-            }
-        )
-    raise ValueError(f"unknown method {method!r} (choose from {', '.join(METHODS)}, all)")
 
 
 @dataclass(frozen=True)

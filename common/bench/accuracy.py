@@ -65,7 +65,7 @@ def paper_epsilon(src: str) -> float:
 
 def gather(tasks: list[Any], label: str) -> list[Any]:
     """Results of submitted futures in submission order, with a progress bar."""
-    from .progress import Progress
+    from dpda.service.progress import Progress
 
     bar = Progress(label)
     rows = []
@@ -91,15 +91,14 @@ def run_methods(
 ) -> tuple[Any, dict[str, Any]]:
     """Source-only, OTDA, DPDA, PATE and DPDA+PATE on one pair; ``terms_for(dataset, ns)`` gives
     the session terms. Returns the terms and ``SimulationOutcome.to_json``."""
-    from target_party.pipeline import AdaptConfig
-    from target_party.simulate import METHODS, simulate
-
-    from .data.loaders import load_domain
-    from .data.preprocessing import (
+    from dpda.data.loaders import load_domain
+    from dpda.data.preprocessing import (
         DEFAULT_REPRESENTATION,
         DEFAULT_SCALING,
         default_attribute_bound,
     )
+    from dpda.simulate import METHODS, simulate
+    from dpda.target_party.pipeline import AdaptConfig
 
     ds = dataset_of(src)
     s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
@@ -133,7 +132,7 @@ def paper_pair(
 ) -> dict:
     """One pair, unit and seed; ``protocol`` ``whole-batch``: ε = 8 for every source, one
     whole-dataset release (the simulate defaults)."""
-    from .terms import SessionTerms
+    from dpda.terms import SessionTerms
 
     eps = paper_epsilon(src) if protocol == "dpda-paper" else epsilon
 
@@ -191,12 +190,11 @@ def _grid_scores(
     test: np.ndarray,
 ) -> dict[str, Any]:
     """OT-GL over the grid; the (λe, λg) with the best validation accuracy and its test accuracy."""
-    from target_party.training import fit_predict
-
-    from .errors import SolverFailed
-    from .ot.costs import dpot_cost
-    from .ot.mapping import barycentric_map
-    from .ot.solvers import sinkhorn_group_lasso, uniform
+    from dpda.errors import SolverFailed
+    from dpda.ot.costs import dpot_cost
+    from dpda.ot.mapping import barycentric_map
+    from dpda.ot.solvers import sinkhorn_group_lasso, uniform
+    from dpda.target_party.training import fit_predict
 
     cost = dpot_cost(pts, xt_space, noise_std)
     a, b = uniform(pts.shape[0]), uniform(xt.shape[0])
@@ -218,21 +216,21 @@ def _grid_scores(
 
 
 def tpami_pair(data_dir: str, src: str, tgt: str, run: int) -> dict:
-    from source_party.releases import SourceReleaser, TargetDisclosure
-    from target_party.pipeline import target_pca_basis, target_view
-    from target_party.simulate import source_in_target_scaling
-    from target_party.training import fit_predict
-
-    from .data.loaders import Domain, load_domain
-    from .data.preprocessing import (
+    from dpda.data.loaders import Domain, load_domain
+    from dpda.data.preprocessing import (
         DEFAULT_REPRESENTATION,
         DEFAULT_SCALING,
         default_attribute_bound,
     )
-    from .dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
-    from .dp.mechanisms import counts_to_labels
-    from .policy import PrivacyPolicy
-    from .terms import SessionTerms
+    from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+    from dpda.dp.mechanisms import counts_to_labels
+    from dpda.policy import PrivacyPolicy
+    from dpda.protocol import TargetDisclosure
+    from dpda.simulate import source_in_target_scaling
+    from dpda.source_party.releases import SourceReleaser
+    from dpda.target_party.pipeline import target_pca_basis, target_view
+    from dpda.target_party.training import fit_predict
+    from dpda.terms import SessionTerms
 
     ds = dataset_of(src)
     rep = DEFAULT_REPRESENTATION[ds]
@@ -377,7 +375,7 @@ def _pairs(spec: list[str] | None) -> list[tuple[str, str]]:
 
 
 def run_bench_accuracy(args: argparse.Namespace) -> int:
-    from .data.loaders import require_data_dir
+    from dpda.data.loaders import require_data_dir
 
     data_dir = require_data_dir(args.data_dir)
     pairs = _pairs(args.pairs)

@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import ConfigError
-from .policy import PrivacyPolicy
+from dpda.errors import ConfigError
+from dpda.policy import PrivacyPolicy
 
 
 class _Strict(BaseModel):
@@ -99,7 +99,7 @@ class AdminConfig(_Strict):
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> AdminConfig:
-        from .admin import is_loopback
+        from dpda.service.admin import is_loopback
 
         host = self.listen.rsplit(":", 1)[0].strip("[]")
         if self.enabled and not is_loopback(host) and self.token_file is None:

@@ -391,7 +391,7 @@ class AdminApp:
             entries = self.ledger_entries(query.get("dataset"))
             return js(200, [json.loads(e.to_json()) for e in entries])
         if path == "/v1/ledger/totals":
-            from .dp.ledger import totals_by_relation
+            from dpda.dp.ledger import totals_by_relation
 
             by_ds: dict[str, list[Any]] = {}
             for e in self.ledger_entries(None):

@@ -1,0 +1,1 @@
+"""The `dpda` command line: argument parsing, the daemons' commands, the demo."""

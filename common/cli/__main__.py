@@ -1,0 +1,5 @@
+import sys
+
+from dpda.cli.main import main
+
+sys.exit(main())

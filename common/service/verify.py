@@ -1,0 +1,142 @@
+"""Offline checks of a daemon's state directory: the ledger's chain, every recomputed spend,
+each signature against its role's key, stored payloads against their hashes, and a comparison
+with the peer's copy (``dpda ledger verify [--against PEER_STATE]``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpda.errors import ConfigError, LedgerCorrupt
+
+
+def open_state(state_dir: str):  # noqa: ANN202
+    from dpda.service.ledger_store import SqliteLedgerStore, connect
+
+    path = Path(state_dir) / "state.sqlite"
+    if not path.is_file():
+        raise ConfigError(f"{state_dir}: no dpda state here (state.sqlite missing)")
+    conn = connect(path)
+    return conn, SqliteLedgerStore(path, conn)
+
+
+@dataclass(frozen=True)
+class RoleKeys:
+    """The signing keys of a state directory, bound to their roles (``keys.json``)."""
+
+    side: str
+    own: Any
+    peers: dict[str, Any]
+
+    def source_key(self, peer: str) -> Any:
+        return self.own if self.side == "source" else self.peers.get("source")
+
+    def target_key(self, peer: str) -> Any:
+        return self.peers.get(peer) if self.side == "source" else self.own
+
+
+def role_keys(state_dir: str) -> RoleKeys:
+    """Keys by role. A missing or unreadable ``keys.json`` is a verification failure, never a
+    reason to skip the signature checks (9ac3bc1 skipped them silently)."""
+    from cryptography.hazmat.primitives import serialization
+
+    f = Path(state_dir) / "keys.json"
+    if not f.is_file():
+        raise LedgerCorrupt(f"{f}: missing, so no signature can be checked")
+    try:
+        data = json.loads(f.read_text())
+        side = data["side"]
+        own = serialization.load_pem_public_key(data["self"].encode())
+        peers = {n: serialization.load_pem_public_key(p.encode()) for n, p in data["peers"].items()}
+    except (KeyError, ValueError, TypeError, AttributeError):
+        raise LedgerCorrupt(f"{f}: unreadable, so no signature can be checked") from None
+    if side not in ("source", "target"):
+        raise LedgerCorrupt(f"{f}: side must be source or target")
+    return RoleKeys(side, own, peers)
+
+
+def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
+    """(problems, warnings, entries checked) for a daemon's state directory.
+
+    Each signature is checked against its role's key only: the source's against the source's,
+    the countersignature against that peer's (on 9ac3bc1 any known key passed for either role,
+    so the source could forge every countersignature)."""
+    from dpda.dp.accounting import ledger_epsilon
+    from dpda.dp.events import canonical_json, event_from_json
+    from dpda.dp.ledger import verify_chain
+    from dpda.service import signing
+
+    conn, store = open_state(state_dir)
+    problems: list[str] = []
+    warnings: list[str] = []
+    try:
+        keys: RoleKeys | None = role_keys(state_dir)
+    except LedgerCorrupt as exc:
+        problems.append(str(exc))
+        keys = None
+    n = 0
+    payloads: dict[tuple[str, int], str] = {}
+    has_payloads = conn.execute("SELECT name FROM sqlite_master WHERE name='payloads'").fetchone()
+    if has_payloads:
+        for ds, seq, z, c in conn.execute("SELECT dataset, seq, z, counts FROM payloads"):
+            payloads[(ds, seq)] = hashlib.sha256(z + c).hexdigest()
+    for ds in store.datasets():
+        entries = store.entries(ds)
+        n += len(entries)
+        try:
+            verify_chain(entries)
+        except LedgerCorrupt as exc:
+            problems.append(f"{ds}: {exc}")
+        groups: dict[str, list[Any]] = {}  # the running groups: verify is linear
+        for e in entries:
+            key = canonical_json(e.dp_event)
+            if key in groups:
+                groups[key][1] += 1
+            else:
+                groups[key] = [event_from_json(e.dp_event), 1]
+            delta = e.params.get("delta")
+            if delta:
+                spent = ledger_epsilon([(k, ev, c) for k, (ev, c) in groups.items()], delta)
+                if abs(spent - e.spend_after) > 1e-9:
+                    problems.append(f"{ds} entry {e.seq}: spend_after differs from recomputation")
+            msg = e.signed_message()
+            if e.payload_sha256 and not e.source_sig:
+                warnings.append(f"{ds} entry {e.seq}: not yet signed by the source")
+            for role, sig in (("source", e.source_sig), ("target", e.target_sig)):
+                if not sig or keys is None:
+                    continue
+                key = keys.source_key(e.peer) if role == "source" else keys.target_key(e.peer)
+                if key is None:
+                    problems.append(f"{ds} entry {e.seq}: no {role} key for peer {e.peer!r}")
+                elif not signing.verify(key, msg, sig):
+                    problems.append(f"{ds} entry {e.seq}: bad {role} signature")
+            if e.payload_sha256 and not e.target_sig:
+                warnings.append(f"{ds} entry {e.seq}: not countersigned by the target")
+            stored = payloads.get((ds, e.seq))
+            if stored is not None and stored != e.payload_sha256:
+                problems.append(f"{ds} entry {e.seq}: stored payload does not match its hash")
+    return problems, warnings, n
+
+
+def compare_with_peer(state_dir: str, peer_state_dir: str) -> list[str]:
+    """Problems found comparing a ledger with the peer's copy of it. Each side keeps the head
+    the other signed, so a tail lost on one side (with its audit records, or with a WAL) shows
+    as a strict prefix of the other's copy."""
+    _, mine = open_state(state_dir)
+    _, theirs = open_state(peer_state_dir)
+    problems: list[str] = []
+    for ds in sorted(set(theirs.datasets())):
+        a, b = mine.entries(ds), theirs.entries(ds)
+        common = min(len(a), len(b))
+        if [e.entry_hash() for e in a[:common]] != [e.entry_hash() for e in b[:common]]:
+            problems.append(f"{ds}: the two copies of the ledger diverge")
+        elif len(a) < len(b):
+            signed = sum(1 for e in b[len(a) :] if e.source_sig and e.target_sig)
+            problems.append(
+                f"{ds}: {len(b) - len(a)} entries the peer holds ({signed} signed by both) are "
+                "missing here: a lost or truncated tail"
+            )
+    return problems

@@ -1,0 +1,140 @@
+"""The package's layers (issue 14): a module imports only from its own layer or the layers below
+it, and the two parties never import each other. The README's layout section lists the same
+order. The check reads every import statement (top level or inside a function) with ``ast``."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# (package folder, import name) of the three top-level folders
+FOLDERS = {
+    "common": "dpda",
+    "source_party": "dpda.source_party",
+    "target_party": "dpda.target_party",
+}
+
+# lowest first; a module may import its own layer and any layer before it
+LAYERS: list[list[str]] = [
+    ["dpda.pb", "dpda.errors"],
+    ["dpda.dp", "dpda.ot", "dpda.data"],
+    ["dpda.terms", "dpda.policy", "dpda.protocol"],
+    ["dpda.service"],
+    ["dpda.source_party", "dpda.target_party"],
+    ["dpda.simulate", "dpda.deployment"],
+    ["dpda.bench"],
+    ["dpda.cli", "dpda"],
+]
+# same layer, yet never one from the other
+APART = [("dpda.source_party", "dpda.target_party"), ("dpda.target_party", "dpda.source_party")]
+
+
+def _unit(module: str) -> str:
+    """The layer entry a module belongs to (the longest matching prefix)."""
+    best = ""
+    for layer in LAYERS:
+        for unit in layer:
+            if (module == unit or module.startswith(unit + ".")) and len(unit) > len(best):
+                best = unit
+    assert best, f"{module} is in no layer: add it to LAYERS (and the README's layout)"
+    return best
+
+
+def _rank(unit: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if unit in layer)
+
+
+def _modules() -> list[tuple[str, Path]]:
+    out = []
+    for folder, name in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            if parts and parts[0] == "pb":
+                continue  # generated
+            out.append((".".join([name, *parts]), path))
+    return out
+
+
+def _imports(module: str, path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.append(target)
+            found += [f"{target}.{a.name}" for a in node.names]  # `from dpda import cli`
+    return [f for f in found if f == "dpda" or f.startswith("dpda.")]
+
+
+def _is_module(name: str) -> bool:
+    for folder, pkg in sorted(FOLDERS.items(), key=lambda kv: -len(kv[1])):
+        if name == pkg or name.startswith(pkg + "."):
+            rest = name[len(pkg) :].lstrip(".").split(".") if name != pkg else []
+            p = ROOT / folder / Path(*rest) if rest else ROOT / folder
+            return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+    return False
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    bad = []
+    for module, path in _modules():
+        mine = _unit(module)
+        for target in _imports(module, path):
+            if not _is_module(target):
+                continue  # a name imported from a module, checked as that module
+            theirs = _unit(target)
+            if _rank(theirs) > _rank(mine) or (mine, theirs) in APART:
+                bad.append(f"{module} imports {target} ({mine} may not import {theirs})")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layer_check_catches_an_upward_import(tmp_path: Path) -> None:
+    """The check itself can fail: an upward and a cross-party import are both seen."""
+    path = tmp_path / "x.py"
+    path.write_text("from dpda.cli.main import main\nfrom ..target_party import client\n")
+    got = _imports("dpda.source_party.x", path)
+    assert "dpda.cli.main" in got and "dpda.target_party.client" in got
+    assert _rank(_unit("dpda.cli.main")) > _rank(_unit("dpda.source_party.x"))
+    assert ("dpda.source_party", _unit("dpda.target_party.client")) in APART
+
+
+@pytest.mark.parametrize("name", ["common", "source_party", "target_party"])
+def test_only_the_dpda_package_is_installed(name: str) -> None:
+    """pyproject installs one import package: every folder with an ``__init__.py`` is listed
+    under its ``dpda`` name, and no top-level ``common``/``…_party`` package is declared."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = set(cfg["packages"])
+    assert all(p == "dpda" or p.startswith("dpda.") for p in packages)
+    assert name not in packages
+    declared = {
+        ".".join([FOLDERS[f], *d.relative_to(ROOT / f).parts]).rstrip(".")
+        for f in FOLDERS
+        for d in [ROOT / f, *(p.parent for p in (ROOT / f).rglob("*/__init__.py"))]
+    }
+    assert declared == packages
+
+
+def test_public_api_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import dpda
+    from dpda.cli.main import main
+
+    assert set(dpda.__all__) == {"AdaptConfig", "SessionTerms", "__version__", "simulate"}
+    assert dpda.SessionTerms.__module__ == "dpda.terms" and callable(dpda.simulate)
+    with pytest.raises(AttributeError):
+        _ = dpda.releases  # internal modules are not part of the API
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"dpda {dpda.__version__}"
