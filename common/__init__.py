@@ -19,7 +19,7 @@ except metadata.PackageNotFoundError:  # run from a checkout that was never inst
 
 _PUBLIC = {
     "SessionTerms": "dpda.terms",
-    "simulate": "dpda.simulate",
+    "simulate": "dpda.simulation",
     "AdaptConfig": "dpda.target_party.pipeline",
 }
 __all__ = ["AdaptConfig", "SessionTerms", "__version__", "simulate"]

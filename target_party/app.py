@@ -39,28 +39,19 @@ def load_target_data(cfg: TargetConfig) -> Domain:
     return load_domain(job.data_path, job.data_kind, job.domain)
 
 
+# the session terms a target job sets ([job] in its config); the rest keep SessionTerms' defaults
+_TERMS_FROM_JOB = (
+    "dataset", "epsilon", "delta", "privacy_unit", "neighbouring", "projection",
+    "projection_dim", "batch_size", "steps", "noise_multiplier", "calibration", "clip_norm",
+    "release", "pate_teachers", "pate_aggregator", "pate_space",
+)  # fmt: skip
+
+
 def job_terms(cfg: TargetConfig) -> SessionTerms:
     from dpda.terms import method_terms
 
     j = cfg.job
-    base = SessionTerms(
-        dataset=j.dataset,
-        epsilon=j.epsilon,
-        delta=j.delta,
-        privacy_unit=j.privacy_unit,
-        neighbouring=j.neighbouring,
-        projection=j.projection,
-        projection_dim=j.projection_dim,
-        batch_size=j.batch_size,
-        steps=j.steps,
-        noise_multiplier=j.noise_multiplier,
-        calibration=j.calibration,
-        clip_norm=j.clip_norm,
-        release=j.release,
-        pate_teachers=j.pate_teachers,
-        pate_aggregator=j.pate_aggregator,
-        pate_space=j.pate_space,
-    )
+    base = SessionTerms.model_validate({name: getattr(j, name) for name in _TERMS_FROM_JOB})
     if j.method == "dpda":
         return base
     return method_terms(base, j.method, j.pate_queries, j.pate_share)

@@ -459,7 +459,7 @@ class GrpcReleaseSource:
             raise PeerMisbehaved("ledger entry is not signed by the pinned source key")
         if entry.request_id != rid or entry.dataset != self.dataset:
             raise PeerMisbehaved("ledger entry is for another request")
-        if entry.dp_event != event_to_json(event):  # type: ignore[arg-type]
+        if entry.dp_event != event_to_json(event):
             raise PeerMisbehaved("the charged event differs from the agreed mechanism")
         if known is not None and known.body() != entry.body():
             raise PeerMisbehaved("a retried release came back with a different entry")
@@ -492,7 +492,7 @@ class GrpcReleaseSource:
         if known is None:
             # the charge recomputed over every entry (caught-up ones included); over the
             # target's own budget it stops here, the release unused
-            expected = self.ledger.check(self.dataset, [event])  # type: ignore[list-item]
+            expected = self.ledger.check(self.dataset, [event])
             if abs(expected - entry.spend_after) > 1e-9:
                 raise PeerMisbehaved("the charge differs from the target's recomputation")
             self.ledger.store.append(entry)
@@ -500,7 +500,7 @@ class GrpcReleaseSource:
         self._countersign(entry)
         crash_point("target.release.countersigned")
         if more:  # the session's next batch charges the same event again
-            self.ledger.would_spend(self.dataset, [event])  # type: ignore[list-item]
+            self.ledger.would_spend(self.dataset, [event])
 
     def _accept(
         self,

@@ -303,11 +303,11 @@ def run_dpda(
     if n_q > 0:
         space = xt_proj if terms.pate_space == "projected" else view.x
         if fits:
-            mass = sum(f.class_mass for f in fits)
+            mass = np.sum([f.class_mass for f in fits], axis=0)
             idx = select_rows(mass, n_q, cfg.pate_select, cfg.seed)
             queries = space[idx]
             if cfg.pate_query == "backmapped" and terms.pate_space == "projected":
-                queries = (sum(f.back_mapped for f in fits) / len(fits))[idx]
+                queries = (np.sum([f.back_mapped for f in fits], axis=0) / len(fits))[idx]
         else:
             idx = np.random.default_rng(cfg.seed).choice(view.x.shape[0], n_q, replace=False)
             queries = space[idx]

@@ -97,7 +97,7 @@ def run_methods(
         DEFAULT_SCALING,
         default_attribute_bound,
     )
-    from dpda.simulate import METHODS, simulate
+    from dpda.simulation import METHODS, simulate
     from dpda.target_party.pipeline import AdaptConfig
 
     ds = dataset_of(src)
@@ -139,9 +139,11 @@ def paper_pair(
     def terms_for(dataset: str, ns: int) -> SessionTerms:
         # δ: the paper's 1/(1.2·ns) under its protocol, the default policy's 1/(10·ns) otherwise
         delta = 1 / (1.2 * ns) if protocol == "dpda-paper" else 1 / (10 * ns)
-        common = {"dataset": dataset, "epsilon": eps, "delta": delta}
+        common: dict[str, Any] = {"dataset": dataset, "epsilon": eps, "delta": delta}
         if unit == "record":
-            return SessionTerms(**common, privacy_unit="record", release=record_release)
+            return SessionTerms.model_validate(
+                {**common, "privacy_unit": "record", "release": record_release}
+            )
         if protocol == "whole-batch":
             return SessionTerms(**common, privacy_unit="attribute")
         return SessionTerms(
@@ -226,7 +228,7 @@ def tpami_pair(data_dir: str, src: str, tgt: str, run: int) -> dict:
     from dpda.dp.mechanisms import counts_to_labels
     from dpda.policy import PrivacyPolicy
     from dpda.protocol import TargetDisclosure
-    from dpda.simulate import source_in_target_scaling
+    from dpda.simulation import source_in_target_scaling
     from dpda.source_party.releases import SourceReleaser
     from dpda.target_party.pipeline import target_pca_basis, target_view
     from dpda.target_party.training import fit_predict
@@ -290,7 +292,7 @@ def _ms(values: list[float]) -> str:
     return f"{v.mean():.2f} ± {v.std():.2f}" if v.size > 1 else f"{v.mean():.2f}"
 
 
-def _mean(values: list[float]) -> float | None:
+def _mean(values: list[float | None]) -> float | None:
     v = [x for x in values if x is not None]
     return float(np.mean(v)) if v else None
 
@@ -423,7 +425,7 @@ def run_bench_accuracy(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_accuracy(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register_accuracy(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser(
         "accuracy",
         help="Office-Caltech and MNIST↔USPS under the DPDA paper's and the OTDA TPAMI protocols",

@@ -32,7 +32,7 @@ from dpda.errors import ConfigError
 def _load_pair(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str]:
     """Preprocessed source and target features (target scaling applied to both)."""
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
-    from dpda.simulate import source_in_target_scaling
+    from dpda.simulation import source_in_target_scaling
     from dpda.target_party.pipeline import target_view
 
     if args.dataset == "synthetic":
@@ -283,7 +283,7 @@ def run_privacy_utility(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_figures(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register_figures(bsub: argparse._SubParsersAction) -> None:
     d = bsub.add_parser("dpot-error", help="DPOT's |W̃ − W|/W against σ/w (paper Figure 2)")
     d.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
     d.add_argument(

@@ -491,7 +491,7 @@ def _hostile_main(
         with lock:
             codes[f"{kind} {code}"] += 1
 
-    def call(kind: str, fn: Callable[[], Any], size: int = 0) -> None:
+    def call(kind: str, fn: Callable[..., object], size: int = 0) -> None:
         with lock:
             sent["bytes"] += size
         try:
@@ -836,7 +836,7 @@ def run_bench_load(args: argparse.Namespace) -> int:
     return 0 if out["errors"] == 0 and not out["ledger"]["verify_problems"] else 1
 
 
-def register_load(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register_load(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser(
         "load",
         help="concurrent honest sessions + PATE against one source daemon, with a hostile "

@@ -87,7 +87,7 @@ def run_label_leak(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_privacy(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register_privacy(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser(
         "label-leak",
         help="attribute unit: how often a record's label is read off the nearest noisy row",

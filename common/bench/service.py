@@ -20,7 +20,7 @@ from typing import Any
 
 
 def _in_process(src, tgt, terms, rep: str, scaling: str, seed: int) -> dict[str, Any]:  # noqa: ANN001
-    from dpda.simulate import simulate
+    from dpda.simulation import simulate
     from dpda.target_party.pipeline import AdaptConfig
 
     t0 = time.perf_counter()
@@ -179,7 +179,7 @@ def run_bench_service(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="benchmarks that print numbers and write JSON")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     s = bsub.add_parser("service", help="the same DPDA job in-process and through the daemons")

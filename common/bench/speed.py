@@ -172,7 +172,7 @@ def solver_rows(sizes: list[int], pot_max_n: int) -> dict[str, list[dict[str, An
 # ------------------------------------------------------------------------------ (b) whole jobs
 def _job_child(spec: dict[str, Any], conn) -> None:  # noqa: ANN001
     from dpda.data.synthetic import two_domains
-    from dpda.simulate import simulate
+    from dpda.simulation import simulate
     from dpda.target_party.pipeline import AdaptConfig
     from dpda.terms import SessionTerms
 
@@ -212,7 +212,7 @@ def _job_child(spec: dict[str, Any], conn) -> None:  # noqa: ANN001
 
 
 def job_spec(n_source: int, n_target: int, **kw: Any) -> dict[str, Any]:  # noqa: ANN401
-    spec = {
+    spec: dict[str, Any] = {
         "n_source": n_source,
         "n_target": n_target,
         "dim": 64,
@@ -349,7 +349,7 @@ def _bandwidth_child(n: int, conn) -> None:  # noqa: ANN001
     conn.close()
 
 
-def register_speed(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register_speed(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser(
         "speed",
         help="OT solves against POT's, whole-job scaling, a VisDA-scale job, bandwidth use",

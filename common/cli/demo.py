@@ -21,7 +21,7 @@ DEMO_DELTA = 1.0 / (10 * 600)  # 1/(10·ns), the default policy's δ
 def _in_process(args: argparse.Namespace) -> dict[str, Any]:
     from dpda.data.synthetic import two_domains
     from dpda.service.progress import Progress
-    from dpda.simulate import simulate
+    from dpda.simulation import simulate
     from dpda.target_party.pipeline import AdaptConfig
     from dpda.terms import SessionTerms
 

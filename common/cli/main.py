@@ -135,7 +135,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         default_attribute_bound,
     )
     from dpda.service.progress import Progress
-    from dpda.simulate import METHODS, simulate
+    from dpda.simulation import METHODS, simulate
     from dpda.target_party.pipeline import AdaptConfig
 
     data_dir = require_data_dir(args.data_dir)

@@ -153,7 +153,7 @@ def _cmd_audit_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     """Add the service subcommands to the ``dpda`` parser."""
     k = sub.add_parser("keys", help="make certificates and signing keys")
     ksub = k.add_subparsers(dest="keys_command", required=True)

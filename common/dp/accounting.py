@@ -122,9 +122,9 @@ def _gaussian_equivalent(event: dp_event.DpEvent) -> float | None:
     parts = _flatten(event)
     if not all(isinstance(e, dp_event.GaussianDpEvent) for e, _ in parts):
         return None
-    if any(e.noise_multiplier == 0 for e, _ in parts):  # type: ignore[attr-defined]
+    if any(e.noise_multiplier == 0 for e, _ in parts):
         return 0.0  # a noiseless release: not private at all
-    inv = sum(c / (e.noise_multiplier**2) for e, c in parts)  # type: ignore[attr-defined]
+    inv = sum(c / (e.noise_multiplier**2) for e, c in parts)
     return math.inf if inv == 0 else 1.0 / math.sqrt(inv)
 
 
@@ -332,7 +332,7 @@ def epsilon_of(
         if len(gauss) > 1 or any(isinstance(e, dp_event.SelfComposedDpEvent) for e in gauss):
             merged = _gaussian_equivalent(dp_event.ComposedDpEvent(gauss))
             rest = [e for e in rewritten if _gaussian_equivalent(e) is None]
-            rewritten = [*rest, dp_event.GaussianDpEvent(merged)]  # type: ignore[arg-type]
+            rewritten = [*rest, dp_event.GaussianDpEvent(merged)]
     composed = dp_event.ComposedDpEvent(rewritten)
     if not acc.supports(composed):
         raise ValueError(f"the {acc_kind.value} accountant does not support this event")
@@ -538,7 +538,7 @@ _CACHE_SIZE = 64  # PLDs of ~0.1–1 MB each
 _NOT_DP = object()  # a group with no DP guarantee: ε = ∞
 
 
-def _cached(cache: OrderedDict, key: Any, make: Callable[[], Any]) -> Any:  # type: ignore[type-arg]
+def _cached(cache: OrderedDict, key: Any, make: Callable[[], Any]) -> Any:
     with _CACHE_LOCK:
         if key in cache:
             cache.move_to_end(key)
@@ -560,7 +560,7 @@ def _pld_of(key: str, event: dp_event.DpEvent, count: int, interval: float) -> A
         if not acc.supports(ev):
             raise ValueError("the pld accountant does not support this event")
         acc.compose(ev)
-        if acc._contains_non_dp_event:  # type: ignore[attr-defined]
+        if acc._contains_non_dp_event:
             return _NOT_DP
         return acc._pld
 

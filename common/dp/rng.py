@@ -27,7 +27,7 @@ from __future__ import annotations
 import secrets
 
 import numpy as np
-from randomgen import AESCounter, ChaCha  # type: ignore[import-untyped]
+from randomgen import AESCounter, ChaCha
 
 #: Rounds of the ChaCha mixer: 20 is the cipher standardised in RFC 8439; fewer rounds trade
 #: security margin for speed and are not accepted for noise.

@@ -163,7 +163,7 @@ def sinkhorn(
     dtype: type = np.float32,
 ) -> tuple[np.ndarray, SolveInfo]:
     """Entropic OT plan ``(n, m)`` in ``dtype``; ``stop_thr``: column-marginal L1 error."""
-    k = np.array(cost, dtype=dtype, copy=True)
+    k: np.ndarray = np.array(cost, dtype=dtype, copy=True)
     kernel_inplace(k, reg)
     u, v, it, err = sinkhorn_scalings(k, a, b, np.ones(b.size), max_iter, stop_thr)
     return plan_inplace(k, u, v), SolveInfo(outer=0, inner=[it], marginal_error=err)
@@ -192,10 +192,10 @@ def group_lasso(
     """
     n, m = cost.shape
     # read only: a C-contiguous cost in the working precision is used as it is, not copied
-    c = np.ascontiguousarray(cost, dtype=dtype)
-    yd = np.asarray(y, dtype=dtype)
+    c: np.ndarray = np.ascontiguousarray(cost, dtype=dtype)
+    yd: np.ndarray = np.asarray(y, dtype=dtype)
     inner: list[int] = []
-    work = np.empty((n, m), dtype=dtype)
+    work: np.ndarray = np.empty((n, m), dtype=dtype)
 
     if warm_start:
         np.copyto(work, c)

@@ -423,7 +423,6 @@ class AdminServer:
             server_header=False,
         )
         self.server = uvicorn.Server(self.config)
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self.thread = threading.Thread(target=self.server.run, name="dpda-admin", daemon=True)
         self.port = 0
 

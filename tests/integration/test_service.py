@@ -13,7 +13,7 @@ from dpda.deployment import set_source_address
 from dpda.dp.ledger import LedgerEntry
 from dpda.errors import BudgetExceeded, PeerMisbehaved
 from dpda.service.config import load_source, load_target
-from dpda.simulate import simulate
+from dpda.simulation import simulate
 from dpda.source_party.app import run_server
 from dpda.source_party.handlers import SignedRelease, SourceHandlers
 from dpda.target_party.app import open_state, run

@@ -25,7 +25,7 @@ LAYERS: list[list[str]] = [
     ["dpda.terms", "dpda.policy", "dpda.protocol"],
     ["dpda.service"],
     ["dpda.source_party", "dpda.target_party"],
-    ["dpda.simulate", "dpda.deployment"],
+    ["dpda.simulation", "dpda.deployment"],
     ["dpda.bench"],
     ["dpda.cli", "dpda"],
 ]
@@ -138,3 +138,16 @@ def test_public_api_and_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"dpda {dpda.__version__}"
+
+
+def test_the_typing_link_tree_is_complete() -> None:
+    """``python -m mypy`` reads the package through ``.ci/typing/dpda`` (mypy cannot follow the
+    editable import hook): one link per entry of common/, plus the two parties, none stale."""
+    tree = ROOT / ".ci" / "typing" / "dpda"
+    want = {p.name for p in (ROOT / "common").iterdir() if p.name != "__pycache__"}
+    want |= {"source_party", "target_party"}
+    have = {p.name for p in tree.iterdir()}
+    assert have == want, f"add or remove links in {tree}: {sorted(want ^ have)}"
+    for name in have:
+        link = tree / name
+        assert link.is_symlink() and link.resolve().exists(), name

@@ -7,7 +7,7 @@ import pytest
 
 from dpda.cli.main import main
 from dpda.data.synthetic import two_domains
-from dpda.simulate import simulate
+from dpda.simulation import simulate
 from dpda.target_party.pipeline import AdaptConfig
 from dpda.terms import SessionTerms
 

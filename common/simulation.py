@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from dpda.data.loaders import Domain
 from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
 from dpda.dp.rng import public_rng, secure_rng, testing_streams
+from dpda.errors import ConfigError
 from dpda.ot.costs import dpot_cost
 from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import sinkhorn_group_lasso, uniform
@@ -30,10 +32,17 @@ def source_in_target_scaling(source: Domain, view: TargetView, representation: s
     return view.scaling.apply(per_row(source.x, representation))
 
 
+def _scored(view: TargetView) -> np.ndarray:
+    """The target's labels, which a simulation scores against (a real target has none)."""
+    if view.labels is None:
+        raise ConfigError("simulate scores against the target's labels: the target has none")
+    return view.labels
+
+
 def source_only(source: Domain, view: TargetView, representation: str, cfg: AdaptConfig) -> float:
     xs = source_in_target_scaling(source, view, representation)
     _, pred = fit_predict(xs, source.y, view.x, cfg.classifier, cfg.seed)
-    return accuracy(pred, view.labels)
+    return accuracy(pred, _scored(view))
 
 
 def otda(source: Domain, view: TargetView, representation: str, cfg: AdaptConfig) -> float:
@@ -52,9 +61,7 @@ def otda(source: Domain, view: TargetView, representation: str, cfg: AdaptConfig
     )
     x_hat = barycentric_map(res.plan, view.x)
     _, pred = fit_predict(x_hat, source.y, view.x, cfg.classifier, cfg.seed)
-    return accuracy(pred, view.labels)
-
-
+    return accuracy(pred, _scored(view))
 
 
 @dataclass(frozen=True)
@@ -135,9 +142,7 @@ def simulate(
             public=public,
             insecure_seed=seed is not None,
         )
-        runs[method] = run_dpda(
-            releaser, view, t, cfg, lambda lg=ledger, ds=t.dataset: lg.spent(ds), progress
-        )
+        runs[method] = run_dpda(releaser, view, t, cfg, partial(ledger.spent, t.dataset), progress)
     so = source_only(source, view, representation, cfg) if baselines else None
     ot_acc = otda(source, view, representation, cfg) if baselines else None
     return SimulationOutcome(so, ot_acc, runs)
