@@ -19,3 +19,11 @@ def data_dir():
             "benchmark data not found: set DPDA_DATA or place ../shared/data beside the checkout"
         )
     return d
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under tests/integration runs real daemons (processes, TLS handshakes, SQLite
+    fsyncs): it counts as ``slow``, so ``pytest -m "not slow"`` is the fast loop."""
+    for item in items:
+        if "integration" in item.path.parts:
+            item.add_marker(pytest.mark.slow)

@@ -34,6 +34,8 @@ from dpda.source_party.app import run_server
 from dpda.source_party.releases import digest
 from tests.integration.helpers import SignedStub
 
+pytestmark = pytest.mark.slow  # every test here takes seconds (real daemons or long runs)
+
 DATASET = "synthetic"
 N_ROWS, N_TARGET = 600, 500  # SourceDataset.synthetic_rows default
 K = 40  # features of the synthetic source

@@ -56,6 +56,8 @@ from dpda.terms import PlanRefused, SessionTerms, plan_batches
 
 from .audit import Audit, audit_scores, epsilon_lower_bound_sets
 
+pytestmark = pytest.mark.slow  # every test here takes seconds (real daemons or long runs)
+
 DATASET = "audit"
 DELTA = 1e-5  # the dataset's δ (what sessions are calibrated to)
 WEAKER = 0.7  # the power variant: 30% less noise

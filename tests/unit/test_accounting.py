@@ -52,12 +52,14 @@ STEPS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sigma,acc,eps,steps", STEPS)
 def test_sampled_gaussian_max_steps(sigma: float, acc: str, eps: float, steps: int) -> None:
     assert sampled_gaussian_epsilon(sigma, P, steps, DELTA, acc) <= eps
     assert sampled_gaussian_epsilon(sigma, P, steps + 1, DELTA, acc) > eps
 
 
+@pytest.mark.slow
 def test_max_steps_search_matches_table() -> None:
     assert max_sampled_gaussian_steps(0.7, P, 3, DELTA, "pld") == 53
     assert max_sampled_gaussian_steps(1.0, P, 3, DELTA, "rdp") == 302
@@ -71,6 +73,7 @@ def test_calibration_never_overshoots(eps: float, log_delta: float) -> None:
         assert dp_accounting.get_epsilon_gaussian(sigma, delta) <= eps
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(sigma=st.floats(0.6, 3), p=st.floats(0.005, 0.2), eps=st.floats(0.5, 8))
 def test_steps_never_overshoot(sigma: float, p: float, eps: float) -> None:
@@ -100,6 +103,7 @@ def test_discrete_laplace_pure_epsilon_and_rdp_reduction() -> None:
     assert e_rdp >= epsilon_of([ev], 1e-5, "pld") - 1e-6
 
 
+@pytest.mark.slow
 def test_poisson_composed_gaussians_equal_single_gaussian() -> None:
     joint = dp_event.PoissonSampledDpEvent(
         0.05,

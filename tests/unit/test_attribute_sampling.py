@@ -128,6 +128,7 @@ def test_revealed_charge_is_at_least_the_amplified_charge(
         assert rev >= amp
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sigma,steps", [(1.0, 1), (1.1, 64), (3.0, 7)])
 def test_p_equal_one_is_the_plain_gaussian(sigma: float, steps: int) -> None:
     plain = dp_event.GaussianDpEvent(sigma / math.sqrt(steps))  # T Gaussians = one Gaussian
@@ -172,6 +173,7 @@ def test_tiny_p_tends_to_a_gaussian_at_scaled_delta_not_to_zero() -> None:
 
 
 # ---------------------------------------------------------------- (d) composition
+@pytest.mark.slow
 def test_composes_with_library_events() -> None:
     rev = revealed(1.2, 0.02, 200)
     dlap = dp_event.DiscreteLaplaceDpEvent(0.5, 1)
@@ -252,6 +254,7 @@ def test_json_round_trip_and_validation() -> None:
 
 
 # ---------------------------------------------------------------- (f) calibration
+@pytest.mark.slow
 @settings(max_examples=5, deadline=None)
 @given(p=st.floats(0.001, 0.2), steps=st.integers(1, 100), eps=st.floats(0.5, 10))
 def test_revealed_sigma_never_overshoots(p: float, steps: int, eps: float) -> None:
@@ -262,6 +265,7 @@ def test_revealed_sigma_never_overshoots(p: float, steps: int, eps: float) -> No
     assert revealed_sampled_epsilon(sigma * (1 - 1e-3), p, steps, delta) > eps
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None)
 @given(sigma=st.floats(0.8, 4), p=st.floats(0.002, 0.1), eps=st.floats(1, 10))
 def test_max_revealed_steps_never_overshoot(sigma: float, p: float, eps: float) -> None:

@@ -9,6 +9,8 @@ import pytest
 from dpda.bench.accuracy import PUBLISHED_OT_GL, _pairs, paper_epsilon
 from dpda.cli.main import main
 
+pytestmark = pytest.mark.slow  # every test here takes seconds (real daemons or long runs)
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from dpda.bench.speed import PeakMemory
 from dpda.cli.main import main
+
+pytestmark = pytest.mark.slow  # every test here takes seconds (real daemons or long runs)
 
 
 def test_bench_speed_smoke(tmp_path, capsys) -> None:  # noqa: ANN001

@@ -79,6 +79,7 @@ def test_chain_detects_tampering(tamper: str) -> None:
         verify_chain(entries)
 
 
+@pytest.mark.slow
 def test_a_charge_recomposes_only_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
     """9ac3bc1: every charge recomposed every distinct event of the dataset, three times
     (0.57 s at 200 events). The running composition is cached by prefix: after 60 distinct

@@ -137,6 +137,7 @@ def test_histogram_noise_matches_ledger_claim() -> None:
     assert not std_matches(noise, claimed * 1.3)
 
 
+@pytest.mark.slow
 def test_minibatch_sizes_vary_and_noise_matches() -> None:
     n, k, q = 3000, 20, 5
     src = _zero_source(n, k, q)

@@ -87,6 +87,7 @@ def test_planner_cli(capsys) -> None:  # noqa: ANN001
     assert json.loads(capsys.readouterr().out)["epsilon"] == pytest.approx(5.927, abs=5e-4)
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None)
 @given(agg=st.sampled_from(["lnmax", "gnmax"]), q=st.integers(1, 300), eps=st.floats(0.3, 10))
 def test_calibration_never_overshoots(agg: str, q: int, eps: float) -> None:
@@ -178,6 +179,7 @@ def test_queries_beyond_the_terms_or_malformed_are_refused() -> None:
     assert len(ledger.store.entries()) == n
 
 
+@pytest.mark.slow
 def test_raw_queries_need_the_source_to_opt_in() -> None:
     rel, _, _ = _releaser()
     terms = SessionTerms(

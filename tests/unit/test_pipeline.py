@@ -36,6 +36,7 @@ def test_same_seed_same_numbers() -> None:
     assert a["w_tilde"] != c["w_tilde"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kw",
     [
@@ -65,6 +66,7 @@ def test_record_unit_row_releases_are_refused() -> None:
         _terms(batch_size=64, privacy_unit="record", release="rows")
 
 
+@pytest.mark.slow
 def test_cli_privacy_json(capsys) -> None:
     assert (
         main(
@@ -156,6 +158,7 @@ def test_cli_bad_input_names_the_problem(capsys) -> None:
     assert "replace-one" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.data
 def test_simulate_office_caltech_pair(data_dir, tmp_path) -> None:
     out = tmp_path / "r.json"
