@@ -23,14 +23,14 @@ Pairs run in parallel worker processes (one BLAS thread each).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from dpda.service.output import add_json_option, write_json
 
 OFFICE = [(s, t) for s in "CADW" for t in "CADW" if s != t]
 DIGITS = [("M", "U"), ("U", "M")]
@@ -419,9 +419,7 @@ def run_bench_accuracy(args: argparse.Namespace) -> int:
             ]
             rows = gather(tasks, "otda-tpami runs")
             result["otda_tpami"] = {"runs": rows, "table": summarize_tpami(rows, names)}
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
+    write_json(args, result)
     return 0
 
 
@@ -455,5 +453,5 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--batch-size", type=int, default=128, help="dpda-paper: Poisson batch size")
     s.add_argument("--runs", type=int, default=10, help="otda-tpami: runs per pair")
     s.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
-    s.add_argument("--json", default=None, metavar="OUT")
+    add_json_option(s)
     s.set_defaults(func=run_bench_accuracy)

@@ -18,15 +18,14 @@ same ε), with the non-private OTDA and source-only lines, averaged over pairs a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dpda.errors import ConfigError
+from dpda.service.output import add_json_option, write_json
 
 
 def _load_pair(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str]:
@@ -182,9 +181,7 @@ def run_dpot_error(args: argparse.Namespace) -> int:
                 f"  {r['sigma_over_w']:6.2f} {r['err']:7.4f} ± {r['err_std']:.4f} "
                 f"{r['err_noise']:10.4f} {r['plan_agreement']:15.4f}"
             )
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
+    write_json(args, result)
     if args.png:
         _plot_dpot(result, args.png)
         print(f"wrote {args.png}")
@@ -272,11 +269,7 @@ def run_privacy_utility(args: argparse.Namespace) -> int:
     print(f"{'ε':>6s}" + "".join(f"{c:>13s}" for c in cols))
     for r in table:
         print(f"{r['epsilon']:6g}" + "".join(f"{r[c]:13.2f}" for c in cols))
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"pairs": names, "table": table, "runs": rows}, indent=2)
-        )
-        print(f"wrote {args.json}")
+    write_json(args, {"pairs": names, "table": table, "runs": rows})
     if args.png:
         _plot_pu(table, names, args.png)
         print(f"wrote {args.png}")
@@ -302,7 +295,7 @@ def register_figures(bsub: argparse._SubParsersAction) -> None:
     d.add_argument("--batch-size", type=int, default=128)
     d.add_argument("--batch-runs", type=int, default=200, help="minibatches per σ/w")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--json", default=None, metavar="OUT")
+    add_json_option(d)
     d.add_argument("--png", default=None, metavar="OUT")
     d.set_defaults(func=run_dpot_error)
 
@@ -313,6 +306,6 @@ def register_figures(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=0, help="0: whole batch (default)")
     p.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
-    p.add_argument("--json", default=None, metavar="OUT")
+    add_json_option(p)
     p.add_argument("--png", default=None, metavar="OUT")
     p.set_defaults(func=run_privacy_utility)

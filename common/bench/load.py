@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from dpda.service.output import add_json_option, write_json
+
 DATASET = "synthetic"
 SOURCE_ROWS = 600
 DELTA = 1.0 / (1.2 * SOURCE_ROWS)
@@ -831,8 +833,7 @@ def run_bench_load(args: argparse.Namespace) -> int:
         hostile_nice=args.hostile_nice,
     )
     print_summary(out)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+    write_json(args, out)
     return 0 if out["errors"] == 0 and not out["ledger"]["verify_problems"] else 1
 
 
@@ -861,5 +862,5 @@ def register_load(bsub: argparse._SubParsersAction) -> None:
         help="CPU niceness of the hostile client's process (0: the same priority as the rest)",
     )
     s.add_argument("--workdir", default=None, help="keep the deployment and state here")
-    s.add_argument("--json", default=None, metavar="OUT", help="write the results here")
+    add_json_option(s)
     s.set_defaults(func=run_bench_load)

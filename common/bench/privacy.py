@@ -11,11 +11,11 @@ policy (record unit, class aggregates) there is no per-row release to match agai
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from dpda.service.output import add_json_option, write_json
 
 
 def label_leak(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> dict[str, Any]:
@@ -81,9 +81,7 @@ def run_label_leak(args: argparse.Namespace) -> int:
                 f"nearest noisy row {r['label_accuracy']:.1f}% (largest class "
                 f"{r['largest_class']:.1f}%)"
             )
-    if args.json:
-        Path(args.json).write_text(json.dumps({"runs": rows}, indent=2))
-        print(f"wrote {args.json}")
+    write_json(args, {"runs": rows})
     return 0
 
 
@@ -96,5 +94,5 @@ def register_privacy(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--pairs", nargs="*", default=["C:A"], help="pairs like C:A (default C:A)")
     s.add_argument("--epsilons", nargs="+", type=float, default=[8.0, 2.0])
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--json", default=None)
+    add_json_option(s)
     s.set_defaults(func=run_label_leak)

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dpda.service.output import add_json_option, write_json
+
 
 def _in_process(src, tgt, terms, rep: str, scaling: str, seed: int) -> dict[str, Any]:  # noqa: ANN001
     from dpda.simulation import simulate
@@ -174,8 +176,7 @@ def run_bench_service(args: argparse.Namespace) -> int:
         _case(f"synthetic {n}x{n}", src, tgt, terms, dataset, job, "raw", "zscore", seed, root)
     )
     out = {"benchmark": "service", "cases": results, "workdir": str(root)}
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+    write_json(args, out)
     return 0
 
 
@@ -183,7 +184,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="benchmarks that print numbers and write JSON")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     s = bsub.add_parser("service", help="the same DPDA job in-process and through the daemons")
-    s.add_argument("--json", default=None, metavar="OUT")
+    add_json_option(s)
     s.add_argument("--data-dir", default=None)
     s.add_argument("--workdir", default=None, help="keep the deployments here")
     s.add_argument("--skip-office", action="store_true")

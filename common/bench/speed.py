@@ -10,12 +10,13 @@ jobs, all of it (data, releases, plans, classifier).
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+from dpda.service.output import add_json_option, write_json
 
 
 def _rss_mb() -> float:
@@ -336,9 +337,7 @@ def run_bench_speed(args: argparse.Namespace) -> int:
             f"POT {bw['pot_gbs']:.1f} GB/s ({bw['pot_gbs'] / bw['read_gbs']:.2f})",
             flush=True,
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
+    write_json(args, result)
     return 0
 
 
@@ -383,5 +382,5 @@ def register_speed(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--visda-epsilon", type=float, default=8.0)
     s.add_argument("--skip-bandwidth", action="store_true")
     s.add_argument("--bandwidth-n", type=int, default=8000, help="Sinkhorn kernel n × n for (c)")
-    s.add_argument("--json", default=None, metavar="OUT")
+    add_json_option(s)
     s.set_defaults(func=run_bench_speed)

@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dpda.service.output import write_json
+
 DEMO_DELTA = 1.0 / (10 * 600)  # 1/(10·ns), the default policy's δ
 
 
@@ -129,7 +131,6 @@ def run_demo(args: argparse.Namespace) -> int:
             f"dpda audit report {data['workdir']}/target"
         )
     print(f"  note: {data['caveat']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=2))
+    write_json(args, data)
     ok = data["mode"] == "in-process" or (data["ledger_verified"] and data["audit_verified"])
     return 0 if ok else 1

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import sys
-from pathlib import Path
 from typing import Any
 
 from dpda.errors import DpdaError
+from dpda.service.output import add_json_option, json_to_stdout, write_json
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
-    if getattr(args, "json", False) is True:
-        print(json.dumps(data))
-    else:
+    write_json(args, data)
+    if not json_to_stdout(args):
         print(text)
 
 
@@ -171,8 +170,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     data.update(
         {"dataset": args.dataset, "source": args.source, "target": args.target, "seed": args.seed}
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=2))
+    write_json(args, data)
     a = data["accuracy"]
     names = {"dpda": "DPDA", "pate": "PATE", "dpda_pate": "DPDA+PATE"}
     private = "  ".join(f"{names[k]} {a[k]:.2f}" for k in names if k in a)
@@ -355,13 +353,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="default: moments for lnmax (the 2017 paper), rdp for gnmax",
     )
-    pt.add_argument("--json", action="store_true", help="print JSON")
+    add_json_option(pt)
     pt.set_defaults(func=_cmd_privacy_pate)
     for q in (s, e, t):
         q.add_argument(
             "--neighbouring", choices=["add-remove", "replace-one"], default="add-remove"
         )
-        q.add_argument("--json", action="store_true", help="print JSON")
+        add_json_option(q)
     for q in (e, t):
         q.add_argument(
             "--relation",
@@ -379,13 +377,13 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--source", required=True, help="domain letter (A C D W / M U)")
     sm.add_argument("--target", required=True, help="domain letter (A C D W / M U)")
     _add_terms_args(sm)
-    sm.add_argument("--json", default=None, metavar="OUT", help="write results as JSON")
+    add_json_option(sm)
     sm.set_defaults(func=_cmd_simulate)
 
     # demo
     dm = sub.add_parser("demo", help="zero-setup run on generated data")
     dm.add_argument("--workdir", default=None, help="keep state here (default: a temp dir)")
-    dm.add_argument("--json", default=None, metavar="OUT", help="write results as JSON")
+    add_json_option(dm)
     dm.add_argument("--epsilon", type=float, default=4.0)
     dm.add_argument(
         "--in-process",
@@ -405,6 +403,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if json_to_stdout(args):  # standard output carries the JSON alone; the rest goes to stderr
+        args.json_stream = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            return _run(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except DpdaError as exc:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dpda.errors import LedgerCorrupt
+from dpda.service.output import add_json_option, json_to_stdout, write_json
 from dpda.service.verify import compare_with_peer, open_state, role_keys, verify_ledger
 
 
@@ -58,8 +59,7 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
         f"{out['batches']} release(s), {out['rows_received']} rows  → {cfg.state_dir}"
     )
     print(f"  note: {out['caveat']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+    write_json(args, out)
     return 0
 
 
@@ -76,8 +76,8 @@ def _cmd_target_serve(args: argparse.Namespace) -> int:
 def _cmd_ledger_show(args: argparse.Namespace) -> int:
     _, store = open_state(args.state_dir)
     rows = [json.loads(e.to_json()) for e in store.entries()]
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    write_json(args, rows)
+    if json_to_stdout(args):
         return 0
     print(
         f"{'dataset':<24} {'seq':>4} {'peer':<14} {'unit':<9} {'request':<40} {'ε after':>9} signed"
@@ -138,8 +138,8 @@ def _cmd_audit_report(args: argparse.Namespace) -> int:
 
     conn, store = open_state(args.state_dir)
     rep = report(AuditLog(conn, ""), _ledger_index(store))
-    if args.json:
-        print(json.dumps(rep, indent=2))
+    write_json(args, rep)
+    if json_to_stdout(args):
         return 0
     print(f"audit report ({rep['side']} side, {rep['records']} records)")
     print("messages sent by this organization:")
@@ -180,7 +180,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tsub = t.add_subparsers(dest="target_command", required=True)
     tr = tsub.add_parser("run", help="one DPDA job against the configured source")
     tr.add_argument("--config", required=True, help="target.toml")
-    tr.add_argument("--json", default=None, metavar="OUT")
+    add_json_option(tr)
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.add_argument("--log-level", default="warning")
     tr.set_defaults(func=_cmd_target_run)
@@ -194,7 +194,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     lsub = lg.add_subparsers(dest="ledger_command", required=True)
     ls = lsub.add_parser("show", help="list ledger entries")
     ls.add_argument("state_dir")
-    ls.add_argument("--json", action="store_true")
+    add_json_option(ls)
     ls.set_defaults(func=_cmd_ledger_show)
     lv = lsub.add_parser("verify", help="check chain, signatures, charges and payload hashes")
     lv.add_argument("state_dir")
@@ -212,5 +212,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     av.set_defaults(func=_cmd_audit_verify)
     ar = asub.add_parser("report", help="what left the organization, by mechanism, bytes, ε")
     ar.add_argument("state_dir")
-    ar.add_argument("--json", action="store_true")
+    add_json_option(ar)
     ar.set_defaults(func=_cmd_audit_report)
