@@ -66,7 +66,7 @@ class RunningSource:
         return self.admin.port if self.admin else 0
 
 
-def _observer(metrics: Metrics, ledger: PrivacyLedger):  # noqa: ANN202
+def _observer(metrics: Metrics, ledger: PrivacyLedger):
     """Metrics from every outgoing audit record: releases, bytes, ε per dataset and peer."""
 
     def observe(rec: AuditRecord) -> None:
@@ -87,7 +87,7 @@ def _observer(metrics: Metrics, ledger: PrivacyLedger):  # noqa: ANN202
     return observe
 
 
-def _on_denied(audit: AuditLog, metrics: Metrics):  # noqa: ANN202
+def _on_denied(audit: AuditLog, metrics: Metrics):
     """Every refusal at admission: a log line, ``dpda_refusals_total{code}`` and an audit record
     (direction ``refused``; for unpinned callers at most one record a second, the rest counted
     in ``dpda_refusals_unaudited_total``, so a flood cannot fill the disk with fsyncs)."""
@@ -206,7 +206,7 @@ def _admin(cfg: SourceConfig, rs: RunningSource) -> AdminServer | None:
         try:
             rs.handlers.conn.execute("SELECT 1").fetchone()
             return True
-        except Exception:  # noqa: BLE001 - any failure means not ready
+        except Exception:
             return False
 
     app = AdminApp(

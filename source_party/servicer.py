@@ -49,7 +49,7 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: SourceServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return fn(self, request, context)
-        except Exception as exc:  # noqa: BLE001 - every error goes through the catalog
+        except Exception as exc:
             _abort(context, exc, self.on_refusal)
 
     return wrapper
@@ -122,7 +122,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
                     source_sig=sr.source_sig,
                     catch_up_json=[e.to_json() for e in sr.catch_up],
                 )
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             _abort(context, exc, self.on_refusal)
 
     @_guard

@@ -75,10 +75,10 @@ class _Retrying:
         self.reconnect_s = reconnect_s
         self.guard = guard  # before each attempt: re-pins the source if the connection dropped
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         method = getattr(self.stub, name)
 
-        def call(request, timeout=None):  # noqa: ANN001, ANN202
+        def call(request, timeout=None):
             deadline = time.monotonic() + self.reconnect_s
             delay = 0.2
             dropped = False
@@ -367,7 +367,7 @@ class GrpcReleaseSource:
         self.job_file.unlink(missing_ok=True)
 
     # -------------------------------------------------------------------------- releases
-    def _synced(self, fn, *args):  # noqa: ANN001, ANN202
+    def _synced(self, fn, *args):
         """Run ``fn``; if the source says the ledger heads differ (another session or peer
         released meanwhile), sync the ledger — verifying what arrives — and try once more."""
         try:

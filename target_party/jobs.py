@@ -206,7 +206,7 @@ class JobRunner:
             job.results, job.figures = run_job(cfg, progress)
             job.state = "done"
             self.metrics.epsilon.labels(cfg.job.dataset, "source").set(job.results["epsilon_spent"])
-        except Exception as exc:  # noqa: BLE001 - reported through the API, logged in full
+        except Exception as exc:
             code, _ = public_message(exc)
             job.error = str(exc) if isinstance(exc, DpdaError) else f"{code}: internal error"
             job.state = "failed"

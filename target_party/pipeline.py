@@ -214,7 +214,7 @@ def select_rows(class_mass: np.ndarray, k: int, how: str, seed: int) -> np.ndarr
     raise ValueError(f"unknown selection {how!r}")
 
 
-def _train(view: TargetView, x_src: np.ndarray, y_src: np.ndarray, cfg: AdaptConfig):  # noqa: ANN202
+def _train(view: TargetView, x_src: np.ndarray, y_src: np.ndarray, cfg: AdaptConfig):
     """(model, predictions on every target row) from mapped rows plus labeled target rows."""
     known = view.known >= 0
     x_train = np.vstack([x_src, view.x[known]])

@@ -10,7 +10,7 @@ from sklearn.neural_network import MLPClassifier
 CLASSIFIERS = ("1nn", "logistic", "mlp")
 
 
-def make_classifier(kind: str, seed: int = 0):  # noqa: ANN201 - a scikit-learn estimator
+def make_classifier(kind: str, seed: int = 0):
     if kind == "1nn":
         return KNeighborsClassifier(n_neighbors=1)
     if kind == "logistic":

@@ -87,7 +87,7 @@ def run_methods(
     src: str,
     tgt: str,
     seed: int,
-    terms_for: Any,  # noqa: ANN401
+    terms_for: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """Source-only, OTDA, DPDA, PATE and DPDA+PATE on one pair; ``terms_for(dataset, ns)`` gives
     the session terms. Returns the terms and ``SimulationOutcome.to_json``."""

@@ -21,7 +21,7 @@ from typing import Any
 from dpda.service.output import add_json_option, write_json
 
 
-def _in_process(src, tgt, terms, rep: str, scaling: str, seed: int) -> dict[str, Any]:  # noqa: ANN001
+def _in_process(src, tgt, terms, rep: str, scaling: str, seed: int) -> dict[str, Any]:
     from dpda.simulation import simulate
     from dpda.target_party.pipeline import AdaptConfig
 
@@ -36,7 +36,7 @@ def _in_process(src, tgt, terms, rep: str, scaling: str, seed: int) -> dict[str,
     }
 
 
-def _service(workdir: Path, dataset: dict, job: dict, seed: int) -> dict[str, Any]:  # noqa: ANN001
+def _service(workdir: Path, dataset: dict, job: dict, seed: int) -> dict[str, Any]:
     from dpda.deployment import SourceProcess, make_deployment, run_target
     from dpda.service.audit import AuditLog, report
     from dpda.service.ledger_store import connect
@@ -75,7 +75,7 @@ def _case(
     dataset: dict,
     job: dict,
     rep: str,
-    scaling: str,  # noqa: ANN001
+    scaling: str,
     seed: int,
     root: Path,
 ) -> dict[str, Any]:

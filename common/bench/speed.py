@@ -58,7 +58,7 @@ class PeakMemory:
         self.peak_mb = max((high if high is not None else _rss_mb()) - self.base, 0.0)
 
 
-def _in_child(target: Any, *args: Any) -> dict[str, Any]:  # noqa: ANN401
+def _in_child(target: Any, *args: Any) -> dict[str, Any]:
     """Run ``target(*args, conn)`` in a fresh interpreter; return what it sends."""
     import multiprocessing as mp
 
@@ -77,7 +77,7 @@ def _in_child(target: Any, *args: Any) -> dict[str, Any]:  # noqa: ANN401
 
 
 # ------------------------------------------------------------------------------ (a) solvers
-def _solve_child(kind: str, n: int, seed: int, out_dir: str, conn) -> None:  # noqa: ANN001
+def _solve_child(kind: str, n: int, seed: int, out_dir: str, conn) -> None:
     import numpy as np
     import ot
 
@@ -171,7 +171,7 @@ def solver_rows(sizes: list[int], pot_max_n: int) -> dict[str, list[dict[str, An
 
 
 # ------------------------------------------------------------------------------ (b) whole jobs
-def _job_child(spec: dict[str, Any], conn) -> None:  # noqa: ANN001
+def _job_child(spec: dict[str, Any], conn) -> None:
     from dpda.data.synthetic import two_domains
     from dpda.simulation import simulate
     from dpda.target_party.pipeline import AdaptConfig
@@ -212,7 +212,7 @@ def _job_child(spec: dict[str, Any], conn) -> None:  # noqa: ANN001
     conn.close()
 
 
-def job_spec(n_source: int, n_target: int, **kw: Any) -> dict[str, Any]:  # noqa: ANN401
+def job_spec(n_source: int, n_target: int, **kw: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "n_source": n_source,
         "n_target": n_target,
@@ -341,7 +341,7 @@ def run_bench_speed(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bandwidth_child(n: int, conn) -> None:  # noqa: ANN001
+def _bandwidth_child(n: int, conn) -> None:
     out = memory_bandwidth_gbs()
     out.update(sinkhorn_throughput(n))
     conn.send(out)

@@ -184,7 +184,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _terms(args: argparse.Namespace, dataset: str, delta: float):  # noqa: ANN202
+def _terms(args: argparse.Namespace, dataset: str, delta: float):
     from pydantic import ValidationError
 
     from dpda.errors import ConfigError

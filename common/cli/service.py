@@ -113,7 +113,7 @@ def _cmd_ledger_verify(args: argparse.Namespace) -> int:
     return 0 if not problems else 1
 
 
-def _ledger_index(store) -> dict[tuple[str, int], Any]:  # noqa: ANN001
+def _ledger_index(store) -> dict[tuple[str, int], Any]:
     return {(e.dataset, e.seq): e for e in store.entries()}
 
 

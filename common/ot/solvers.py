@@ -132,7 +132,7 @@ def _check_engine(engine: str) -> None:
         raise ValueError(f"unknown OT engine {engine!r} (expected 'fast' or 'pot')")
 
 
-def group_lasso_terms(y: np.ndarray):  # noqa: ANN201 - returns two closures
+def group_lasso_terms(y: np.ndarray):
     """f(γ) = Σ_j Σ_c ‖γ(I_c, j)‖₂ and its gradient, with one-hot ``y (n, q)``."""
 
     def f(g: np.ndarray) -> float:

@@ -163,7 +163,7 @@ class ServerAuditInterceptor(grpc.ServerInterceptor):
         self.observe = observe or (lambda rec: None)
         self.timed = timed or (lambda method, seconds: None)
 
-    def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001, ANN201
+    def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
@@ -176,7 +176,7 @@ class ServerAuditInterceptor(grpc.ServerInterceptor):
         if handler.unary_unary:
             inner = handler.unary_unary
 
-            def unary(request, context):  # noqa: ANN001, ANN202
+            def unary(request, context):
                 t0 = time.perf_counter()
                 peer = peer_of(context)
                 log.append("in", method, peer, request.SerializeToString(), _request_id(request))
@@ -194,7 +194,7 @@ class ServerAuditInterceptor(grpc.ServerInterceptor):
         if handler.unary_stream:
             inner_s = handler.unary_stream
 
-            def stream(request, context):  # noqa: ANN001, ANN202
+            def stream(request, context):
                 t0 = time.perf_counter()
                 peer = peer_of(context)
                 log.append("in", method, peer, request.SerializeToString(), _request_id(request))
@@ -221,7 +221,7 @@ class ClientAuditInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
         self.log = log
         self.peer = peer
 
-    def intercept_unary_unary(self, continuation, details, request):  # noqa: ANN001, ANN201
+    def intercept_unary_unary(self, continuation, details, request):
         self.log.append(
             "out", details.method, self.peer, request.SerializeToString(), _request_id(request)
         )
@@ -231,7 +231,7 @@ class ClientAuditInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
         self.log.append("in", details.method, self.peer, response.SerializeToString(), **fields)
         return call
 
-    def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001, ANN201
+    def intercept_unary_stream(self, continuation, details, request):
         self.log.append(
             "out", details.method, self.peer, request.SerializeToString(), _request_id(request)
         )

@@ -166,7 +166,7 @@ class AdmissionInterceptor:
             cls = type(cls.__name__, (cls, grpc.ServerInterceptor), {})
         return object.__new__(cls)
 
-    def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001, ANN201
+    def intercept_service(self, continuation, handler_call_details):
         import grpc
 
         from dpda.errors import PUBLIC_CATALOG
@@ -184,18 +184,18 @@ class AdmissionInterceptor:
             "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
         }
 
-        def deny(context, d: Denial) -> None:  # noqa: ANN001
+        def deny(context, d: Denial) -> None:
             on_denied(d)
             context.abort(status[d.code], f"{d.code}: {PUBLIC_CATALOG[d.code]}")
 
-        def enter(raw: bytes, context) -> tuple[str, Any]:  # noqa: ANN001
+        def enter(raw: bytes, context) -> tuple[str, Any]:
             fp = peer_fingerprint(context)
             key, denial = admission.admit(method, fp, len(raw))
             if denial is not None:
                 deny(context, denial)
             try:
                 return key, parse(raw) if parse is not None else raw
-            except Exception:  # noqa: BLE001 - any decode failure is a malformed message
+            except Exception:
                 admission.release(key)
                 caller = fp or "anonymous"
                 role = role_of(fp, admission.peers)
@@ -205,7 +205,7 @@ class AdmissionInterceptor:
         if handler.unary_unary:
             inner = handler.unary_unary
 
-            def unary(raw, context):  # noqa: ANN001, ANN202
+            def unary(raw, context):
                 key, request = enter(raw, context)
                 try:
                     return inner(request, context)
@@ -216,7 +216,7 @@ class AdmissionInterceptor:
         if handler.unary_stream:
             inner_s = handler.unary_stream
 
-            def stream(raw, context):  # noqa: ANN001, ANN202
+            def stream(raw, context):
                 key, request = enter(raw, context)
                 try:
                     yield from inner_s(request, context)
@@ -226,7 +226,7 @@ class AdmissionInterceptor:
             return grpc.unary_stream_rpc_method_handler(stream, None, handler.response_serializer)
 
         # no streaming-request methods exist; refuse anything else rather than pass it unchecked
-        def refuse(request_iterator, context):  # noqa: ANN001, ANN202
+        def refuse(request_iterator, context):
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "UNIMPLEMENTED")
 
         return grpc.stream_unary_rpc_method_handler(refuse)

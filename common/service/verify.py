@@ -13,7 +13,7 @@ from typing import Any
 from dpda.errors import ConfigError, LedgerCorrupt
 
 
-def open_state(state_dir: str):  # noqa: ANN202
+def open_state(state_dir: str):
     from dpda.service.ledger_store import SqliteLedgerStore, connect
 
     path = Path(state_dir) / "state.sqlite"

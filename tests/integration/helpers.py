@@ -75,7 +75,7 @@ class SignedStub:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stub, name)
 
-    def OpenSession(self, request: Any, **kw: Any) -> Any:  # noqa: N802 - the RPC's name
+    def OpenSession(self, request: Any, **kw: Any) -> Any:
         from dpda.service import signing
 
         if not request.target_sig:

@@ -141,7 +141,7 @@ def test_host_origin_and_content_type_checks() -> None:
 def test_state_changing_requests_need_a_token() -> None:
     from dpda.service.admin import AdminApp, Metrics
 
-    def route(method: str, path: str, body: bytes):  # noqa: ANN202
+    def route(method: str, path: str, body: bytes):
         return (202, "application/json", b"{}") if path == "/v1/jobs" else None
 
     # no token at all: reads open, nothing state-changing runs

@@ -37,7 +37,7 @@ def _terms(**kw) -> str:
     return SessionTerms(**base).model_dump_json()
 
 
-def _expect(code: grpc.StatusCode, fn, *args) -> None:  # noqa: ANN001
+def _expect(code: grpc.StatusCode, fn, *args) -> None:
     with pytest.raises(grpc.RpcError) as e:
         r = fn(*args, timeout=10)
         if hasattr(r, "__iter__") and not isinstance(r, pb.GetLedgerResponse):
@@ -51,7 +51,7 @@ def _expect(code: grpc.StatusCode, fn, *args) -> None:  # noqa: ANN001
     assert PUBLIC_CATALOG.get(name) == message, detail  # a fixed catalog text, no values
 
 
-def _open(stub, **kw) -> pb.OpenSessionResponse:  # noqa: ANN001
+def _open(stub, **kw) -> pb.OpenSessionResponse:
     return stub.OpenSession(pb.OpenSessionRequest(terms_json=_terms(**kw)), timeout=10)
 
 

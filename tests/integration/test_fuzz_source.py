@@ -319,7 +319,7 @@ def _show(method: str, data: bytes) -> str:
         cls = message_factory.GetMessageClass(METHODS[method].input_type)
         text = str(cls.FromString(data))
         text = " ".join(text.split())[:400]
-    except Exception:  # noqa: BLE001 - undecodable bytes are the point of some requests
+    except Exception:
         text = "(undecodable)"
     return f"{text} | hex {data[:200].hex()}{'…' if len(data) > 200 else ''}"
 

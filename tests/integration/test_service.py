@@ -23,7 +23,7 @@ from dpda.terms import SessionTerms
 from .helpers import DELTA, synthetic_deployment
 
 
-def _run_target(dep, port):  # noqa: ANN001, ANN202
+def _run_target(dep, port):
     set_source_address(dep, f"127.0.0.1:{port}")
     return run(load_target(dep.target_config), progress=False)
 
@@ -67,7 +67,7 @@ def test_target_does_not_ask_beyond_its_own_budget(tmp_path) -> None:
 class _Tamper(SourceHandlers):
     mode = ""
 
-    def _release_one(self, peer, releaser, session_id, index, call) -> SignedRelease:  # noqa: ANN001
+    def _release_one(self, peer, releaser, session_id, index, call) -> SignedRelease:
         sr = super()._release_one(peer, releaser, session_id, index, call)
         rel, entry = sr.release, sr.entry
         if self.mode == "payload":

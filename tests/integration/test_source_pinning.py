@@ -23,7 +23,7 @@ from dpda.target_party.app import open_state, run_job
 from .helpers import synthetic_deployment
 
 
-def _impostor_source(tmp: Path, dep) -> object:  # noqa: ANN001
+def _impostor_source(tmp: Path, dep) -> object:
     """The honest source's config with another certificate from the same CA, and its own state."""
     imp = init_party(tmp / "impostor-keys", "source-org", ca_dir=dep.workdir / "keys" / "ca")
     assert imp.fingerprint != dep.source_keys.fingerprint

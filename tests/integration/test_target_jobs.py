@@ -93,7 +93,7 @@ def test_jobs_api_and_report(daemons, tmp_path) -> None:
     _screenshot_if_chromium(tmp_path / "report.html", tmp_path / "report.png")
 
 
-def _shoot(browser: str, page, png) -> None:  # noqa: ANN001
+def _shoot(browser: str, page, png) -> None:
     subprocess.run(
         [
             browser,
@@ -116,7 +116,7 @@ def _shoot(browser: str, page, png) -> None:  # noqa: ANN001
     )
 
 
-def _screenshot_if_chromium(page, png) -> None:  # noqa: ANN001
+def _screenshot_if_chromium(page, png) -> None:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         return  # the page checks above still ran; a browser is optional on CI machines

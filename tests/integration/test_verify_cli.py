@@ -31,13 +31,13 @@ def finished(tmp_path_factory):
     return dep
 
 
-def _copy(dep, tmp_path, side: str = "source"):  # noqa: ANN001, ANN202
+def _copy(dep, tmp_path, side: str = "source"):
     dst = tmp_path / side
     shutil.copytree(dep.workdir / side, dst)
     return dst, sqlite3.connect(dst / "state.sqlite")
 
 
-def _edit_entry(conn: sqlite3.Connection, seq: int, fn) -> None:  # noqa: ANN001
+def _edit_entry(conn: sqlite3.Connection, seq: int, fn) -> None:
     (text,) = conn.execute("SELECT entry_json FROM ledger WHERE seq=?", (seq,)).fetchone()
     d = json.loads(text)
     fn(d)

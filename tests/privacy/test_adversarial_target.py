@@ -165,7 +165,7 @@ def default_source(tmp_path_factory) -> Iterator[Peer]:
     yield from _module_source(tmp_path_factory, None)
 
 
-def _module_source(tmp_path_factory, policy: dict[str, Any] | None) -> Iterator[Peer]:  # noqa: ANN001
+def _module_source(tmp_path_factory, policy: dict[str, Any] | None) -> Iterator[Peer]:
     dep = _deployment(tmp_path_factory.mktemp("src"), policy)
     with run_server(load_source(dep.source_config)) as rs:
         k = dep.target_keys
@@ -483,7 +483,7 @@ def test_seed_without_insecure_testing_is_refused_at_config_load(tmp_path) -> No
         load_source(dep.source_config)
 
 
-def test_seeded_source_marks_every_ledger_entry(peer_for) -> None:  # noqa: ANN001
+def test_seeded_source_marks_every_ledger_entry(peer_for) -> None:
     """With seed + insecure_testing, every ledger entry (feature release and PATE answer) says
     ``insecure_seed: true``, so no one mistakes it for a private release."""
     p = peer_for(None, {"seed": 1, "insecure_testing": True})

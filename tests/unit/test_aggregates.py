@@ -26,7 +26,7 @@ def _release(
     epsilon: float = 4.0,
     clip: float = 1.0,
     ell: int = 20,
-):  # noqa: ANN202
+):
     k = x.shape[1]
     ledger = PrivacyLedger(MemoryLedgerStore(), {"d": Budget(100, 1e-5)})
     rel = SourceReleaser(Domain("d", x, y, q), "d", ledger, np.random.default_rng(3))

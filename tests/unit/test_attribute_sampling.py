@@ -300,7 +300,7 @@ def test_one_thousand_steps_is_fast() -> None:
     assert elapsed < 1.0, f"epsilon_of took {elapsed:.3f}s"
 
 
-def test_planner_predicts_what_the_ledger_charges(capsys) -> None:  # noqa: ANN001
+def test_planner_predicts_what_the_ledger_charges(capsys) -> None:
     """`dpda privacy epsilon` defaults to the charge dpda's attribute-unit minibatches get; the
     amplified add/remove bound is only shown on request (it under-states that charge)."""
     import json

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow  # every test here takes seconds (real daemons or 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_dpot_error_grows_with_noise_and_writes_a_plot(tmp_path) -> None:  # noqa: ANN001
+def test_dpot_error_grows_with_noise_and_writes_a_plot(tmp_path) -> None:
     out, png = tmp_path / "dpot.json", tmp_path / "dpot.png"
     argv = ["bench", "dpot-error", "--dataset", "synthetic", "--ratios", "0", "1.5"]
     argv += ["--runs", "2", "--batch-runs", "20", "--batch-size", "64", "--projection-dim", "20"]
@@ -39,7 +39,7 @@ def test_pairs_and_protocol_constants() -> None:
 
 
 @pytest.mark.data
-def test_bench_accuracy_one_pair_both_protocols(data_dir, tmp_path) -> None:  # noqa: ANN001
+def test_bench_accuracy_one_pair_both_protocols(data_dir, tmp_path) -> None:
     out = tmp_path / "acc.json"
     argv = ["bench", "accuracy", "--data-dir", str(data_dir), "--pairs", "D:W", "--seeds", "1"]
     argv += ["--units", "attribute", "--runs", "1", "--json", str(out)]
@@ -58,7 +58,7 @@ def test_bench_accuracy_one_pair_both_protocols(data_dir, tmp_path) -> None:  # 
 
 
 @pytest.mark.data
-def test_privacy_utility_writes_table_and_plot(data_dir, tmp_path) -> None:  # noqa: ANN001
+def test_privacy_utility_writes_table_and_plot(data_dir, tmp_path) -> None:
     out, png = tmp_path / "pu.json", tmp_path / "pu.png"
     argv = ["bench", "privacy-utility", "--data-dir", str(data_dir), "--pairs", "W:D"]
     argv += ["--epsilons", "1", "8", "--seeds", "1", "--json", str(out), "--png", str(png)]
@@ -72,7 +72,7 @@ def test_privacy_utility_writes_table_and_plot(data_dir, tmp_path) -> None:  # n
 
 
 @pytest.mark.data
-def test_label_leak_reads_labels_off_attribute_rows(data_dir, tmp_path) -> None:  # noqa: ANN001
+def test_label_leak_reads_labels_off_attribute_rows(data_dir, tmp_path) -> None:
     """The figure the README quotes for what the attribute unit gives away: the nearest noisy
     row's block gives the record's label far more often than the largest class would."""
     out = tmp_path / "leak.json"

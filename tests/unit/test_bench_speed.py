@@ -13,7 +13,7 @@ from dpda.cli.main import main
 pytestmark = pytest.mark.slow  # every test here takes seconds (real daemons or long runs)
 
 
-def test_bench_speed_smoke(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_bench_speed_smoke(tmp_path, capsys) -> None:
     out = tmp_path / "speed.json"
     argv = ["bench", "speed", "--sizes", "500", "--job-sizes", "400", "--json", str(out)]
     argv += ["--visda-source", "3000", "--visda-target", "1000", "--visda-batch", "300"]

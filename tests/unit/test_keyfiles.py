@@ -37,7 +37,7 @@ def test_keys_init_leaves_the_directory_0700_and_every_private_key_0600(tmp_path
     assert sorted(out.rglob("*.key")) == sorted(private)
 
 
-def test_a_pre_created_key_file_is_refused_not_reused(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_a_pre_created_key_file_is_refused_not_reused(tmp_path, capsys) -> None:
     out = private_dir(tmp_path / "k")
     planted = out / "acme.key"
     planted.write_bytes(b"planted by someone else")

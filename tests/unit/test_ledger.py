@@ -97,7 +97,7 @@ def test_a_charge_recomposes_only_what_changed(monkeypatch: pytest.MonkeyPatch) 
     calls = {"n": 0}
     real = pld.PrivacyLossDistribution.compose
 
-    def counting(self, other, *a, **kw):  # noqa: ANN001, ANN202
+    def counting(self, other, *a, **kw):
         calls["n"] += 1
         return real(self, other, *a, **kw)
 

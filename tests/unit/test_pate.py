@@ -38,7 +38,7 @@ from .noise_checks import std_matches
         ("gnmax", 40.0, 1000, 1e-6, "rdp", 5.927),
     ],
 )
-def test_design_table(agg, scale, queries, delta, bound, expected) -> None:  # noqa: ANN001
+def test_design_table(agg, scale, queries, delta, bound, expected) -> None:
     assert pate_epsilon(agg, scale, queries, delta, bound) == pytest.approx(expected, abs=5e-4)
 
 
@@ -46,7 +46,7 @@ def test_pld_is_no_looser_than_the_moments_bound() -> None:
     assert pate_epsilon("lnmax", 0.05, 100, 1e-5, "pld") <= 5.303
 
 
-def test_planner_cli(capsys) -> None:  # noqa: ANN001
+def test_planner_cli(capsys) -> None:
     assert (
         main(
             [
