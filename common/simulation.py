@@ -23,7 +23,7 @@ from dpda.policy import PrivacyPolicy
 from dpda.source_party.releases import SourceReleaser, prepare_features
 from dpda.target_party.pipeline import AdaptConfig, DPDAResult, TargetView, run_dpda, target_view
 from dpda.target_party.training import accuracy, fit_predict
-from dpda.terms import METHODS, SessionTerms, method_terms
+from dpda.terms import METHODS, PATE_SHARE, SessionTerms, method_terms
 
 
 def source_in_target_scaling(source: Domain, view: TargetView, representation: str) -> np.ndarray:
@@ -115,7 +115,7 @@ def simulate(
     scaling_mode: str = "zscore",
     methods: tuple[str, ...] = ("dpda",),
     pate_queries: int = 100,
-    pate_share: float = 0.1,
+    pate_share: float = PATE_SHARE,
     attribute_bound: float = 1.0,
 ) -> SimulationOutcome:
     """Each method runs as its own session on a fresh ledger at the same total ε.

@@ -42,6 +42,10 @@ LABEL_CAVEAT = (
 )
 
 
+# a minibatch is one release of up to this many rows (the target's job API bounds it too)
+MAX_BATCH_SIZE = 100_000
+
+
 class SessionTerms(BaseModel):
     """Terms of one session; frozen, unknown fields rejected, every error names its field.
 
@@ -58,7 +62,9 @@ class SessionTerms(BaseModel):
     neighbouring: Literal["add-remove", "replace-one"] = "replace-one"
     projection: Literal["jl", "target-pca"] = "target-pca"
     projection_dim: int = Field(default=50, ge=1, le=4096)
-    batch_size: int = Field(default=0, ge=0, description="0: one whole-dataset release")
+    batch_size: int = Field(
+        default=0, ge=0, le=MAX_BATCH_SIZE, description="0: one whole-dataset release"
+    )
     # upper bounds: far past any useful noise, and below where the accountant's PLD overflows
     noise_multiplier: float = Field(
         default=1.1,
@@ -308,6 +314,7 @@ def plan_batches(
 
 
 METHODS = ("dpda", "pate", "dpda+pate")
+PATE_SHARE = 0.1  # dpda+pate: the share of ε given to PATE answers (config, CLI and simulate)
 
 
 def method_terms(

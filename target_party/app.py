@@ -42,8 +42,9 @@ def load_target_data(cfg: TargetConfig) -> Domain:
 # the session terms a target job sets ([job] in its config); the rest keep SessionTerms' defaults
 _TERMS_FROM_JOB = (
     "dataset", "epsilon", "delta", "privacy_unit", "neighbouring", "projection",
-    "projection_dim", "batch_size", "steps", "noise_multiplier", "calibration", "clip_norm",
-    "release", "pate_teachers", "pate_aggregator", "pate_space",
+    "projection_dim", "batch_size", "steps", "noise_multiplier", "histogram_noise_ratio",
+    "max_steps", "histogram_share", "calibration", "clip_norm", "release", "pate_teachers",
+    "pate_aggregator", "pate_space",
 )  # fmt: skip
 
 

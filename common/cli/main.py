@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from dpda.errors import DpdaError
 from dpda.service.output import add_json_option, json_to_stdout, write_json
@@ -184,37 +184,64 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _terms(args: argparse.Namespace, dataset: str, delta: float):
+# the session terms `dpda simulate` takes as flags: type, default and choices come from
+# SessionTerms (the one declaration); tests/unit/test_cli.py compares them
+TERM_FLAGS = (
+    "privacy_unit", "neighbouring", "projection", "projection_dim", "batch_size", "steps",
+    "noise_multiplier", "histogram_noise_ratio", "max_steps", "histogram_share", "calibration",
+    "clip_norm", "release", "pate_teachers", "pate_aggregator", "pate_space",
+)  # fmt: skip
+TERM_HELP = {
+    "privacy_unit": "record (whole records, labels included) or attribute (opt-in: one feature "
+    "value only; labels and membership are NOT protected)",
+    "neighbouring": "replace-one (sizes are disclosed, so add-remove is refused by the source)",
+    "projection_dim": "ℓ, the projected dimension",
+    "batch_size": "Poisson minibatch size B (0: one whole-dataset release)",
+    "steps": "minibatches (0: as many as ε allows, at most --max-steps)",
+    "histogram_noise_ratio": "minibatch histogram σ_h/σ (0.5 measured best with a calibrated σ)",
+    "clip_norm": "record unit: the row norm bound C",
+    "release": "default: prototypes (record unit), rows (attribute unit, Algorithm 2)",
+    "pate_teachers": "PATE: number of teachers T",
+    "pate_space": "PATE queries in the projection space, or raw (opt-in)",
+}
+
+
+def _terms(args: argparse.Namespace, dataset: str, delta: float) -> Any:
     from pydantic import ValidationError
 
     from dpda.errors import ConfigError
     from dpda.terms import SessionTerms, terms_error
 
+    data = {"dataset": dataset, "epsilon": args.epsilon, "delta": delta}
+    data |= {name: getattr(args, name) for name in TERM_FLAGS}
     try:
-        return SessionTerms(
-            dataset=dataset,
-            epsilon=args.epsilon,
-            delta=delta,
-            privacy_unit=args.privacy_unit,
-            neighbouring=args.neighbouring,
-            projection=args.projection,
-            projection_dim=args.projection_dim,
-            batch_size=args.batch_size,
-            steps=args.steps,
-            noise_multiplier=args.noise_multiplier,
-            histogram_noise_ratio=args.histogram_noise_ratio,
-            calibration=args.calibration,
-            clip_norm=args.clip_norm,
-            release=args.release,
-            pate_teachers=args.pate_teachers,
-            pate_aggregator=args.pate_aggregator,
-            pate_space=args.pate_space,
-        )
+        return SessionTerms.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(terms_error(exc)) from None
 
 
+def _term_flag(p: argparse.ArgumentParser, name: str) -> None:
+    """``--name`` for one session term, declared by SessionTerms: its type, default (``release``:
+    none, the unit decides) and the choices of a Literal."""
+    from dpda.terms import SessionTerms
+
+    field = SessionTerms.model_fields[name]
+    choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else None
+    default = None if name == "release" else field.default
+    kind: Any = None if choices else field.annotation  # int or float
+    text = TERM_HELP.get(name) or field.description or name.replace("_", " ")
+    p.add_argument(
+        "--" + name.replace("_", "-"),
+        type=kind,
+        choices=choices,
+        default=default,
+        help=text if default is None else f"{text} (default {default})",
+    )
+
+
 def _add_terms_args(p: argparse.ArgumentParser) -> None:
+    from dpda.service.config import TargetJob
+
     p.add_argument("--epsilon", type=float, default=8.0, help="privacy budget ε (default 8)")
     p.add_argument(
         "--delta",
@@ -222,44 +249,8 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="δ (default 1/(10·ns); the DPDA paper's 1/(1.2·ns) reproduces its numbers)",
     )
-    p.add_argument(
-        "--privacy-unit",
-        choices=["attribute", "record"],
-        default="record",
-        help="record (default: whole records, labels included) or attribute (opt-in: one "
-        "feature value only; labels and membership are NOT protected)",
-    )
-    p.add_argument(
-        "--neighbouring",
-        choices=["add-remove", "replace-one"],
-        default="replace-one",
-        help="replace-one (sizes are disclosed, so add-remove is refused by the source)",
-    )
-    p.add_argument("--projection", choices=["jl", "target-pca"], default="target-pca")
-    p.add_argument("--projection-dim", type=int, default=50, help="ℓ (default 50)")
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=0,
-        help="Poisson minibatch size B (default 0: one whole-dataset release)",
-    )
-    p.add_argument(
-        "--steps", type=int, default=0, help="minibatches (default 0: as many as ε allows, ≤ 64)"
-    )
-    p.add_argument(
-        "--noise-multiplier",
-        type=float,
-        default=1.1,
-        help="minibatch σ/w (default 1.1; 0: the smallest σ whose --steps batches spend ε)",
-    )
-    p.add_argument(
-        "--histogram-noise-ratio",
-        type=float,
-        default=2.0,
-        help="minibatch histogram σ_h/σ (default 2; 0.5 measured best with a calibrated σ)",
-    )
-    p.add_argument("--calibration", choices=["theorem2", "analytic"], default="theorem2")
-    p.add_argument("--clip-norm", type=float, default=1.0, help="record unit: row norm bound C")
+    for name in TERM_FLAGS:
+        _term_flag(p, name)
     p.add_argument(
         "--attribute-bound",
         "--feature-bound",
@@ -269,14 +260,11 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
         help="attribute unit: the simulated source policy's bound on one feature's change, in "
         "its per-row representation (default 1/√k for normalized rows, 1 for raw)",
     )
-    p.add_argument("--reg-e", type=float, default=0.02, help="entropic strength λe")
-    p.add_argument("--reg-g", type=float, default=0.5, help="group-lasso strength λg")
-    p.add_argument("--classifier", choices=["1nn", "logistic", "mlp"], default="1nn")
+    job = TargetJob.model_fields  # the target's own settings: the same defaults as its config
+    p.add_argument("--reg-e", type=float, default=job["reg_e"].default, help="entropic λe")
+    p.add_argument("--reg-g", type=float, default=job["reg_g"].default, help="group-lasso λg")
     p.add_argument(
-        "--release",
-        choices=["rows", "prototypes", "class-gaussians"],
-        default=None,
-        help="default: prototypes (record unit), rows (attribute unit, Algorithm 2)",
+        "--classifier", choices=get_args(job["classifier"].annotation), default="1nn"
     )
     p.add_argument(
         "--method",
@@ -284,19 +272,16 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
         default="dpda",
         help="release channels; 'all' runs each as its own session at the same ε",
     )
-    p.add_argument("--pate-teachers", type=int, default=50, help="PATE: number of teachers T")
-    p.add_argument("--pate-queries", type=int, default=100, help="PATE: target rows to label")
-    p.add_argument("--pate-aggregator", choices=["lnmax", "gnmax"], default="gnmax")
     p.add_argument(
-        "--pate-space",
-        choices=["projected", "raw"],
-        default="projected",
-        help="PATE queries in the projection space (default) or raw (opt-in)",
+        "--pate-queries",
+        type=int,
+        default=job["pate_queries"].default,
+        help="PATE: target rows to label",
     )
     p.add_argument(
         "--pate-share",
         type=float,
-        default=0.25,
+        default=job["pate_share"].default,
         help="dpda+pate: fraction of ε given to PATE answers",
     )
     p.add_argument(

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from dpda.errors import ConfigError
 from dpda.policy import PrivacyPolicy
+from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE
 
 
 class _Strict(BaseModel):
@@ -80,7 +81,6 @@ _HostName = Annotated[str, AfterValidator(_host_name)]
 # an unbounded synthetic_rows from the job API tried to allocate 14.9 GiB); the ones the source
 # also bounds (projection_dim, steps, PATE) match common/terms.py
 MAX_SYNTHETIC_ROWS = 1_000_000
-MAX_BATCH_SIZE = 100_000
 _Rows = Annotated[int, Field(ge=1, le=MAX_SYNTHETIC_ROWS)]
 
 
@@ -190,10 +190,16 @@ class TargetJob(_Strict):
     batch_size: int = Field(default=0, ge=0, le=MAX_BATCH_SIZE)
     steps: int = Field(default=0, ge=0, le=100_000)
     noise_multiplier: float = Field(
-        default=1.1, ge=0, description="minibatch σ/w; 0: the smallest σ whose steps spend ε"
+        default=1.1,
+        ge=0,
+        le=1e6,
+        description="minibatch σ/w; 0: the smallest σ whose steps spend ε",
     )
+    histogram_noise_ratio: float = Field(default=2.0, gt=0, le=1e6)
+    max_steps: int = Field(default=64, ge=1, le=100_000)
+    histogram_share: float = Field(default=0.5, gt=0, lt=1)
     calibration: Literal["theorem2", "analytic"] = "theorem2"
-    clip_norm: float = Field(default=1.0, gt=0)
+    clip_norm: float = Field(default=1.0, gt=0, le=1e12)
     reg_e: float = Field(default=0.02, gt=0)
     reg_g: float = Field(default=0.5, ge=0)
     classifier: Literal["1nn", "logistic", "mlp"] = "1nn"
@@ -201,7 +207,9 @@ class TargetJob(_Strict):
     release: Literal["rows", "prototypes", "class-gaussians"] | None = Field(
         default=None, description="default: prototypes (record unit), rows (attribute unit)"
     )
-    pate_share: float = Field(default=0.1, gt=0, lt=1, description="dpda+pate: PATE's ε share")
+    pate_share: float = Field(
+        default=PATE_SHARE, gt=0, lt=1, description="dpda+pate: PATE's ε share"
+    )
     pate_queries: int = Field(default=100, ge=1, le=100_000)
     pate_teachers: int = Field(default=50, ge=1, le=10_000)
     pate_aggregator: Literal["lnmax", "gnmax"] = "gnmax"

@@ -44,3 +44,34 @@ def test_every_json_option_takes_a_path_or_dash() -> None:
                 if isinstance(action.choices, dict):
                     stack.append(action.choices[sub])
     assert seen >= 15
+
+
+def test_session_parameters_have_one_declaration() -> None:
+    """The CLI flags and the target's [job] table take SessionTerms' defaults, constraints and
+    choices (before: --pate-share was 0.25 on the command line and 0.1 in the config, and the
+    config could not set noise_multiplier's companions)."""
+    import dataclasses
+
+    from dpda.cli.main import TERM_FLAGS, _add_terms_args
+    from dpda.service.config import TargetJob
+    from dpda.target_party.app import _TERMS_FROM_JOB
+    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.terms import PATE_SHARE, SessionTerms
+
+    parser = __import__("argparse").ArgumentParser()
+    _add_terms_args(parser)
+    flags = {a.dest: a for a in parser._actions}
+    terms, job = SessionTerms.model_fields, TargetJob.model_fields
+    for name in TERM_FLAGS:
+        assert name in _TERMS_FROM_JOB, f"{name}: a flag the target's config cannot set"
+        if name == "release":  # no default: the unit decides (SessionTerms' validator)
+            assert flags[name].default is None and job[name].default is None
+            continue
+        assert flags[name].default == terms[name].default == job[name].default, name
+        assert job[name].metadata == terms[name].metadata, f"{name}: constraints differ"
+    assert set(_TERMS_FROM_JOB) - {"dataset", "epsilon", "delta"} == set(TERM_FLAGS)
+    adapt = {f.name: f.default for f in dataclasses.fields(AdaptConfig)}
+    for name in ("reg_e", "reg_g", "classifier"):
+        assert flags[name].default == job[name].default == adapt[name], name
+    assert flags["pate_share"].default == job["pate_share"].default == PATE_SHARE
+    assert flags["pate_queries"].default == job["pate_queries"].default
