@@ -75,7 +75,10 @@ class LedgerEntry:
 
 
 class LedgerStore(Protocol):
+    """The contract both stores keep (tests/unit/test_ledger_stores.py runs it on each)."""
+
     def entries(self, dataset: str | None = None) -> list[LedgerEntry]: ...
+    def datasets(self) -> list[str]: ...
     def append(self, entry: LedgerEntry) -> None: ...
     def update_signatures(
         self, dataset: str, seq: int, payload_sha256: str, source_sig: str, target_sig: str
@@ -93,6 +96,9 @@ class MemoryLedgerStore:
     def entries(self, dataset: str | None = None) -> list[LedgerEntry]:
         return [e for e in self._entries if dataset is None or e.dataset == dataset]
 
+    def datasets(self) -> list[str]:
+        return sorted({e.dataset for e in self._entries})
+
     def append(self, entry: LedgerEntry) -> None:
         mine = self.entries(entry.dataset)
         if entry.prev_hash != head_hash(mine) or entry.seq != len(mine):
@@ -102,7 +108,10 @@ class MemoryLedgerStore:
     def update_signatures(
         self, dataset: str, seq: int, payload_sha256: str, source_sig: str, target_sig: str
     ) -> None:
-        i = next(i for i, e in enumerate(self._entries) if e.dataset == dataset and e.seq == seq)
+        found = [i for i, e in enumerate(self._entries) if e.dataset == dataset and e.seq == seq]
+        if not found:
+            raise LedgerCorrupt("no such ledger entry")
+        i = found[0]
         e = self._entries[i]
         self._entries[i] = replace(
             e,

@@ -9,11 +9,11 @@ from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling
 from dpda.dp.accounting import epsilon_of
 from dpda.dp.events import event_from_json
-from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+from dpda.dp.ledger import Budget
 from dpda.protocol import TargetDisclosure
-from dpda.source_party.releases import SourceReleaser
 from dpda.target_party.pipeline import aggregate_points
 from dpda.terms import SessionTerms
+from tests.support import memory_releaser
 
 from .noise_checks import std_matches
 
@@ -28,8 +28,9 @@ def _release(
     ell: int = 20,
 ):
     k = x.shape[1]
-    ledger = PrivacyLedger(MemoryLedgerStore(), {"d": Budget(100, 1e-5)})
-    rel = SourceReleaser(Domain("d", x, y, q), "d", ledger, np.random.default_rng(3))
+    rel, ledger = memory_releaser(
+        Domain("d", x, y, q), "d", Budget(100, 1e-5), np.random.default_rng(3)
+    )
     terms = SessionTerms(
         dataset="d",
         epsilon=epsilon,

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling
 from dpda.dp.events import RevealedSampledGaussianDpEvent
-from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+from dpda.dp.ledger import Budget
 from dpda.dp.mechanisms import (
     clip_rows,
     counts_to_labels,
@@ -19,8 +19,8 @@ from dpda.dp.mechanisms import (
 )
 from dpda.policy import PrivacyPolicy
 from dpda.protocol import TargetDisclosure
-from dpda.source_party.releases import SourceReleaser
 from dpda.terms import SessionTerms
+from tests.support import memory_releaser
 
 from .noise_checks import std_matches
 
@@ -100,8 +100,9 @@ def test_release_noise_matches_ledger_claim(unit: str) -> None:
         privacy_unit=unit,
         release="rows",
     )
-    ledger = PrivacyLedger(MemoryLedgerStore(), {"z": Budget(100, 1e-5)})
-    rel = SourceReleaser(src, "z", ledger, np.random.default_rng(1), policy=_rehearsal(terms))
+    rel, ledger = memory_releaser(
+        src, "z", Budget(100, 1e-5), np.random.default_rng(1), policy=_rehearsal(terms)
+    )
     info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(k), np.ones(k))))
     batch = rel.release(info.session_id, 0)
     entry = ledger.store.entries()[-1]
@@ -125,8 +126,9 @@ def test_histogram_noise_matches_ledger_claim() -> None:
     terms = SessionTerms(
         dataset="z", epsilon=4, delta=1e-5, projection="jl", projection_dim=2
     )  # the default: record unit, prototypes (one noisy count per class)
-    ledger = PrivacyLedger(MemoryLedgerStore(), {"z": Budget(10, 1e-5)})
-    rel = SourceReleaser(src, "z", ledger, np.random.default_rng(2), policy=_rehearsal(terms))
+    rel, ledger = memory_releaser(
+        src, "z", Budget(10, 1e-5), np.random.default_rng(2), policy=_rehearsal(terms)
+    )
     info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(k), np.ones(k))))
     noise = rel.release(info.session_id, 0).noisy_counts - truth
     a = ledger.store.entries()[-1].params["spec"]["histogram"]["parameter"]
@@ -152,8 +154,9 @@ def test_minibatch_sizes_vary_and_noise_matches() -> None:
         noise_multiplier=0.0,  # calibrated: the smallest σ whose 20 batches spend ε
         privacy_unit="attribute",
     )
-    ledger = PrivacyLedger(MemoryLedgerStore(), {"z": Budget(8, 1e-5)})
-    rel = SourceReleaser(src, "z", ledger, np.random.default_rng(3), policy=_rehearsal(terms))
+    rel, ledger = memory_releaser(
+        src, "z", Budget(8, 1e-5), np.random.default_rng(3), policy=_rehearsal(terms)
+    )
     info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(k), np.ones(k))))
     assert info.plan.sampling_rate == pytest.approx(0.1)
     sizes, zs = [], []
@@ -174,9 +177,8 @@ def test_minibatch_sizes_vary_and_noise_matches() -> None:
 def test_budget_exceeded_before_noise(rng: np.random.Generator) -> None:
     src = _zero_source(100, 5, 2)
     terms = SessionTerms(dataset="z", epsilon=4, delta=1e-5, projection="jl", projection_dim=2)
-    ledger = PrivacyLedger(MemoryLedgerStore(), {"z": Budget(5, 1e-5)})
     gen = np.random.default_rng(0)
-    rel = SourceReleaser(src, "z", ledger, gen)  # the default policy: record unit, prototypes
+    rel, ledger = memory_releaser(src, "z", Budget(5, 1e-5), gen)  # the default policy
     disc = TargetDisclosure(Scaling(np.zeros(5), np.ones(5)))
     info = rel.open_session(terms, disc)
     rel.release(info.session_id, 0)

@@ -13,7 +13,7 @@ from dpda.cli.main import main
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling
 from dpda.dp.events import event_to_json
-from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+from dpda.dp.ledger import Budget, PrivacyLedger
 from dpda.dp.pate import (
     answers_event,
     calibrate_pate,
@@ -26,6 +26,7 @@ from dpda.protocol import TargetDisclosure
 from dpda.source_party.releases import SourceReleaser, teacher_assignment
 from dpda.source_party.teachers import TeacherEnsemble
 from dpda.terms import SessionTerms
+from tests.support import memory_releaser
 
 from .noise_checks import std_matches
 
@@ -137,8 +138,7 @@ def _releaser(pate_queries: int = 30) -> tuple[SourceReleaser, str, PrivacyLedge
     rng = np.random.default_rng(1)
     x = rng.normal(size=(400, 12))
     y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0)
-    ledger = PrivacyLedger(MemoryLedgerStore(), {"d": Budget(10, 1e-5)})
-    rel = SourceReleaser(Domain("d", x, y, 3), "d", ledger, rng)
+    rel, ledger = memory_releaser(Domain("d", x, y, 3), "d", Budget(10, 1e-5), rng)
     terms = SessionTerms(
         dataset="d",
         epsilon=4,

@@ -10,6 +10,7 @@ from dpda.data.synthetic import two_domains
 from dpda.simulation import simulate
 from dpda.target_party.pipeline import AdaptConfig
 from dpda.terms import SessionTerms
+from tests.support import memory_releaser
 
 
 def _terms(**kw) -> SessionTerms:
@@ -190,16 +191,14 @@ def test_simulate_office_caltech_pair(data_dir, tmp_path) -> None:
 
 
 def test_target_batch_with_pate_is_refused_before_any_spend() -> None:
-    from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+    from dpda.dp.ledger import Budget
     from dpda.dp.rng import make_rng
     from dpda.errors import ConfigError
-    from dpda.source_party.releases import SourceReleaser
     from dpda.target_party.pipeline import run_dpda, target_view
 
     s, t = two_domains(n_source=300, n_target=200)
     terms = _terms(pate_epsilon=1.0, pate_queries=20, privacy_unit="attribute")
-    ledger = PrivacyLedger(MemoryLedgerStore(), {"syn": Budget(4.0, 1 / 720)})
-    releaser = SourceReleaser(s, "syn", ledger, make_rng(0))
+    releaser, ledger = memory_releaser(s, "syn", Budget(4.0, 1 / 720), make_rng(0))
     with pytest.raises(ConfigError, match="^target_batch:"):
         run_dpda(
             releaser,
