@@ -42,10 +42,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from fastapi import APIRouter, Response
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 
 from dpda.errors import ConfigError, DpdaError, public_message
-from dpda.service.admin import AdminApp, AdminServer, Metrics
+from dpda.service.admin import AdminApp, AdminServer, Metrics, Refusal
 from dpda.service.config import TargetConfig, TargetJob
 from dpda.service.keyfiles import write_private
 from dpda.target_party.app import open_state, run_job
@@ -84,6 +88,34 @@ OVERRIDABLE = frozenset(
     }
 )
 TOKEN_FILE = "admin_token"
+
+# the body of POST /v1/jobs as the OpenAPI schema shows it: the overridable fields of TargetJob,
+# each optional, nothing else
+def _optional(name: str) -> Any:
+    annotation: Any = TargetJob.model_fields[name].annotation
+    return (annotation | None, None)
+
+
+_Overrides = create_model(
+    "JobOverrides",
+    __config__=ConfigDict(extra="forbid"),
+    **{n: _optional(n) for n in sorted(OVERRIDABLE)},
+)
+OVERRIDES_SCHEMA = _Overrides.model_json_schema()
+
+
+class JobStarted(BaseModel):
+    id: str
+    state: str
+
+
+class JobView(BaseModel):
+    id: str
+    state: str
+    progress: dict[str, int]
+    overrides: dict[str, Any]
+    results: dict[str, Any] | None
+    error: str | None
 
 
 def _no_constant(name: str) -> Any:
@@ -216,31 +248,65 @@ class JobRunner:
             with self.lock:
                 self.busy = False
 
-    def route(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes] | None:
-        def js(code: int, data: Any) -> tuple[int, str, bytes]:
-            return code, "application/json", json.dumps(data).encode()
+    def router(self) -> APIRouter:
+        """The jobs API, added to the admin API (``common.admin`` checks Host, Origin, JSON,
+        size and the token first). ``POST /v1/jobs`` validates its body itself, against the
+        allow-list and ``TargetJob``: 400 naming every field that is wrong."""
+        r = APIRouter(tags=["jobs"])
+        refused = {"model": Refusal, "description": "refused: the error names the field"}
 
-        if path == "/v1/jobs":
-            if method == "POST":
-                return js(*self.start(body))
-            if method == "GET":
-                return js(200, [j.view() for j in self.jobs.values()])
-            return js(405, {"error": "method not allowed"})
-        if not path.startswith("/v1/jobs/"):
-            return None
-        if method != "GET":
-            return js(405, {"error": "method not allowed"})
-        parts = path.split("/")[3:]
-        job = self.jobs.get(parts[0])
-        if job is None:
-            return js(404, {"error": "no such job"})
-        if len(parts) == 1:
-            return js(200, job.view())
-        if len(parts) == 2 and parts[1] == "report":
+        @r.post(
+            "/v1/jobs",
+            status_code=202,
+            summary="start a job (overrides of the config's [job] fields)",
+            response_model=JobStarted,
+            responses={400: refused, 409: {"model": Refusal, "description": "a job runs"}},
+            openapi_extra={
+                "requestBody": {
+                    "required": False,
+                    "content": {"application/json": {"schema": OVERRIDES_SCHEMA}},
+                }
+            },
+        )
+        async def post(request: Request) -> Response:
+            code, data = self.start(await request.body())
+            return JSONResponse(data, status_code=code)
+
+        @r.get("/v1/jobs", response_model=list[JobView], summary="every job of this daemon")
+        def jobs() -> list[dict[str, Any]]:
+            return [j.view() for j in self.jobs.values()]
+
+        @r.get(
+            "/v1/jobs/{job_id}",
+            response_model=JobView,
+            summary="one job: state, progress, results",
+            responses={404: {"model": Refusal, "description": "no such job"}},
+        )
+        def job(job_id: str) -> dict[str, Any]:
+            return self._job(job_id).view()
+
+        @r.get(
+            "/v1/jobs/{job_id}/report",
+            response_class=HTMLResponse,
+            summary="the job's HTML report with its plots",
+            responses={
+                404: {"model": Refusal, "description": "no such job"},
+                409: {"model": Refusal, "description": "the job is not done"},
+            },
+        )
+        def report(job_id: str) -> HTMLResponse:
+            job = self._job(job_id)
             if job.state != "done" or job.results is None or job.figures is None:
-                return js(409, {"error": f"the job is {job.state}; the report comes when done"})
-            return 200, "text/html; charset=utf-8", render(job.results, job.figures).encode()
-        return js(404, {"error": "not found"})
+                raise HTTPException(409, f"the job is {job.state}; the report comes when done")
+            return HTMLResponse(render(job.results, job.figures))
+
+        return r
+
+    def _job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise HTTPException(404, "no such job")
+        return job
 
 
 def serve(cfg: TargetConfig) -> int:
@@ -258,7 +324,7 @@ def serve(cfg: TargetConfig) -> int:
         lambda: [r for r, _ in audit.records()],
         lambda: True,
         token,
-        extra=runner.route,
+        routers=[runner.router()],
         # a configured token_file guards everything; the default token guards what changes state
         open_reads=cfg.admin.token_file is None,
         allowed_hosts=cfg.admin.allowed_hosts,

@@ -33,7 +33,8 @@ def test_admin_api_of_a_running_daemon(tmp_path) -> None:
     src = SourceProcess(dep)
     try:
         port = int((dep.source_state / "admin_port").read_text())
-        assert _get(port, "/healthz") == (200, b'{"status": "ok"}')
+        code, body = _get(port, "/healthz")
+        assert code == 200 and json.loads(body) == {"status": "ok"}
         assert _get(port, "/readyz")[0] == 200
         res = run_target(dep)
         assert res.returncode == 0, res.stderr
@@ -141,17 +142,53 @@ def test_host_origin_and_content_type_checks() -> None:
 def test_state_changing_requests_need_a_token() -> None:
     from dpda.service.admin import AdminApp, Metrics
 
-    def route(method: str, path: str, body: bytes):
-        return (202, "application/json", b"{}") if path == "/v1/jobs" else None
+    from fastapi import APIRouter
+
+    route = APIRouter()
+    route.add_api_route("/v1/jobs", lambda: {}, methods=["POST"], status_code=202)
 
     # no token at all: reads open, nothing state-changing runs
-    bare = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, extra=route)
+    bare = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, routers=[route])
     assert bare.handle(_scope())[0] == 200
     assert bare.handle(_scope("POST", "/v1/jobs"))[0] == 401
     # the target's default token: reads open, POST needs it
     app = AdminApp(
-        Metrics(), lambda ds: [], lambda: [], lambda: True, "t0k", extra=route, open_reads=True
+        Metrics(), lambda ds: [], lambda: [], lambda: True, "t0k", [route], open_reads=True
     )
     assert app.handle(_scope())[0] == 200
     assert app.handle(_scope("POST", "/v1/jobs"))[0] == 401
     assert app.handle(_scope("POST", "/v1/jobs", authorization="Bearer t0k"))[0] == 202
+
+
+def test_queries_are_decoded_and_every_error_is_returned() -> None:
+    """Issue 14: ``?dataset=office-caltech%3AC`` reached the ledger undecoded (an empty answer);
+    a bad query answers 400 naming the field."""
+    from dpda.service.admin import AdminApp, Metrics
+
+    asked: list[str | None] = []
+    app = AdminApp(Metrics(), lambda ds: asked.append(ds) or [], lambda: [], lambda: True)
+    scope = {"path": "/v1/ledger", "headers": [], "query_string": b"dataset=office-caltech%3AC"}
+    assert app.handle(scope)[0] == 200 and asked == ["office-caltech:C"]
+    assert app.handle({"path": "/v1/ledger", "headers": []})[0] == 200 and asked[-1] is None
+    code, ctype, body = app.handle({"path": "/nope", "headers": []})
+    assert code == 404 and json.loads(body) == {"error": "not found"}
+
+
+def test_the_openapi_schema_covers_every_route() -> None:
+    """Generated from the routes (issue 14: the hand-kept schema lacked the jobs API)."""
+    from dpda.service.admin import AdminApp, Metrics
+    from dpda.target_party.jobs import OVERRIDABLE, JobRunner
+
+    runner = JobRunner.__new__(JobRunner)  # the routes only: no config, no thread
+    runner.jobs = {}
+    app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, routers=[runner.router()])
+    code, _, body = app.handle({"path": "/openapi.json", "headers": []})
+    spec = json.loads(body)
+    routes = {getattr(r, "path", "") for r in app.api.routes} - {"", "/openapi.json"}
+    routes |= {r.path for r in runner.router().routes if hasattr(r, "path")}
+    assert code == 200 and routes == set(spec["paths"])
+    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/report", "/metrics"} <= routes
+    body_schema = spec["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
+    assert set(body_schema["schema"]["properties"]) == set(OVERRIDABLE)
+    assert spec["paths"]["/v1/ledger"]["get"]["parameters"][0]["name"] == "dataset"
+    assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
