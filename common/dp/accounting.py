@@ -83,7 +83,7 @@ def sigma_analytic(epsilon: float, delta: float) -> float:
     sigma *= 1.0 + _SIGMA_ROUND_UP
     while dp_accounting.get_epsilon_gaussian(sigma, delta) > epsilon:
         sigma *= 1.0 + 1e-6
-    return sigma
+    return float(sigma)
 
 
 def calibrate_sigma(epsilon: float, delta: float, method: CalibrationMethod | str) -> float:
@@ -538,7 +538,7 @@ _CACHE_SIZE = 64  # PLDs of ~0.1–1 MB each
 _NOT_DP = object()  # a group with no DP guarantee: ε = ∞
 
 
-def _cached(cache: OrderedDict, key: Any, make: Callable[[], Any]) -> Any:
+def _cached(cache: OrderedDict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
     with _CACHE_LOCK:
         if key in cache:
             cache.move_to_end(key)

@@ -71,7 +71,7 @@ class HistogramSpec:
             return self.parameter * self.sensitivity
         from dpda.dp.mechanisms import discrete_laplace_variance
 
-        return discrete_laplace_variance(self.parameter) ** 0.5
+        return float(discrete_laplace_variance(self.parameter) ** 0.5)
 
     def dp_event(self) -> dp_event.DpEvent:
         if self.mechanism == "discrete_laplace":

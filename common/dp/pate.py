@@ -139,4 +139,5 @@ def noisy_argmax(
     votes: np.ndarray, aggregator: str, scale: float, rng: np.random.Generator
 ) -> np.ndarray:
     """``(n,)`` labels: the arg-max of the noisy counts. Only this leaves the source."""
-    return np.argmax(noisy_counts(votes, aggregator, scale, rng), axis=1).astype(np.int64)
+    labels: np.ndarray = np.argmax(noisy_counts(votes, aggregator, scale, rng), axis=1)
+    return labels.astype(np.int64)

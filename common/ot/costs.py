@@ -41,7 +41,8 @@ def sq_euclidean(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Pairwise ‖x_i − y_j‖², ``x (n, d)``, ``y (m, d)`` → ``(n, m)``, clipped at 0."""
     xx = np.einsum("ij,ij->i", x, x)[:, None]
     yy = np.einsum("ij,ij->i", y, y)[None, :]
-    return np.maximum(xx + yy - 2.0 * (x @ y.T), 0.0)
+    d: np.ndarray = np.maximum(xx + yy - 2.0 * (x @ y.T), 0.0)
+    return d
 
 
 def label_mask(source_labels: np.ndarray, target_labels: np.ndarray) -> np.ndarray:
@@ -51,7 +52,8 @@ def label_mask(source_labels: np.ndarray, target_labels: np.ndarray) -> np.ndarr
     """
     ys = np.asarray(source_labels)[:, None]
     yt = np.asarray(target_labels)[None, :]
-    return (yt >= 0) & (ys != yt)
+    mask: np.ndarray = (yt >= 0) & (ys != yt)
+    return mask
 
 
 def dpot_cost(

@@ -105,7 +105,8 @@ def _scalings_from_state(
         return np.ones(m)
     # v_j = exp((β_j − s_j)/λ); a common factor cancels in the first u update
     e = (state.beta - s) / reg
-    return np.exp(np.clip(e - e.max(), -80.0, 0.0))
+    out: np.ndarray = np.exp(np.clip(e - e.max(), -80.0, 0.0))
+    return out
 
 
 def _state(u: np.ndarray, v: np.ndarray, r: np.ndarray, s: np.ndarray, reg: float) -> SinkhornState:

@@ -24,6 +24,7 @@ regularizer as POT's ``ot.da.sinkhorn_l1l2_gl`` without its per-class copies of 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -132,7 +133,9 @@ def _check_engine(engine: str) -> None:
         raise ValueError(f"unknown OT engine {engine!r} (expected 'fast' or 'pot')")
 
 
-def group_lasso_terms(y: np.ndarray):
+def group_lasso_terms(
+    y: np.ndarray,
+) -> tuple[Callable[[np.ndarray], float], Callable[[np.ndarray], np.ndarray]]:
     """f(γ) = Σ_j Σ_c ‖γ(I_c, j)‖₂ and its gradient, with one-hot ``y (n, q)``."""
 
     def f(g: np.ndarray) -> float:
@@ -140,7 +143,8 @@ def group_lasso_terms(y: np.ndarray):
 
     def df(g: np.ndarray) -> np.ndarray:
         norms = np.sqrt(y.T @ (g * g))  # (q, m)
-        return g / np.maximum(y @ norms, _EPS_NORM)
+        grad: np.ndarray = g / np.maximum(y @ norms, _EPS_NORM)
+        return grad
 
     return f, df
 
