@@ -9,13 +9,9 @@ internal, laid out by layer (see the README's layout section).
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
 from typing import Any
 
-try:
-    __version__ = metadata.version("dpda")
-except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-    __version__ = "0+unknown"
+from dpda.version import __version__
 
 _PUBLIC = {
     "SessionTerms": "dpda.terms",

@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dpda",
         description="Differentially private domain adaptation across a privacy boundary.",
     )
-    from dpda import __version__
+    from dpda.version import __version__
 
     parser.add_argument("--version", action="version", version=f"dpda {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -260,7 +260,7 @@ class AdminApp:
         self.api = self._build(routers)
 
     def _build(self, routers: Sequence[APIRouter]) -> FastAPI:
-        from dpda import __version__
+        from dpda.version import __version__
 
         api = FastAPI(
             title="dpda admin API",

@@ -140,9 +140,9 @@ def test_host_origin_and_content_type_checks() -> None:
 
 
 def test_state_changing_requests_need_a_token() -> None:
-    from dpda.service.admin import AdminApp, Metrics
-
     from fastapi import APIRouter
+
+    from dpda.service.admin import AdminApp, Metrics
 
     route = APIRouter()
     route.add_api_route("/v1/jobs", lambda: {}, methods=["POST"], status_code=202)

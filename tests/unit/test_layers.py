@@ -20,7 +20,7 @@ FOLDERS = {
 
 # lowest first; a module may import its own layer and any layer before it
 LAYERS: list[list[str]] = [
-    ["dpda.pb", "dpda.errors"],
+    ["dpda.pb", "dpda.errors", "dpda.version"],
     ["dpda.dp", "dpda.ot", "dpda.data"],
     ["dpda.terms", "dpda.policy", "dpda.protocol"],
     ["dpda.service"],
