@@ -1,4 +1,7 @@
-"""The job report: one self-contained HTML page with inline SVG plots (no plotting library).
+"""The job report: one self-contained HTML page with inline SVG plots, axes with round ticks.
+
+Drawn here rather than with matplotlib on purpose: the report is built on daemon hosts, which do
+not install the ``bench`` extra (matplotlib draws only the benchmarks' PNG figures).
 
 Figures: ε spent across the releases; noisy class counts next to the labels the target used;
 a 2-D view (the target's top two principal directions) of target rows and mapped source rows;
@@ -47,6 +50,41 @@ def _scale(v: np.ndarray, lo: float, hi: float, out_lo: float, out_hi: float) ->
     return out_lo + (v - lo) / span * (out_hi - out_lo)
 
 
+def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About ``n`` round values (1, 2 or 5 × 10^k apart) covering [lo, hi]."""
+    if not (np.isfinite(lo) and np.isfinite(hi)) or hi <= lo:
+        return [float(lo)] if np.isfinite(lo) else []
+    raw = (hi - lo) / max(n - 1, 1)
+    mag = 10.0 ** np.floor(np.log10(raw))
+    step = next(m * mag for m in (1.0, 2.0, 5.0, 10.0) if m * mag >= raw)
+    first = np.ceil(lo / step - 1e-9) * step
+    return [float(round(v, 12)) for v in np.arange(first, hi + step * 1e-9, step)]
+
+
+def _tick_label(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def _xticks(parts: list[str], lo: float, hi: float, x0: float, x1: float) -> None:
+    for v in nice_ticks(lo, hi):
+        x = float(_scale(np.array(v), lo, hi, x0, x1))
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{H - PAD}" x2="{x:.1f}" y2="{H - PAD + 4}" stroke="black"/>'
+            f'<text x="{x:.1f}" y="{H - PAD + 15}" text-anchor="middle" font-size="10">'
+            f"{_tick_label(v)}</text>"
+        )
+
+
+def _yticks(parts: list[str], lo: float, hi: float, y0: float, y1: float) -> None:
+    for v in nice_ticks(lo, hi):
+        y = float(_scale(np.array(v), lo, hi, y0, y1))
+        parts.append(
+            f'<line x1="{PAD - 4}" y1="{y:.1f}" x2="{PAD}" y2="{y:.1f}" stroke="black"/>'
+            f'<text x="{PAD - 6}" y="{y + 3:.1f}" text-anchor="end" font-size="10">'
+            f"{_tick_label(v)}</text>"
+        )
+
+
 def line_chart(ys: list[float], cap: float, title: str) -> str:
     parts = _axes(title, "release", "ε spent")
     n = len(ys)
@@ -69,7 +107,8 @@ def line_chart(ys: list[float], cap: float, title: str) -> str:
             f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="#1f77b4">'
             f"<title>{v:.4f}</title></circle>"
         )
-    parts.append(f'<text x="{PAD - 4}" y="34" text-anchor="end" font-size="10">{top:.2g}</text>')
+    _xticks(parts, 0.0, float(max(n, 1)), PAD, W - 20)
+    _yticks(parts, 0.0, top, H - PAD, 30)
     return "".join(parts) + "</svg>"
 
 
@@ -96,6 +135,7 @@ def bar_chart(noisy: list[int], used: list[int], title: str) -> str:
         '<rect x="160" y="28" width="10" height="10" fill="#1f77b4"/>'
         '<text x="174" y="37" font-size="11">rows labelled</text>'
     )
+    _yticks(parts, 0.0, top, H - PAD, 30)
     return "".join(parts) + "</svg>"
 
 
@@ -133,6 +173,8 @@ def scatter(
         '<text x="60" y="37" font-size="11">dots: target rows · crosses: mapped '
         "source rows · colour: class</text>"
     )
+    _xticks(parts, float(lo[0]), float(hi[0]), PAD + 6, W - 16)
+    _yticks(parts, float(lo[1]), float(hi[1]), H - PAD - 6, 30)
     return "".join(parts) + "</svg>"
 
 
