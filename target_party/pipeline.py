@@ -20,7 +20,7 @@ from dpda.errors import ConfigError
 from dpda.ot.costs import dpot_cost, label_mask
 from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
-from dpda.protocol import BatchRelease, ReleaseSource, TargetDisclosure
+from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo, TargetDisclosure
 from dpda.target_party.training import accuracy, fit_predict
 from dpda.terms import SessionTerms
 
@@ -239,6 +239,113 @@ def _ask_teachers(source: ReleaseSource, session_id: str, queries: np.ndarray) -
     return np.concatenate(parts)
 
 
+@dataclass
+class _Session:
+    """One open session of a job: what every stage needs (the releases are fitted against the
+    target's own rows projected with the session's matrix)."""
+
+    source: ReleaseSource
+    view: TargetView
+    terms: SessionTerms
+    cfg: AdaptConfig
+    info: SessionInfo
+    xt_proj: np.ndarray
+
+    def fit(self, rel: BatchRelease, v: TargetView) -> BatchFit:
+        cfg, q, xt = self.cfg, self.info.n_classes, self.xt_proj
+        if self.terms.release != "rows":
+            return adapt_aggregate(rel, xt, v, cfg, q, self.terms.release)
+        if 0 < cfg.target_batch < v.x.shape[0]:
+            rng = np.random.default_rng([cfg.seed, rel.index])
+            idx = np.sort(rng.choice(v.x.shape[0], cfg.target_batch, replace=False))
+            sub = TargetView(v.x[idx], v.scaling, None, v.known[idx])
+            return adapt_batch(rel, xt[idx], sub, cfg, q)
+        return adapt_batch(rel, xt, v, cfg, q)
+
+
+def _open(
+    source: ReleaseSource, view: TargetView, terms: SessionTerms, cfg: AdaptConfig
+) -> _Session:
+    """The target's basis (target-pca) and, under the record unit, its clipping norm from its
+    own rows; then the session."""
+    basis = (
+        target_pca_basis(view.x, terms.projection_dim) if terms.projection == "target-pca" else None
+    )
+    if terms.privacy_unit == "record" and cfg.clip_quantile > 0 and basis is not None:
+        norms = np.linalg.norm(view.x @ basis, axis=1)
+        terms = terms.model_copy(update={"clip_norm": float(np.quantile(norms, cfg.clip_quantile))})
+    info = source.open_session(terms, TargetDisclosure(view.scaling, basis))
+    return _Session(source, view, terms, cfg, info, view.x @ info.projection)
+
+
+@dataclass
+class _Fitted:
+    """The releases of a session, their fits, and what the classifier made of them."""
+
+    releases: list[BatchRelease] = field(default_factory=list)
+    fits: list[BatchFit] = field(default_factory=list)
+    counts: list[list[int]] = field(default_factory=list)
+    spend: list[float] = field(default_factory=list)
+    mapped: np.ndarray | None = None
+    mapped_labels: np.ndarray | None = None
+    model: object = None
+    pred: np.ndarray | None = None
+
+    def train(self, view: TargetView, cfg: AdaptConfig) -> None:
+        self.mapped = np.vstack([f.mapped for f in self.fits])
+        self.mapped_labels = np.concatenate([f.labels for f in self.fits])
+        self.model, self.pred = _train(view, self.mapped, self.mapped_labels, cfg)
+
+
+def _release_all(
+    s: _Session, spent: Callable[[], float], progress: Callable[[int, int], None] | None
+) -> _Fitted:
+    out = _Fitted()
+    steps = s.info.plan.steps
+    for i in range(steps):
+        rel = s.source.release(s.info.session_id, i)
+        out.releases.append(rel)
+        out.fits.append(s.fit(rel, s.view))
+        out.counts.append([int(c) for c in rel.noisy_counts])
+        if i + 1 < steps:  # the last one is read after training: its charge check and
+            out.spend.append(spent())  # countersignature run meanwhile, in the background
+        if progress:
+            progress(i + 1, steps)
+    return out
+
+
+def _pate(s: _Session, done: _Fitted, by_method: dict[str, float | None]) -> None:
+    """Ask the teachers about ``pate_queries`` target rows; with DPDA, re-fit the same releases
+    with the answers as known labels (post-processing), else train a student on them."""
+    view, cfg, terms, fits = s.view, s.cfg, s.terms, done.fits
+    n_q = s.info.plan.pate_queries
+    space = s.xt_proj if terms.pate_space == "projected" else view.x
+    if fits:
+        mass = np.sum([f.class_mass for f in fits], axis=0)
+        idx = select_rows(mass, n_q, cfg.pate_select, cfg.seed)
+        queries = space[idx]
+        if cfg.pate_query == "backmapped" and terms.pate_space == "projected":
+            queries = (np.sum([f.back_mapped for f in fits], axis=0) / len(fits))[idx]
+    else:
+        idx = np.random.default_rng(cfg.seed).choice(view.x.shape[0], n_q, replace=False)
+        queries = space[idx]
+    labels = _ask_teachers(s.source, s.info.session_id, np.ascontiguousarray(queries))
+    known = view.known.copy()
+    if fits and cfg.pate_agree:
+        plan_class = np.argmax(sum(f.class_mass for f in fits), axis=0)[idx]
+        keep = labels == plan_class
+        idx, labels = idx[keep], labels[keep]
+    known[idx] = labels
+    labeled = TargetView(view.x, view.scaling, view.labels, known)
+    if fits:
+        done.fits = [s.fit(r, labeled) for r in done.releases]
+        done.train(labeled, cfg)
+        by_method["dpda_pate"] = _acc(done.pred, view) if done.pred is not None else None
+    else:
+        done.model, done.pred = fit_predict(view.x[idx], labels, view.x, cfg.classifier, cfg.seed)
+        by_method["pate"] = _acc(done.pred, view)
+
+
 def run_dpda(
     source: ReleaseSource,
     view: TargetView,
@@ -256,98 +363,45 @@ def run_dpda(
     """
     if cfg.target_batch and terms.pate_queries:  # checked before anything is spent
         raise ConfigError("target_batch: target-side minibatches are not combined with PATE yet")
-    basis = (
-        target_pca_basis(view.x, terms.projection_dim) if terms.projection == "target-pca" else None
-    )
-    if terms.privacy_unit == "record" and cfg.clip_quantile > 0 and basis is not None:
-        norms = np.linalg.norm(view.x @ basis, axis=1)
-        terms = terms.model_copy(update={"clip_norm": float(np.quantile(norms, cfg.clip_quantile))})
-    info = source.open_session(terms, TargetDisclosure(view.scaling, basis))
-
-    def fit(rel: BatchRelease, v: TargetView) -> BatchFit:
-        if terms.release == "rows":
-            if 0 < cfg.target_batch < v.x.shape[0]:
-                rng = np.random.default_rng([cfg.seed, rel.index])
-                idx = np.sort(rng.choice(v.x.shape[0], cfg.target_batch, replace=False))
-                sub = TargetView(v.x[idx], v.scaling, None, v.known[idx])
-                return adapt_batch(rel, xt_proj[idx], sub, cfg, q)
-            return adapt_batch(rel, xt_proj, v, cfg, q)
-        return adapt_aggregate(rel, xt_proj, v, cfg, q, terms.release)
-
-    xt_proj = view.x @ info.projection
-    q = info.n_classes
-    releases: list[BatchRelease] = []
-    fits: list[BatchFit] = []
-    counts, spend = [], []
-    for i in range(info.plan.steps):
-        rel = source.release(info.session_id, i)
-        releases.append(rel)
-        fits.append(fit(rel, view))
-        counts.append([int(c) for c in rel.noisy_counts])
-        if i + 1 < info.plan.steps:  # the last one is read after training: its charge check
-            spend.append(spent())  # and countersignature run meanwhile, in the background
-        if progress:
-            progress(i + 1, info.plan.steps)
+    s = _open(source, view, terms, cfg)
+    done = _release_all(s, spent, progress)
     by_method: dict[str, float | None] = {}
-    mapped = np.zeros((0, view.x.shape[1]))
-    mapped_labels = np.zeros(0, dtype=np.int64)
-    pred = np.zeros(view.x.shape[0], dtype=np.int64)
-    model: object = None
-    if fits:
-        mapped = np.vstack([f.mapped for f in fits])
-        mapped_labels = np.concatenate([f.labels for f in fits])
-        model, pred = _train(view, mapped, mapped_labels, cfg)
-        by_method["dpda"] = _acc(pred, view)
-        spend.append(spent())  # before any PATE answer is charged
-    n_q = info.plan.pate_queries
-    if n_q > 0:
-        space = xt_proj if terms.pate_space == "projected" else view.x
-        if fits:
-            mass = np.sum([f.class_mass for f in fits], axis=0)
-            idx = select_rows(mass, n_q, cfg.pate_select, cfg.seed)
-            queries = space[idx]
-            if cfg.pate_query == "backmapped" and terms.pate_space == "projected":
-                queries = (np.sum([f.back_mapped for f in fits], axis=0) / len(fits))[idx]
-        else:
-            idx = np.random.default_rng(cfg.seed).choice(view.x.shape[0], n_q, replace=False)
-            queries = space[idx]
-        labels = _ask_teachers(source, info.session_id, np.ascontiguousarray(queries))
-        known = view.known.copy()
-        if fits and cfg.pate_agree:
-            plan_class = np.argmax(sum(f.class_mass for f in fits), axis=0)[idx]
-            keep = labels == plan_class
-            idx, labels = idx[keep], labels[keep]
-        known[idx] = labels
-        labeled = TargetView(view.x, view.scaling, view.labels, known)
-        if fits:
-            fits = [fit(r, labeled) for r in releases]
-            mapped = np.vstack([f.mapped for f in fits])
-            mapped_labels = np.concatenate([f.labels for f in fits])
-            model, pred = _train(labeled, mapped, mapped_labels, cfg)
-            by_method["dpda_pate"] = _acc(pred, view)
-        else:
-            model, pred = fit_predict(view.x[idx], labels, view.x, cfg.classifier, cfg.seed)
-            by_method["pate"] = _acc(pred, view)
-    source.close_session(info.session_id)
-    spec = info.plan.spec(terms)
+    if done.fits:
+        done.train(view, cfg)
+        by_method["dpda"] = _acc(done.pred, view) if done.pred is not None else None
+        done.spend.append(spent())  # before any PATE answer is charged
+    if s.info.plan.pate_queries > 0:
+        _pate(s, done, by_method)
+    source.close_session(s.info.session_id)
+    return _result(s, done, by_method, spent())
+
+
+def _result(
+    s: _Session, done: _Fitted, by_method: dict[str, float | None], epsilon_spent: float
+) -> DPDAResult:
+    view, fits = s.view, done.fits
+    pred = done.pred if done.pred is not None else np.zeros(view.x.shape[0], dtype=np.int64)
+    spec = s.info.plan.spec(s.terms)
     return DPDAResult(
         accuracy=_acc(pred, view),
-        epsilon_spent=spent(),
-        delta=terms.delta,
+        epsilon_spent=epsilon_spent,
+        delta=s.terms.delta,
         noise_multiplier=spec.features.noise_multiplier,
         noise_std=spec.features.noise_std,
-        projection_dim=info.projection.shape[1],
-        n_batches=info.plan.steps,
-        rows_received=int(sum(r.z.shape[0] for r in releases)),
+        projection_dim=s.info.projection.shape[1],
+        n_batches=s.info.plan.steps,
+        rows_received=int(sum(r.z.shape[0] for r in done.releases)),
         w_tilde=float(np.mean([f.w_tilde for f in fits])) if fits else float("nan"),
         solver_converged=all(f.converged for f in fits),
         predictions=pred,
-        mapped=mapped,
-        mapped_labels=mapped_labels,
-        noisy_counts=counts,
-        batch_spend=spend,
+        mapped=done.mapped if done.mapped is not None else np.zeros((0, view.x.shape[1])),
+        mapped_labels=(
+            done.mapped_labels if done.mapped_labels is not None else np.zeros(0, dtype=np.int64)
+        ),
+        noisy_counts=done.counts,
+        batch_spend=done.spend,
         accuracy_by_method=by_method,
-        pate_queries=n_q,
-        model=model,
-        terms=terms,
+        pate_queries=s.info.plan.pate_queries,
+        model=done.model,
+        terms=s.terms,
     )
