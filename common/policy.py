@@ -118,13 +118,13 @@ def check_terms(policy: PrivacyPolicy, terms: Any, *, allow_raw_queries: bool = 
     """
     if terms.privacy_unit not in policy.units:
         _refuse(
-            f"privacy_unit {terms.privacy_unit!r} is not offered (allowed: "
+            f"privacy_unit {str(terms.privacy_unit)!r} is not offered (allowed: "
             f"{', '.join(policy.units)})"
         )
     if terms.neighbouring != policy.neighbouring:
         _refuse(
-            f"neighbouring {terms.neighbouring!r}: exact sizes are disclosed, so every release "
-            f"is accounted under {policy.neighbouring!r}"
+            f"neighbouring {str(terms.neighbouring)!r}: exact sizes are disclosed, so every "
+            f"release is accounted under {policy.neighbouring!r}"
         )
     if terms.dpda and terms.release not in policy.releases:
         _refuse(f"release {terms.release!r} is not offered (allowed: {', '.join(policy.releases)})")

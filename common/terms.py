@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dpda.dp.accounting import (
+    CalibrationMethod,
     calibrate_sigma,
     discrete_laplace_parameter,
     max_revealed_steps,
@@ -32,7 +33,13 @@ from dpda.dp.accounting import (
     revealed_sigma_for_epsilon,
 )
 from dpda.dp.events import BatchSpec, FeatureSpec, HistogramSpec
-from dpda.dp.mechanisms import attribute_sensitivity, projection_sensitivity, relation_factor
+from dpda.dp.mechanisms import (
+    Neighbouring,
+    PrivacyUnit,
+    attribute_sensitivity,
+    projection_sensitivity,
+    relation_factor,
+)
 from dpda.dp.pate import calibrate_pate
 
 LABEL_CAVEAT = (
@@ -58,8 +65,8 @@ class SessionTerms(BaseModel):
     dataset: str = Field(min_length=1, max_length=128)
     epsilon: float = Field(gt=0, le=100, description="budget of this session (ε)")
     delta: float = Field(gt=0, lt=1)
-    privacy_unit: Literal["attribute", "record"] = "record"
-    neighbouring: Literal["add-remove", "replace-one"] = "replace-one"
+    privacy_unit: PrivacyUnit = PrivacyUnit.RECORD
+    neighbouring: Neighbouring = Neighbouring.REPLACE_ONE
     projection: Literal["jl", "target-pca"] = "target-pca"
     projection_dim: int = Field(default=50, ge=1, le=4096)
     batch_size: int = Field(
@@ -79,7 +86,7 @@ class SessionTerms(BaseModel):
         default=0, ge=0, le=100_000, description="minibatch steps; 0: as many as ε allows"
     )
     max_steps: int = Field(default=64, ge=1, le=100_000)
-    calibration: Literal["theorem2", "analytic"] = "theorem2"
+    calibration: CalibrationMethod = CalibrationMethod.THEOREM2
     histogram_share: float = Field(default=0.5, gt=0, lt=1)
     clip_norm: float = Field(default=1.0, gt=0, le=1e12)
     release: Literal["rows", "prototypes", "class-gaussians"] = Field(

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from dpda.dp.mechanisms import PrivacyUnit
 from dpda.service.output import add_json_option, write_json
 
 OFFICE = [(s, t) for s in "CADW" for t in "CADW" if s != t]
@@ -145,10 +146,10 @@ def paper_pair(
                 {**common, "privacy_unit": "record", "release": record_release}
             )
         if protocol == "whole-batch":
-            return SessionTerms(**common, privacy_unit="attribute")
+            return SessionTerms(**common, privacy_unit=PrivacyUnit.ATTRIBUTE)
         return SessionTerms(
             **common,
-            privacy_unit="attribute",
+            privacy_unit=PrivacyUnit.ATTRIBUTE,
             batch_size=batch,
             steps=max(1, -(-ns // batch)),  # one epoch in expectation
             noise_multiplier=0.0,
@@ -258,7 +259,7 @@ def tpami_pair(data_dir: str, src: str, tgt: str, run: int) -> dict:
         epsilon=paper_epsilon(src),
         delta=1.0 / (1.2 * sub.size),
         projection_dim=50,
-        privacy_unit="attribute",
+        privacy_unit=PrivacyUnit.ATTRIBUTE,
     )
     ledger = PrivacyLedger(MemoryLedgerStore(), {"sub": Budget(terms.epsilon, terms.delta)})
     bound = default_attribute_bound(rep, s.x.shape[1])

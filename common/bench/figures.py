@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from dpda.dp.mechanisms import PrivacyUnit
 from dpda.errors import ConfigError
 from dpda.service.output import add_json_option, write_json
 
@@ -199,7 +200,7 @@ def _pu_task(data_dir: str, src: str, tgt: str, eps: float, seed: int, batch: in
             epsilon=eps,
             delta=1 / (10 * ns),
             batch_size=batch,
-            privacy_unit="attribute",
+            privacy_unit=PrivacyUnit.ATTRIBUTE,
         )
 
     _, data = run_methods(data_dir, src, tgt, seed, terms_for)

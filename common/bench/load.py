@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from dpda.dp.mechanisms import PrivacyUnit
 from dpda.service.output import add_json_option, write_json
 
 DATASET = "synthetic"
@@ -281,7 +282,7 @@ class Workload:
             dataset=DATASET,
             epsilon=1.0,
             delta=DELTA,
-            privacy_unit="attribute",
+            privacy_unit=PrivacyUnit.ATTRIBUTE,
             release="rows",
             projection="target-pca",
             projection_dim=self.projection_dim,

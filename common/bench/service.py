@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dpda.dp.mechanisms import PrivacyUnit
 from dpda.service.output import add_json_option, write_json
 
 
@@ -147,7 +148,7 @@ def run_bench_service(args: argparse.Namespace) -> int:
         projection_dim=10,
         batch_size=args.batch_size,
         steps=args.steps,
-        privacy_unit="attribute",
+        privacy_unit=PrivacyUnit.ATTRIBUTE,
     )
     dataset = {
         "name": "syn",

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from dpda.dp.mechanisms import PrivacyUnit
 from dpda.service.output import add_json_option, write_json
 
 
@@ -190,7 +191,7 @@ def _job_child(spec: dict[str, Any], conn) -> None:
         batch_size=spec["batch_size"],
         steps=spec["steps"],
         max_steps=max(spec["steps"], 1),
-        privacy_unit="attribute",
+        privacy_unit=PrivacyUnit.ATTRIBUTE,
     )
     cfg = AdaptConfig(classifier=spec["classifier"], target_batch=spec["target_batch"])
     data_s = time.perf_counter() - t0

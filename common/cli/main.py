@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from enum import Enum
 from typing import Any, Literal, get_args, get_origin
 
 from dpda.errors import DpdaError
@@ -226,8 +227,16 @@ def _term_flag(p: argparse.ArgumentParser, name: str) -> None:
     from dpda.terms import SessionTerms
 
     field = SessionTerms.model_fields[name]
-    choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else None
+    annotation = field.annotation
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        choices: tuple[Any, ...] | None = tuple(m.value for m in annotation)
+    elif get_origin(annotation) is Literal:
+        choices = get_args(annotation)
+    else:
+        choices = None
     default = None if name == "release" else field.default
+    if isinstance(default, Enum):
+        default = default.value
     kind: Any = None if choices else field.annotation  # int or float
     text = TERM_HELP.get(name) or field.description or name.replace("_", " ")
     p.add_argument(

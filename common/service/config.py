@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from dpda.dp.accounting import CalibrationMethod
+from dpda.dp.mechanisms import Neighbouring, PrivacyUnit
 from dpda.errors import ConfigError
 from dpda.policy import PrivacyPolicy
 from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE
@@ -183,8 +185,8 @@ class TargetJob(_Strict):
     )
     epsilon: float = Field(gt=0, le=100)
     delta: float = Field(gt=0, lt=1)
-    privacy_unit: Literal["attribute", "record"] = "record"
-    neighbouring: Literal["add-remove", "replace-one"] = "replace-one"
+    privacy_unit: PrivacyUnit = PrivacyUnit.RECORD
+    neighbouring: Neighbouring = Neighbouring.REPLACE_ONE
     projection: Literal["jl", "target-pca"] = "target-pca"
     projection_dim: int = Field(default=50, ge=1, le=4096)
     batch_size: int = Field(default=0, ge=0, le=MAX_BATCH_SIZE)
@@ -198,7 +200,7 @@ class TargetJob(_Strict):
     histogram_noise_ratio: float = Field(default=2.0, gt=0, le=1e6)
     max_steps: int = Field(default=64, ge=1, le=100_000)
     histogram_share: float = Field(default=0.5, gt=0, lt=1)
-    calibration: Literal["theorem2", "analytic"] = "theorem2"
+    calibration: CalibrationMethod = CalibrationMethod.THEOREM2
     clip_norm: float = Field(default=1.0, gt=0, le=1e12)
     reg_e: float = Field(default=0.02, gt=0)
     reg_g: float = Field(default=0.5, ge=0)
