@@ -81,25 +81,12 @@ class SimulationOutcome:
         for m, r in self.runs.items():
             acc[m.replace("+", "_")] = r.accuracy
         return {
+            **d.summary(terms),
             "accuracy": acc,
             "epsilon_spent": max(r.epsilon_spent for r in self.runs.values()),
             "epsilon_by_method": {m: r.epsilon_spent for m, r in self.runs.items()},
             "epsilon_budget": terms.epsilon,
-            "delta": d.delta,
-            "projection": terms.projection,
-            "projection_dim": d.projection_dim,
-            "sigma": d.noise_multiplier,
-            "noise_std": d.noise_std,
-            "privacy_unit": terms.privacy_unit,
-            "neighbouring": terms.neighbouring,
-            "batches": d.n_batches,
-            "rows_received": d.rows_received,
-            "w_tilde": d.w_tilde,
-            "solver_converged": d.solver_converged,
             "pate_queries": max(r.pate_queries for r in self.runs.values()),
-            "release": terms.release,
-            "clip_norm": (d.terms or terms).clip_norm if terms.privacy_unit == "record" else None,
-            "caveat": (d.terms or terms).caveat,
         }
 
 

@@ -92,24 +92,9 @@ def run_job(
         source.close()
     (cfg.state_dir / "model.pkl").write_bytes(pickle.dumps(res.model))
     out = {
-        "accuracy": res.accuracy,
-        "epsilon_spent": res.epsilon_spent,
-        "delta": res.delta,
-        "sigma": res.noise_multiplier,
-        "noise_std": res.noise_std,
-        "projection": terms.projection,
-        "projection_dim": res.projection_dim,
-        "privacy_unit": terms.privacy_unit,
-        "neighbouring": terms.neighbouring,
-        "release": terms.release,
-        "batches": res.n_batches,
-        "rows_received": res.rows_received,
-        "w_tilde": res.w_tilde,
-        "solver_converged": res.solver_converged,
-        "caveat": (res.terms or terms).caveat,
+        **res.summary(terms),
         "job_seconds": job_seconds,
         "method": cfg.job.method,
-        "accuracy_by_method": res.accuracy_by_method,
         "predictions_sha256": hashlib.sha256(res.predictions.tobytes()).hexdigest(),
     }
     (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))

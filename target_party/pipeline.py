@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -98,6 +99,31 @@ class DPDAResult:
     pate_queries: int = 0
     model: object = field(default=None, repr=False)  # the job's final classifier
     terms: SessionTerms | None = None  # the terms the session ran under (clip norm chosen)
+
+    def summary(self, asked: SessionTerms) -> dict[str, Any]:
+        """The numbers of one run, as ``results.json`` and ``dpda simulate --json`` report them
+        (the one place they are named)."""
+        ran = self.terms or asked
+        return {
+            "accuracy": self.accuracy,
+            "epsilon_spent": self.epsilon_spent,
+            "delta": self.delta,
+            "sigma": self.noise_multiplier,
+            "noise_std": self.noise_std,
+            "projection": asked.projection,
+            "projection_dim": self.projection_dim,
+            "privacy_unit": asked.privacy_unit,
+            "neighbouring": asked.neighbouring,
+            "release": asked.release,
+            "clip_norm": ran.clip_norm if asked.privacy_unit == "record" else None,
+            "batches": self.n_batches,
+            "rows_received": self.rows_received,
+            "w_tilde": self.w_tilde,
+            "solver_converged": self.solver_converged,
+            "pate_queries": self.pate_queries,
+            "accuracy_by_method": self.accuracy_by_method,
+            "caveat": ran.caveat,
+        }
 
 
 @dataclass(frozen=True)
