@@ -79,6 +79,9 @@ class Observed:
     new_entries: int = 0  # ledger entries this trial added on the source, at the kill
     payloads: int = 0  # stored payloads (releases + PATE answers) on the source, at the kill
     target_entries: int = 0  # entries in the target's ledger at the kill
+    # of those, the ones of this trial's session: the target's copy also holds the dataset's
+    # earlier entries (other sessions', synced when the job opened its session)
+    target_new: int = 0
     last: dict[str, Any] | None = None  # the source's newest entry at the kill
     outcome: str = ""  # "live" | "resumed" | "refused: ..."
     restored: int = 0  # entries the source took back from the target's copy
@@ -285,8 +288,20 @@ def _observe(dep: Deployment, state: Path, victim: str, rc: int, base: int) -> O
         new_entries=len(src) - base,
         payloads=len(_payload_hashes(src_db)),
         target_entries=len(entries(state / "state.sqlite")),
+        target_new=sum(e["session"] == session for e in entries(state / "state.sqlite"))
+        if (session := _session_of(state))
+        else 0,
         last=src[-1] if len(src) > base else None,
     )
+
+
+def _session_of(state: Path) -> str:
+    """The session the target's job opened (``job.json``; "" before it opened one)."""
+    job = state / "job.json"
+    try:
+        return str(json.loads(job.read_text())["session_id"])
+    except (OSError, ValueError, KeyError):
+        return ""
 
 
 def _log_tail(log: Path) -> str:
@@ -304,9 +319,13 @@ def run_trial(dep: Deployment, trial: int, rng: random.Random, kill: str) -> Obs
     src_log, tgt_log = dep.workdir / f"source-{trial}.log", dep.workdir / f"target-{trial}.log"
     src = start_source(dep, src_log)
     tgt = start_target(dep, tgt_log)
-    watched = src_db if kill == "source" else state / "state.sqlite"
-    need = (base if kill == "source" else 0) + k
-    _wait(lambda: _count(watched, "ledger") >= need, tgt, 60)
+    if kill == "source":
+        _wait(lambda: _count(src_db, "ledger") >= base + k, tgt, 60)
+    else:  # this session's entries in the target's copy (it also holds the earlier trials')
+        tgt_db = state / "state.sqlite"
+        _wait(
+            lambda: sum(e["session"] == _session_of(state) for e in entries(tgt_db)) >= k, tgt, 60
+        )
     time.sleep(rng.uniform(0, 0.03))
     victim = src.proc if kill == "source" else tgt
     victim.kill()  # SIGKILL

@@ -51,7 +51,7 @@ def test_sigkill_never_loses_or_double_charges(tmp_path: Path, kill: str) -> Non
     results = [run_trial(dep, t, rng, kill) for t in range(n)]
     # observed: the victim died by SIGKILL with part of this trial's releases on record
     inside = sum(
-        r.returncode == -9 and 0 < (r.new_entries if kill == "source" else r.target_entries) < STEPS
+        r.returncode == -9 and 0 < (r.new_entries if kill == "source" else r.target_new) < STEPS
         for r in results
     )
     live = sum(r.outcome == "live" for r in results)
