@@ -89,6 +89,7 @@ OVERRIDABLE = frozenset(
 )
 TOKEN_FILE = "admin_token"
 
+
 # the body of POST /v1/jobs as the OpenAPI schema shows it: the overridable fields of TargetJob,
 # each optional, nothing else
 def _optional(name: str) -> Any:
@@ -214,10 +215,16 @@ class JobRunner:
             return 400, {"error": refused}
         try:
             job_cfg = TargetJob.model_validate({**self.cfg.job.model_dump(), **overrides})
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            name = ".".join(str(p) for p in err["loc"]) or "job"
-            return 400, {"error": f"job.{name}: {err['msg']}"}
+        except ValidationError as exc:  # every problem, each naming its field
+            errors = [
+                {
+                    "field": "job." + (".".join(str(p) for p in e["loc"]) or "job"),
+                    "message": str(e["msg"]),
+                }
+                for e in exc.errors()
+            ]
+            text = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+            return 400, {"error": text, "errors": errors}
         with self.lock:
             if self.busy:
                 return 409, {"error": "a job is already running"}

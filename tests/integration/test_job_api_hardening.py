@@ -186,6 +186,13 @@ def test_sizes_are_bounded(daemons) -> None:
         assert code == 400 and f"job.{field}" in answer["error"], (body, answer)
     code, answer = _call(port, "POST", "/v1/jobs", b'{"clip_norm": Infinity}', _honest(port, token))
     assert code == 400
+    # every invalid field is named, not only the first (issue 14)
+    two = {"projection_dim": 1_000_000, "steps": 10**9}
+    code, answer = _call(port, "POST", "/v1/jobs", two, _honest(port, token))
+    assert code == 400 and {e["field"] for e in answer["errors"]} == {
+        "job.projection_dim",
+        "job.steps",
+    }
     big = json.dumps({"epsilon": 1.0, "pad": "x" * 100_000}).encode()
     code, answer = _call(port, "POST", "/v1/jobs", big, _honest(port, token))
     assert code == 413 and "body" in answer["error"]
