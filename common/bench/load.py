@@ -579,10 +579,8 @@ def run_load(
     hostile_nice: int = 10,
 ) -> dict[str, Any]:
     """The whole benchmark; returns the result dict (``REQUIRED_KEYS`` and more)."""
-    import multiprocessing as mp
 
     from dpda.deployment import SourceProcess
-    from dpda.service.tls import init_party
     from dpda.service.verify import verify_ledger
 
     work = work or Workload()
@@ -613,21 +611,7 @@ def run_load(
         t_start = time.monotonic()
         deadline = t_start + duration
         if hostile:
-            mallory = init_party(root / "hostile", "mallory", ca_dir=root / "keys" / "ca")
-            proc = mp.get_context("spawn").Process(
-                target=_hostile_main,
-                args=(
-                    address,
-                    str(mallory.cert),
-                    str(mallory.key),
-                    str(dep.source_keys.ca),
-                    time.time() + duration,
-                    str(hostile_out),
-                    hostile_nice,
-                ),
-                daemon=True,
-            )
-            proc.start()
+            proc = _spawn_hostile(root, dep, address, duration, hostile_out, hostile_nice)
         workers = []
         for i in range(sessions):
             peer = peer_keys[i % n_peers]
@@ -674,68 +658,24 @@ def run_load(
     problems, warnings, entries = verify_ledger(str(dep.source_state))
     last_spend = _last_spend(dep.source_state)
     flood = json.loads(hostile_out.read_text()) if hostile_out.is_file() else {}
-    hostile_codes: dict[str, int] = flood.get("codes", {})
-    all_ms = [ms for v in rec.rpc_ms.values() for ms in v]
-    overall = _percentiles(all_ms)
-    n_err = len(rec.errors) + stuck
-    out: dict[str, Any] = {
-        "benchmark": "load",
-        "sessions": sessions,
-        "errors": n_err,
-        "p50_ms": overall["p50_ms"],
-        "p99_ms": overall["p99_ms"],
-        "peak_rss_mb": round(peak_kb / 1024.0, 1),
-        "hostile_requests": int(sum(hostile_codes.values())),
-        "duration_s": duration,
-        "wall_s": round(wall, 2),
-        "peers": n_peers,
-        "honest_rpcs": overall["n"],
-        "rpc_timing": rec.timing,
-        "rpc_max_ms": overall["max_ms"],
-        "sessions_opened": rec.counts["sessions_opened"],
-        "sessions_closed": rec.counts["sessions_closed"],
-        "releases": rec.counts["releases"],
-        "pate_calls": rec.counts["pate_calls"],
-        "pate_queries": rec.counts["pate_queries"],
-        "releases_per_s": round(rec.counts["releases"] / wall, 2),
-        "rpcs_per_s": round(overall["n"] / wall, 2),
-        "retries": dict(rec.retries),
-        "honest_refusals": dict(rec.rpc_refused),
-        "latency_by_method": {m: _percentiles(v) for m, v in sorted(rec.rpc_ms.items())},
-        "latency_by_operation": {k: _percentiles(v) for k, v in sorted(rec.op_ms.items())},
-        "error_messages": rec.errors[:20] + (["a client did not finish"] if stuck else []),
-        "hostile_codes": dict(sorted(hostile_codes.items())),
-        "hostile_served": sum(
-            v for k, v in hostile_codes.items() if k.endswith(" OK") and not k.endswith(" Check OK")
-        ),
-        "hostile_mb_sent": round(flood.get("bytes", 0) / 2**20, 1),
-        "hostile_requests_per_s": round(sum(hostile_codes.values()) / wall, 1),
-        "hostile_nice": hostile_nice if hostile else None,
-        "source_refusals": refusals,
-        "cpu_s": cpu,
-        "rss_mb": {
-            "start": round(rss_start_kb / 1024.0, 1),
-            "max_sampled": round(max(sampler.samples, default=0) / 1024.0, 1),
-            "end": round(rss_end_kb / 1024.0, 1),
-            "samples": len(sampler.samples),
-        },
-        "ledger": {
-            "entries": entries,
-            "epsilon_spent": last_spend,
-            "verify_problems": problems[:10],
-            "verify_warnings": len(warnings),
-        },
-        "workload": {
-            **work.__dict__,
-            "dataset_cap": DATASET_CAP,
-            "peer_cap": PEER_CAP,
-            "target_budget": TARGET_BUDGET,
-            "delta": DELTA,
-            "note": "caps set high for a load test (dataset cap: the config's maximum, 100): "
-            "the honest sessions never run out of ε",
-        },
-        "workdir": str(root) if keep else None,
-    }
+    out = _result(
+        rec,
+        sampler,
+        flood,
+        duration=duration,
+        sessions=sessions,
+        peers=n_peers,
+        wall=wall,
+        stuck=stuck,
+        peak_kb=peak_kb,
+        rss_kb=(rss_start_kb, rss_end_kb),
+        cpu=cpu,
+        refusals=refusals,
+        ledger=(problems, warnings, entries, last_spend),
+        work=work,
+        hostile_nice=hostile_nice if hostile else None,
+    )
+    out["workdir"] = str(root) if keep else None
     if not keep:
         shutil.rmtree(root, ignore_errors=True)
     return out
@@ -865,3 +805,112 @@ def register_load(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--workdir", default=None, help="keep the deployment and state here")
     add_json_option(s)
     s.set_defaults(func=run_bench_load)
+
+def _spawn_hostile(
+    root: Path, dep: Any, address: str, duration: float, out: Path, nice: int
+) -> Any:
+    """The hostile client in a process of its own, with a certificate the source never pinned."""
+    import multiprocessing as mp
+
+    from dpda.service.tls import init_party
+
+    mallory = init_party(root / "hostile", "mallory", ca_dir=root / "keys" / "ca")
+    proc = mp.get_context("spawn").Process(
+        target=_hostile_main,
+        args=(
+            address,
+            str(mallory.cert),
+            str(mallory.key),
+            str(dep.source_keys.ca),
+            time.time() + duration,
+            str(out),
+            nice,
+        ),
+        daemon=True,
+    )
+    proc.start()
+    return proc
+
+
+def _result(
+    rec: Recorder,
+    sampler: RssSampler,
+    flood: dict[str, Any],
+    *,
+    duration: float,
+    sessions: int,
+    peers: int,
+    wall: float,
+    stuck: int,
+    peak_kb: int,
+    rss_kb: tuple[int, int],
+    cpu: dict[str, Any],
+    refusals: Any,
+    ledger: tuple[list[str], list[str], int, float],
+    work: Workload,
+    hostile_nice: int | None,
+) -> dict[str, Any]:
+    """The result dict (``REQUIRED_KEYS`` first) from what the run recorded."""
+    problems, warnings, n_entries, last_spend = ledger
+    hostile_codes: dict[str, int] = flood.get("codes", {})
+    all_ms = [ms for v in rec.rpc_ms.values() for ms in v]
+    overall = _percentiles(all_ms)
+    n_err = len(rec.errors) + stuck
+    out: dict[str, Any] = {
+        "benchmark": "load",
+        "sessions": sessions,
+        "errors": n_err,
+        "p50_ms": overall["p50_ms"],
+        "p99_ms": overall["p99_ms"],
+        "peak_rss_mb": round(peak_kb / 1024.0, 1),
+        "hostile_requests": int(sum(hostile_codes.values())),
+        "duration_s": duration,
+        "wall_s": round(wall, 2),
+        "peers": peers,
+        "honest_rpcs": overall["n"],
+        "rpc_timing": rec.timing,
+        "rpc_max_ms": overall["max_ms"],
+        "sessions_opened": rec.counts["sessions_opened"],
+        "sessions_closed": rec.counts["sessions_closed"],
+        "releases": rec.counts["releases"],
+        "pate_calls": rec.counts["pate_calls"],
+        "pate_queries": rec.counts["pate_queries"],
+        "releases_per_s": round(rec.counts["releases"] / wall, 2),
+        "rpcs_per_s": round(overall["n"] / wall, 2),
+        "retries": dict(rec.retries),
+        "honest_refusals": dict(rec.rpc_refused),
+        "latency_by_method": {m: _percentiles(v) for m, v in sorted(rec.rpc_ms.items())},
+        "latency_by_operation": {k: _percentiles(v) for k, v in sorted(rec.op_ms.items())},
+        "error_messages": rec.errors[:20] + (["a client did not finish"] if stuck else []),
+        "hostile_codes": dict(sorted(hostile_codes.items())),
+        "hostile_served": sum(
+            v for k, v in hostile_codes.items() if k.endswith(" OK") and not k.endswith(" Check OK")
+        ),
+        "hostile_mb_sent": round(flood.get("bytes", 0) / 2**20, 1),
+        "hostile_requests_per_s": round(sum(hostile_codes.values()) / wall, 1),
+        "hostile_nice": hostile_nice,
+        "source_refusals": refusals,
+        "cpu_s": cpu,
+        "rss_mb": {
+            "start": round(rss_kb[0] / 1024.0, 1),
+            "max_sampled": round(max(sampler.samples, default=0) / 1024.0, 1),
+            "end": round(rss_kb[1] / 1024.0, 1),
+            "samples": len(sampler.samples),
+        },
+        "ledger": {
+            "entries": n_entries,
+            "epsilon_spent": last_spend,
+            "verify_problems": problems[:10],
+            "verify_warnings": len(warnings),
+        },
+        "workload": {
+            **work.__dict__,
+            "dataset_cap": DATASET_CAP,
+            "peer_cap": PEER_CAP,
+            "target_budget": TARGET_BUDGET,
+            "delta": DELTA,
+            "note": "caps set high for a load test (dataset cap: the config's maximum, 100): "
+            "the honest sessions never run out of ε",
+        },
+    }
+    return out
