@@ -128,3 +128,15 @@ def test_session_terms_refuse_non_finite_and_absurd_floats(field: str, value: st
     with pytest.raises(ValueError) as info:
         SessionTerms.model_validate_json(text)
     assert terms_error(info.value).startswith(f"{field}:")
+
+
+@pytest.mark.parametrize("bound", [1e308, float("inf"), 0.0])
+def test_a_policys_attribute_bound_is_finite_and_bounded(bound: float) -> None:
+    """Issue 12, item 9: ``feature_bound = 1e308`` was charged, then failed with INTERNAL (the
+    sensitivity overflowed after the ledger entry). The policy now refuses it by name."""
+    from pydantic import ValidationError
+
+    from dpda.policy import PrivacyPolicy
+
+    with pytest.raises(ValidationError, match="attribute_bound"):
+        PrivacyPolicy(attribute_bound=bound)
