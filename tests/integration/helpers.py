@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
-from dpda.deployment import Deployment, make_deployment
+from dpda.deployment import Deployment, dpda_command, make_deployment
 
 DELTA = 1.0 / (1.2 * 600)
 # a source that opts into the attribute unit (and so into per-row releases) besides the defaults
@@ -81,3 +83,21 @@ class SignedStub:
         if not request.target_sig:
             request.target_sig = signing.sign(self._key, request.terms_json.encode())
         return self._stub.OpenSession(request, **kw)
+
+
+def start_target_serve(dep: Any, log_path: Path) -> tuple[subprocess.Popen, int]:
+    """``dpda target serve`` as a real process; (process, admin port) once it listens."""
+    port_file = dep.target_state / "admin_port"
+    dep.target_state.mkdir(parents=True, exist_ok=True)
+    port_file.unlink(missing_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            dpda_command("target", "serve", "--config", str(dep.target_config)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 60
+    while not port_file.is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, "target serve did not start"
+        time.sleep(0.05)
+    return proc, int(port_file.read_text())

@@ -14,18 +14,17 @@ import http.client
 import json
 import os
 import stat
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from dpda.deployment import SourceProcess, dpda_command
+from dpda.deployment import SourceProcess
 from dpda.errors import ConfigError
 from dpda.service.config import load_target
 from dpda.target_party.jobs import admin_token
 
-from .helpers import synthetic_deployment
+from .helpers import start_target_serve, synthetic_deployment
 
 
 def _call(
@@ -59,22 +58,10 @@ def daemons(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("jobapi")
     dep = synthetic_deployment(tmp)
     src = SourceProcess(dep)
-    port_file = dep.target_state / "admin_port"
-    dep.target_state.mkdir(parents=True, exist_ok=True)
-    port_file.unlink(missing_ok=True)
-    with open(tmp / "target.log", "ab") as log:
-        tgt = subprocess.Popen(
-            dpda_command("target", "serve", "--config", str(dep.target_config)),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 60
-    while not port_file.is_file():
-        assert tgt.poll() is None and time.monotonic() < deadline, "target serve did not start"
-        time.sleep(0.05)
+    tgt, port = start_target_serve(dep, tmp / "target.log")
     token_file = dep.target_state / "admin_token"
     try:
-        yield dep, int(port_file.read_text()), token_file.read_text().strip()
+        yield dep, port, token_file.read_text().strip()
     finally:
         tgt.terminate()
         tgt.wait(timeout=20)

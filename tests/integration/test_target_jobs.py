@@ -12,9 +12,9 @@ import urllib.request
 
 import pytest
 
-from dpda.deployment import SourceProcess, dpda_command
+from dpda.deployment import SourceProcess
 
-from .helpers import synthetic_deployment
+from .helpers import start_target_serve, synthetic_deployment
 
 _TOKEN: dict[int, str] = {}  # admin port → the token ``serve`` generated in its state_dir
 
@@ -39,20 +39,7 @@ def _req(port: int, path: str, body: dict | None = None) -> tuple[int, bytes]:
 def daemons(tmp_path):
     dep = synthetic_deployment(tmp_path, job={"batch_size": 120, "steps": 4}, attribute_unit=True)
     src = SourceProcess(dep)
-    port_file = dep.target_state / "admin_port"
-    dep.target_state.mkdir(parents=True, exist_ok=True)
-    port_file.unlink(missing_ok=True)
-    with open(tmp_path / "target.log", "ab") as log:
-        tgt = subprocess.Popen(
-            dpda_command("target", "serve", "--config", str(dep.target_config)),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 60
-    while not port_file.is_file():
-        assert tgt.poll() is None and time.monotonic() < deadline, "target serve did not start"
-        time.sleep(0.05)
-    port = int(port_file.read_text())
+    tgt, port = start_target_serve(dep, tmp_path / "target.log")
     _TOKEN[port] = (dep.target_state / "admin_token").read_text().strip()
     try:
         yield dep, port
