@@ -227,12 +227,22 @@ class SourceHandlers:
     def projection(self, peer: str, session_id: str) -> np.ndarray:
         return self._session(peer, session_id)[1].projection
 
-    def close_session(self, peer: str, session_id: str) -> None:
+    def close_session(self, peer: str, session_id: str) -> list[int]:
+        """Close; returns the seqs of the peer's releases (of the session's dataset) that lack
+        its countersignature, so the last one of a job is reconciled before the job ends."""
         releaser, _ = self._session(peer, session_id)
         with self.lock:
             self.conn.execute("UPDATE sessions SET closed=1 WHERE session_id=?", (session_id,))
             releaser.close_session(session_id)
             self.last_used.pop(session_id, None)
+            return self._uncountersigned(releaser.dataset, self.peers[peer].name)
+
+    def _uncountersigned(self, dataset: str, name: str) -> list[int]:
+        return [
+            e.seq
+            for e in self.ledger.store.entries(dataset)
+            if e.peer == name and e.payload_sha256 and not e.target_sig
+        ]
 
     # -------------------------------------------------------------------------- releases
     def release_batches(
@@ -443,10 +453,7 @@ class SourceHandlers:
             raise InvalidInput("sequence number out of bounds")
         with self.lock:
             entries = self.ledger.store.entries(dataset)
-        name = self.peers[peer].name
-        pending = [
-            e.seq for e in entries if e.peer == name and e.payload_sha256 and not e.target_sig
-        ]
+            pending = self._uncountersigned(dataset, self.peers[peer].name)
         return [e.to_json() for e in entries[since:]], len(entries), head_hash(entries), pending
 
     def restore_ledger(self, peer: str, dataset: str, entries_json: list[str]) -> tuple[int, str]:

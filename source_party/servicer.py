@@ -173,5 +173,5 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
     def CloseSession(
         self, request: pb.CloseSessionRequest, context: Any
     ) -> pb.CloseSessionResponse:
-        self.h.close_session(self._peer(context), request.session_id)
-        return pb.CloseSessionResponse()
+        pending = self.h.close_session(self._peer(context), request.session_id)
+        return pb.CloseSessionResponse(uncountersigned=pending)

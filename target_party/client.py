@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
@@ -239,7 +239,14 @@ class GrpcReleaseSource:
         held = self.ledger.store.entries(self.dataset)
         if head_hash(held) != resp.head:
             raise PeerMisbehaved("the source's ledger head differs from its own entries")
-        for seq in resp.uncountersigned:
+        self._countersign_again(resp.uncountersigned)
+
+    def _countersign_again(self, seqs: Sequence[int]) -> None:
+        """Countersign again our own releases the source holds without our countersignature
+        (it lost it: a crash, or the last writes of its disk). Every entry held here passed
+        the charge check before it was appended."""
+        held = self.ledger.store.entries(self.dataset)
+        for seq in seqs:
             if not (0 <= seq < len(held)):
                 raise PeerMisbehaved("the source names a ledger entry it does not have")
             self._countersign(held[seq])
@@ -359,11 +366,12 @@ class GrpcReleaseSource:
     def close_session(self, session_id: str) -> None:
         self.settle()
         try:
-            self.stub.CloseSession(
+            resp = self.stub.CloseSession(
                 pb.CloseSessionRequest(session_id=session_id), timeout=self.cfg.timeout_s
             )
         except grpc.RpcError as exc:
             raise _translate(exc) from None
+        self._countersign_again(resp.uncountersigned)
         self.job_file.unlink(missing_ok=True)
 
     # -------------------------------------------------------------------------- releases

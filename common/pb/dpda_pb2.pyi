@@ -495,12 +495,21 @@ Global___CloseSessionRequest: _TypeAlias = CloseSessionRequest  # noqa: Y015
 class CloseSessionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    UNCOUNTERSIGNED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def uncountersigned(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """the caller's own releases of the session's dataset still lacking its countersignature (one
+        the source acknowledged and then lost with its disk's last writes): countersigned again
+        """
+
     def __init__(
         self,
+        *,
+        uncountersigned: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["uncountersigned", b"uncountersigned"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

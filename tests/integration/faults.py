@@ -295,6 +295,13 @@ def _observe(dep: Deployment, state: Path, victim: str, rc: int, base: int) -> O
     )
 
 
+def _of_session(rows: list[dict[str, Any]], state: Path) -> list[dict[str, Any]]:
+    """The entries of the session the target at ``state`` opened (its copy, and the source's,
+    also hold earlier trials' sessions)."""
+    sid = _session_of(state)
+    return [e for e in rows if e["session"] == sid]
+
+
 def _session_of(state: Path) -> str:
     """The session the target's job opened (``job.json``; "" before it opened one)."""
     job = state / "job.json"
@@ -366,18 +373,18 @@ def _expect_at_kill(point: str, obs: Observed, dep: Deployment, state: Path, nth
         stored = (DATASET, last["seq"]) in _payload_hashes(dep.source_state / "state.sqlite")
         assert stored == (not point.endswith(".drawn")), "payload stored (or not) as named"
         assert bool(last["source_sig"]) == point.endswith(".signed"), "signed (or not) as named"
-        assert not last["target_sig"] and obs.target_entries < obs.new_entries
+        assert not last["target_sig"] and obs.target_new < obs.new_entries
         if not pate:
             assert last["request_id"].endswith(f"/{nth - 1}") and obs.new_entries == nth
     elif point == "source.countersign.stored":
         assert last is not None and obs.new_entries == nth and last["target_sig"]
     elif point == "target.release.appended":
-        tgt = entries(state / "state.sqlite")
+        tgt = _of_session(entries(state / "state.sqlite"), state)
         assert len(tgt) == nth and not tgt[-1]["target_sig"]
     elif point == "target.release.countersigned":
-        tgt = entries(state / "state.sqlite")
+        tgt = _of_session(entries(state / "state.sqlite"), state)
         assert len(tgt) == nth and tgt[-1]["target_sig"]
-        assert entries(dep.source_state / "state.sqlite")[nth - 1]["target_sig"]
+        assert _of_session(entries(dep.source_state / "state.sqlite"), state)[nth - 1]["target_sig"]
     else:
         raise AssertionError(f"unknown crash point {point}")
 
