@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from dpda.pb import dpda_pb2 as dpda_dot_pb_dot_dpda__pb2
+from dpda.pb import dpda_pb2 as common_dot_pb_dot_dpda__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in dpda/pb/dpda_pb2_grpc.py depends on'
+        + ' but the generated code in common/pb/dpda_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,43 +36,43 @@ class SourceServiceStub:
         """
         self.OpenSession = channel.unary_unary(
                 '/dpda.v1.SourceService/OpenSession',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.OpenSessionRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.OpenSessionResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.OpenSessionRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.OpenSessionResponse.FromString,
                 _registered_method=True)
         self.GetProjection = channel.unary_unary(
                 '/dpda.v1.SourceService/GetProjection',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.GetProjectionRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.GetProjectionResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.GetProjectionRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.GetProjectionResponse.FromString,
                 _registered_method=True)
         self.ReleaseBatches = channel.unary_stream(
                 '/dpda.v1.SourceService/ReleaseBatches',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.BatchRelease.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.BatchRelease.FromString,
                 _registered_method=True)
         self.QueryTeachers = channel.unary_unary(
                 '/dpda.v1.SourceService/QueryTeachers',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.QueryTeachersRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.QueryTeachersResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.QueryTeachersRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.QueryTeachersResponse.FromString,
                 _registered_method=True)
         self.Countersign = channel.unary_unary(
                 '/dpda.v1.SourceService/Countersign',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.CountersignRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.CountersignResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.CountersignRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.CountersignResponse.FromString,
                 _registered_method=True)
         self.GetLedger = channel.unary_unary(
                 '/dpda.v1.SourceService/GetLedger',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.GetLedgerRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.GetLedgerResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.GetLedgerRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.GetLedgerResponse.FromString,
                 _registered_method=True)
         self.RestoreLedger = channel.unary_unary(
                 '/dpda.v1.SourceService/RestoreLedger',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.FromString,
                 _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/dpda.v1.SourceService/CloseSession',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.CloseSessionRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.CloseSessionResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
 
 
@@ -132,43 +132,43 @@ def add_SourceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'OpenSession': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenSession,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.OpenSessionRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.OpenSessionResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.OpenSessionRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.OpenSessionResponse.SerializeToString,
             ),
             'GetProjection': grpc.unary_unary_rpc_method_handler(
                     servicer.GetProjection,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.GetProjectionRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.GetProjectionResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.GetProjectionRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.GetProjectionResponse.SerializeToString,
             ),
             'ReleaseBatches': grpc.unary_stream_rpc_method_handler(
                     servicer.ReleaseBatches,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.BatchRelease.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.BatchRelease.SerializeToString,
             ),
             'QueryTeachers': grpc.unary_unary_rpc_method_handler(
                     servicer.QueryTeachers,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.QueryTeachersRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.QueryTeachersResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.QueryTeachersRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.QueryTeachersResponse.SerializeToString,
             ),
             'Countersign': grpc.unary_unary_rpc_method_handler(
                     servicer.Countersign,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.CountersignRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.CountersignResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.CountersignRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.CountersignResponse.SerializeToString,
             ),
             'GetLedger': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLedger,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.GetLedgerRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.GetLedgerResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.GetLedgerRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.GetLedgerResponse.SerializeToString,
             ),
             'RestoreLedger': grpc.unary_unary_rpc_method_handler(
                     servicer.RestoreLedger,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.CloseSessionRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.CloseSessionResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.CloseSessionRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.CloseSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -196,8 +196,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/OpenSession',
-            dpda_dot_pb_dot_dpda__pb2.OpenSessionRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.OpenSessionResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.OpenSessionRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.OpenSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -223,8 +223,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/GetProjection',
-            dpda_dot_pb_dot_dpda__pb2.GetProjectionRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.GetProjectionResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.GetProjectionRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.GetProjectionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -250,8 +250,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/ReleaseBatches',
-            dpda_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.BatchRelease.FromString,
+            common_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.BatchRelease.FromString,
             options,
             channel_credentials,
             insecure,
@@ -277,8 +277,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/QueryTeachers',
-            dpda_dot_pb_dot_dpda__pb2.QueryTeachersRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.QueryTeachersResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.QueryTeachersRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.QueryTeachersResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -304,8 +304,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/Countersign',
-            dpda_dot_pb_dot_dpda__pb2.CountersignRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.CountersignResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.CountersignRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.CountersignResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -331,8 +331,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/GetLedger',
-            dpda_dot_pb_dot_dpda__pb2.GetLedgerRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.GetLedgerResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.GetLedgerRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.GetLedgerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -358,8 +358,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/RestoreLedger',
-            dpda_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -385,8 +385,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/CloseSession',
-            dpda_dot_pb_dot_dpda__pb2.CloseSessionRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.CloseSessionResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.CloseSessionRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.CloseSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
