@@ -238,11 +238,26 @@ class SourceHandlers:
             return self._uncountersigned(releaser.dataset, self.peers[peer].name)
 
     def _uncountersigned(self, dataset: str, name: str) -> list[int]:
+        """The peer's entries we hold without its countersignature: sent and not yet
+        countersigned, or (after losing writes) charged here but signed and sent before the
+        loss — the peer's doubly-signed copy of those comes back through ``RestoreLedger``."""
         return [
-            e.seq
-            for e in self.ledger.store.entries(dataset)
-            if e.peer == name and e.payload_sha256 and not e.target_sig
+            e.seq for e in self.ledger.store.entries(dataset) if e.peer == name and not e.target_sig
         ]
+
+    def _complete(self, mine: LedgerEntry, theirs: LedgerEntry) -> None:
+        """Fill in the payload hash and signatures of an entry we hold incompletely (we lost
+        the writes that stored them) from the peer's doubly-signed copy (verified by the
+        caller). A field we hold must be the one they hold: else the release was drawn twice."""
+        fields = ("payload_sha256", "source_sig", "target_sig")
+        if all(getattr(mine, f) == getattr(theirs, f) for f in fields):
+            return
+        if any(getattr(mine, f) not in ("", getattr(theirs, f)) for f in fields):
+            raise LedgerCorrupt("a restored entry conflicts with the one held here")
+        self.ledger.store.update_signatures(
+            mine.dataset, mine.seq, theirs.payload_sha256, theirs.source_sig, theirs.target_sig
+        )
+        log_restored(mine.dataset, mine.seq)
 
     # -------------------------------------------------------------------------- releases
     def release_batches(
@@ -487,7 +502,8 @@ class SourceHandlers:
                     raise PeerMisbehaved("a restored entry is not signed by both parties")
                 mine = self.ledger.store.entries(dataset)
                 if entry.seq < len(mine) and mine[entry.seq].entry_hash() == entry.entry_hash():
-                    continue  # already there
+                    self._complete(mine[entry.seq], entry)  # there; the signatures maybe not
+                    continue
                 self.ledger.store.append(entry)  # LedgerCorrupt unless it links to our head
                 log_restored(dataset, entry.seq)
             entries = self.ledger.store.entries(dataset)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import numpy as np
@@ -84,11 +85,21 @@ class _Retrying:
             dropped = False
             while True:
                 self.guard(dropped)
+                got: list[Any] = []
                 try:
                     result = method(request, timeout=timeout)
-                    # a server stream is consumed here so that a broken stream is retried too
-                    return result if not hasattr(result, "__next__") else list(result)
+                    if not hasattr(result, "__next__"):
+                        return result
+                    # a server stream is consumed here so that a broken stream is retried too;
+                    # but what arrived before it broke is kept, not asked for again: it left
+                    # the source (signed), which may have lost its own record of it since
+                    for msg in result:
+                        got.append(msg)
+                    return got
                 except grpc.RpcError as exc:
+                    if got:
+                        log.warning("the stream of %s broke after %d message(s)", name, len(got))
+                        return got
                     code = exc.code() if hasattr(exc, "code") else None
                     if code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                         raise
@@ -246,10 +257,18 @@ class GrpcReleaseSource:
         (it lost it: a crash, or the last writes of its disk). Every entry held here passed
         the charge check before it was appended."""
         held = self.ledger.store.entries(self.dataset)
+        restore = []
         for seq in seqs:
             if not (0 <= seq < len(held)):
                 raise PeerMisbehaved("the source names a ledger entry it does not have")
-            self._countersign(held[seq])
+            entry = held[seq]
+            if entry.source_sig and entry.target_sig:
+                restore.append(entry)  # the source lost its copy of the signatures: send ours
+            elif entry.source_sig:
+                self._countersign(entry)
+            # else: charged at the source and never sent — there is nothing to countersign
+        if restore:
+            self._restore(restore)
 
     def _get_ledger(self, since: int) -> pb.GetLedgerResponse:
         try:
@@ -271,8 +290,12 @@ class GrpcReleaseSource:
             len(tail),
             self.dataset,
         )
+        self._restore(tail)
+
+    def _restore(self, entries: Sequence[LedgerEntry]) -> None:
+        """Send our doubly-signed copy of ``entries`` (the source verifies both signatures)."""
         req = pb.RestoreLedgerRequest(
-            dataset=self.dataset, entries_json=[e.to_json() for e in tail]
+            dataset=self.dataset, entries_json=[e.to_json() for e in entries]
         )
         try:
             self.stub.RestoreLedger(req, timeout=self.cfg.timeout_s)

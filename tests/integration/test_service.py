@@ -201,3 +201,37 @@ def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> Non
         assert [e.to_json() for e in la.store.entries("synthetic")] == source_rows
         for c, _ in clients:
             c.close()
+
+
+def test_a_source_that_lost_an_entrys_signatures_gets_them_back(tmp_path) -> None:
+    """Lost writes on the source after a charge: it holds the last entry without its payload
+    hash and signatures while the target holds it doubly signed. The target's next contact
+    (a sync) sends its copy back; the source verifies both signatures and completes its entry,
+    so the two ledgers are equal again and that release can never be drawn a second time."""
+    import sqlite3
+
+    from dpda.target_party.client import GrpcReleaseSource
+
+    dep = synthetic_deployment(tmp_path, job={"batch_size": 120, "steps": 3}, attribute_unit=True)
+    with run_server(load_source(dep.source_config)) as rs:
+        _run_target(dep, rs.port)
+        store = rs.handlers.ledger.store
+        last = store.entries("synthetic")[-1]
+        stripped = dataclasses.replace(last, payload_sha256="", source_sig="", target_sig="")
+        with sqlite3.connect(dep.source_state / "state.sqlite") as conn:
+            conn.execute(
+                "UPDATE ledger SET entry_json=? WHERE dataset=? AND seq=?",
+                (stripped.to_json(), "synthetic", last.seq),
+            )
+        assert store.entries("synthetic")[-1] == stripped
+        cfg = load_target(dep.target_config)
+        ledger, audit = open_state(cfg)
+        client = GrpcReleaseSource(cfg, ledger, audit)
+        try:
+            client.sync_ledger()
+        finally:
+            client.close()
+        assert store.entries("synthetic")[-1] == last
+        assert [e.to_json() for e in store.entries("synthetic")] == [
+            e.to_json() for e in ledger.store.entries("synthetic")
+        ]
