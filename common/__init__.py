@@ -1,9 +1,12 @@
 """dpda: differentially private domain adaptation across a privacy boundary.
 
-The public API is small: ``SessionTerms`` (what a session asks of the source), ``simulate`` (both
-parties in one process, for experiments), ``AdaptConfig`` (the target's transport and classifier
-settings) and ``__version__``. The daemons run from the ``dpda`` command; everything else is
-internal, laid out by layer (see the README's layout section).
+The public API is small: ``DPDAClassifier`` (both parties in one process, as a scikit-learn
+estimator; ``DPDASkadaEstimator`` is the same inside a skada pipeline), ``read_table`` (your own
+CSV / Parquet / .npy / .npz / DataFrame), ``load_model`` (a job's saved model pipeline),
+``SessionTerms`` (what a session asks of the source), ``simulate`` (the rehearsal, with
+baselines), ``AdaptConfig`` (the target's transport and classifier settings) and
+``__version__``. The daemons run from the ``dpda`` command; everything else is internal, laid
+out by layer (see the README's layout section).
 """
 
 from __future__ import annotations
@@ -14,11 +17,24 @@ from typing import Any
 from dpda.version import __version__
 
 _PUBLIC = {
+    "DPDAClassifier": "dpda.estimator",
+    "DPDASkadaEstimator": "dpda.skada_adapter",
+    "read_table": "dpda.data.tables",
+    "load_model": "dpda.target_party.training",
     "SessionTerms": "dpda.terms",
     "simulate": "dpda.simulation",
     "AdaptConfig": "dpda.target_party.pipeline",
 }
-__all__ = ["AdaptConfig", "SessionTerms", "__version__", "simulate"]
+__all__ = [
+    "AdaptConfig",
+    "DPDAClassifier",
+    "DPDASkadaEstimator",
+    "SessionTerms",
+    "__version__",
+    "load_model",
+    "read_table",
+    "simulate",
+]
 
 
 def __getattr__(name: str) -> Any:  # imported on first use: `import dpda` stays fast

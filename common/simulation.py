@@ -6,16 +6,15 @@ machine, no network. The DPDA arm runs the same job code as the service, against
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from dpda.data.loaders import Domain
-from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+from dpda.dp.ledger import Budget, LedgerEntry, MemoryLedgerStore, PrivacyLedger
 from dpda.dp.rng import public_rng, secure_rng, testing_streams
-from dpda.errors import ConfigError
 from dpda.ot.costs import dpot_cost
 from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import sinkhorn_group_lasso, uniform
@@ -32,20 +31,21 @@ def source_in_target_scaling(source: Domain, view: TargetView, representation: s
     return view.scaling.apply(per_row(source.x, representation))
 
 
-def _scored(view: TargetView) -> np.ndarray:
-    """The target's labels, which a simulation scores against (a real target has none)."""
-    if view.labels is None:
-        raise ConfigError("simulate scores against the target's labels: the target has none")
-    return view.labels
+def _scored(pred: np.ndarray, view: TargetView) -> float | None:
+    """Accuracy against the target's labels, when it has them (a real target has none)."""
+    return accuracy(pred, view.labels) if view.labels is not None else None
 
 
-def source_only(source: Domain, view: TargetView, representation: str, cfg: AdaptConfig) -> float:
+def source_only_predictions(
+    source: Domain, view: TargetView, representation: str, cfg: AdaptConfig
+) -> np.ndarray:
     xs = source_in_target_scaling(source, view, representation)
-    _, pred = fit_predict(xs, source.y, view.x, cfg.classifier, cfg.seed)
-    return accuracy(pred, _scored(view))
+    return fit_predict(xs, source.labels(), view.x, cfg.classifier, cfg.seed)[1]
 
 
-def otda(source: Domain, view: TargetView, representation: str, cfg: AdaptConfig) -> float:
+def otda_predictions(
+    source: Domain, view: TargetView, representation: str, cfg: AdaptConfig
+) -> np.ndarray:
     """Non-private entropic + group-lasso OTDA in the target's full space (reference only)."""
     xs = source_in_target_scaling(source, view, representation)
     cost = dpot_cost(xs, view.x)
@@ -53,15 +53,24 @@ def otda(source: Domain, view: TargetView, representation: str, cfg: AdaptConfig
         uniform(xs.shape[0]),
         uniform(view.x.shape[0]),
         cost.normalized,
-        source.y,
+        source.labels(),
         cfg.reg_e,
         cfg.reg_g,
         outer_iter=cfg.outer_iter,
         inner_iter=cfg.inner_iter,
     )
     x_hat = barycentric_map(res.plan, view.x)
-    _, pred = fit_predict(x_hat, source.y, view.x, cfg.classifier, cfg.seed)
-    return accuracy(pred, _scored(view))
+    return fit_predict(x_hat, source.labels(), view.x, cfg.classifier, cfg.seed)[1]
+
+
+def source_only(
+    source: Domain, view: TargetView, representation: str, cfg: AdaptConfig
+) -> float | None:
+    return _scored(source_only_predictions(source, view, representation, cfg), view)
+
+
+def otda(source: Domain, view: TargetView, representation: str, cfg: AdaptConfig) -> float | None:
+    return _scored(otda_predictions(source, view, representation, cfg), view)
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,8 @@ class SimulationOutcome:
     source_only: float | None
     otda: float | None
     runs: dict[str, DPDAResult]
+    ledgers: dict[str, list[LedgerEntry]] = field(default_factory=dict)  # per method, in-memory
+    baseline_predictions: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def dpda(self) -> DPDAResult:
@@ -113,6 +124,7 @@ def simulate(
     """
     view = target_view(target, representation, scaling_mode=scaling_mode)
     runs: dict[str, DPDAResult] = {}
+    ledgers: dict[str, list[LedgerEntry]] = {}
     for method in methods:
         t = method_terms(terms, method, pate_queries, pate_share) if methods != ("dpda",) else terms
         rng, public = testing_streams(seed) if seed is not None else (secure_rng(), public_rng())
@@ -130,9 +142,14 @@ def simulate(
             insecure_seed=seed is not None,
         )
         runs[method] = run_dpda(releaser, view, t, cfg, partial(ledger.spent, t.dataset), progress)
-    so = source_only(source, view, representation, cfg) if baselines else None
-    ot_acc = otda(source, view, representation, cfg) if baselines else None
-    return SimulationOutcome(so, ot_acc, runs)
+        ledgers[method] = store.entries(t.dataset)
+    preds: dict[str, np.ndarray] = {}
+    if baselines:
+        preds["source_only"] = source_only_predictions(source, view, representation, cfg)
+        preds["otda"] = otda_predictions(source, view, representation, cfg)
+    so = _scored(preds["source_only"], view) if baselines else None
+    ot_acc = _scored(preds["otda"], view) if baselines else None
+    return SimulationOutcome(so, ot_acc, runs, ledgers, preds)
 
 
 __all__ = ["simulate", "SimulationOutcome", "prepare_features", "method_terms", "METHODS"]

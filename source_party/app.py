@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dpda.data.loaders import Domain, load_domain, load_table
+from dpda.data.preprocessing import check_representation
 from dpda.data.synthetic import two_domains
 from dpda.dp.ledger import Budget, PrivacyLedger
 from dpda.dp.rng import public_rng, secure_rng, testing_streams
@@ -48,8 +49,11 @@ def load_dataset(ds: SourceDataset) -> Domain:
     if ds.path is None:
         raise ConfigError(f"datasets.{ds.name}.path: required for kind {ds.kind}")
     if ds.kind == "table":
-        return load_table(ds.path)
-    return load_domain(ds.path, ds.kind, ds.domain)
+        d = load_table(ds.path, ds.label_column)
+    else:
+        d = load_domain(ds.path, ds.kind, ds.domain)
+    check_representation(d.x, ds.representation, f"datasets.{ds.name}.representation")
+    return d
 
 
 @dataclass

@@ -238,11 +238,14 @@ class SourceHandlers:
             return self._uncountersigned(releaser.dataset, self.peers[peer].name)
 
     def _uncountersigned(self, dataset: str, name: str) -> list[int]:
-        """The peer's entries we hold without its countersignature: sent and not yet
-        countersigned, or (after losing writes) charged here but signed and sent before the
-        loss — the peer's doubly-signed copy of those comes back through ``RestoreLedger``."""
+        """The peer's entries we hold without both signatures: sent and not yet countersigned,
+        or (after losing writes) held here without a signature they had when they left — the
+        peer's doubly-signed copy of those comes back through ``RestoreLedger``. (Entries
+        charged and never sent are listed too; the peer, holding them unsigned, skips them.)"""
         return [
-            e.seq for e in self.ledger.store.entries(dataset) if e.peer == name and not e.target_sig
+            e.seq
+            for e in self.ledger.store.entries(dataset)
+            if e.peer == name and not (e.source_sig and e.target_sig)
         ]
 
     def _complete(self, mine: LedgerEntry, theirs: LedgerEntry) -> None:
@@ -453,6 +456,9 @@ class SourceHandlers:
             pub = signing.load_public(self.peers[peer].signing_public_key)
             if not signing.verify(pub, entries[seq].signed_message(), target_sig):
                 raise PeerMisbehaved("countersignature does not verify")
+            # the peer countersigned what it received, so it left signed by us: if we lost our
+            # signature's write, sign again (Ed25519 is deterministic: the same signature)
+            self._sign(dataset, seq)
             self.ledger.store.update_signatures(dataset, seq, "", "", target_sig)
             crash_point("source.countersign.stored")
 

@@ -328,7 +328,7 @@ class SourceReleaser:
     def _draw(
         self, x: np.ndarray, spec: BatchSpec, info: SessionInfo, index: int, entry: LedgerEntry
     ) -> BatchRelease:
-        y = self.domain.y
+        y = self.domain.labels()
         terms = self._sessions[info.session_id][0]
         rng = self._noise[info.session_id]
         if terms.release != "rows":
@@ -368,7 +368,7 @@ class SourceReleaser:
         entry: LedgerEntry,
     ) -> BatchRelease:
         """Per-class sums of clipped projected rows (+ sums of squares) with Gaussian noise."""
-        y = self.domain.y
+        y = self.domain.labels()
         rng = self._noise[info.session_id]
         c = terms.clip_norm
         with np.errstate(over="ignore", invalid="ignore"):
@@ -405,7 +405,9 @@ class SourceReleaser:
             # reproducible under an insecure testing seed (so service = simulate)
             key = self._noise[session_id].bytes(32)
             parts = teacher_assignment(feats.shape[0], terms.pate_teachers, key)
-            ens = TeacherEnsemble(feats, self.domain.y, parts, terms.pate_teachers, info.n_classes)
+            ens = TeacherEnsemble(
+                feats, self.domain.labels(), parts, terms.pate_teachers, info.n_classes
+            )
             self._ensembles[session_id] = ens
         return ens
 

@@ -1,18 +1,22 @@
 """Composition root of the target: config → its own ledger and audit log → gRPC peer → the
-DPDA job → results on disk (``state_dir/results.json``, ``state_dir/model.pkl``)."""
+DPDA job → results on disk (``state_dir/results.json``, the model as one pipeline on raw rows in
+``state_dir/model.skops``, the predictions with the rows' ids)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import pickle
 import time
 from collections.abc import Callable
 from typing import Any
 
-from dpda.data.loaders import Domain, load_domain, load_table
+import numpy as np
+
+from dpda.data.loaders import load_domain
+from dpda.data.preprocessing import check_representation
 from dpda.data.synthetic import two_domains
+from dpda.data.tables import Table, read_table, write_predictions
 from dpda.dp.ledger import Budget, PrivacyLedger
 from dpda.errors import ConfigError
 from dpda.service import signing
@@ -23,20 +27,27 @@ from dpda.service.progress import Progress
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.pipeline import AdaptConfig, run_dpda, target_view
 from dpda.target_party.report import figures_of
+from dpda.target_party.training import model_pipeline, save_model
 from dpda.terms import SessionTerms
 
 log = logging.getLogger("dpda.target")
 
 
-def load_target_data(cfg: TargetConfig) -> Domain:
+def load_target_data(cfg: TargetConfig) -> Table:
+    """The target's rows (labels only if the job names a label column the table has) and the
+    ids its predictions are written with."""
     job = cfg.job
     if job.data_kind == "synthetic":
-        return two_domains(*job.synthetic_rows)[1]
-    if job.data_path is None:
+        d = two_domains(*job.synthetic_rows)[1]
+    elif job.data_path is None:
         raise ConfigError("job.data_path: required for this data_kind")
-    if job.data_kind == "table":
-        return load_table(job.data_path)
-    return load_domain(job.data_path, job.data_kind, job.domain)
+    elif job.data_kind == "table":
+        return read_table(
+            job.data_path, job.label_column, labels="optional", id_column=job.id_column
+        )
+    else:
+        d = load_domain(job.data_path, job.data_kind, job.domain)
+    return Table(d, np.arange(d.x.shape[0]), tuple(f"x{j}" for j in range(d.x.shape[1])), "")
 
 
 # the session terms a target job sets ([job] in its config); the rest keep SessionTerms' defaults
@@ -75,8 +86,9 @@ def run_job(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One job: (the results written to ``results.json``, the arrays the report plots)."""
     ledger, audit = open_state(cfg)
-    target = load_target_data(cfg)
-    view = target_view(target, cfg.job.representation, scaling_mode=cfg.job.scaling)
+    table = load_target_data(cfg)
+    check_representation(table.x, cfg.job.representation, "job.representation")
+    view = target_view(table.domain, cfg.job.representation, scaling_mode=cfg.job.scaling)
     terms = job_terms(cfg)
     acfg = AdaptConfig(
         reg_e=cfg.job.reg_e, reg_g=cfg.job.reg_g, classifier=cfg.job.classifier, seed=seed
@@ -90,11 +102,19 @@ def run_job(
         job_seconds = time.perf_counter() - t0
     finally:
         source.close()
-    (cfg.state_dir / "model.pkl").write_bytes(pickle.dumps(res.model))
+    model = save_model(
+        model_pipeline(cfg.job.representation, view.scaling, res.model),
+        cfg.state_dir / "model.skops",
+    )
+    preds = write_predictions(
+        cfg.job.predictions or cfg.state_dir / "predictions.csv", table.ids, res.predictions
+    )
     out = {
         **res.summary(terms),
         "job_seconds": job_seconds,
         "method": cfg.job.method,
+        "predictions": str(preds),
+        "model": str(model),
         "predictions_sha256": hashlib.sha256(res.predictions.tobytes()).hexdigest(),
     }
     (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))

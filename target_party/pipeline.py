@@ -8,6 +8,7 @@ from releases is post-processing and costs no budget.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ from dpda.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo, TargetDisclosure
 from dpda.target_party.training import accuracy, fit_predict
 from dpda.terms import SessionTerms
+
+log = logging.getLogger("dpda.target")
 
 
 @dataclass(frozen=True)
@@ -293,7 +296,19 @@ def _open(
     source: ReleaseSource, view: TargetView, terms: SessionTerms, cfg: AdaptConfig
 ) -> _Session:
     """The target's basis (target-pca) and, under the record unit, its clipping norm from its
-    own rows; then the session."""
+    own rows; then the session. A target-pca basis has at most as many directions as the
+    target has features (and rows): a larger ``projection_dim`` is lowered to that, and said."""
+    most = min(view.x.shape)
+    if terms.projection == "target-pca" and terms.projection_dim > most:
+        log.warning(
+            "projection_dim %d is more than the target's data allows (%d features, %d rows): "
+            "using %d",
+            terms.projection_dim,
+            view.x.shape[1],
+            view.x.shape[0],
+            most,
+        )
+        terms = terms.model_copy(update={"projection_dim": most})
     basis = (
         target_pca_basis(view.x, terms.projection_dim) if terms.projection == "target-pca" else None
     )

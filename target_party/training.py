@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.neighbors import KNeighborsClassifier
 from sklearn.neural_network import MLPClassifier
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import FunctionTransformer
+
+from dpda.data.preprocessing import Scaling, per_row
 
 CLASSIFIERS = ("1nn", "logistic", "mlp")
 
@@ -31,3 +37,47 @@ def fit_predict(
 def accuracy(pred: np.ndarray, truth: np.ndarray) -> float:
     """Percent correct."""
     return float(100.0 * np.mean(np.asarray(pred) == np.asarray(truth)))
+
+
+# ------------------------------------------------------------------------- the saved model
+def scale_columns(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """The target's column scaling, ``(x − mean) / std``, as a pipeline step."""
+    return (np.asarray(x, dtype=np.float64) - mean) / std
+
+
+def model_pipeline(representation: str, scaling: Scaling, classifier: object) -> Pipeline:
+    """The job's model as one pipeline on *raw* rows: the per-row transform, the target's
+    scaling, then the fitted classifier — ``model.predict(raw_rows)`` is the job's prediction."""
+    rows = FunctionTransformer(per_row, kw_args={"representation": representation})
+    cols = FunctionTransformer(scale_columns, kw_args={"mean": scaling.mean, "std": scaling.std})
+    one = np.zeros((1, scaling.mean.shape[0]))
+    return Pipeline(
+        [("per_row", rows.fit(one)), ("scaling", cols.fit(one)), ("classifier", classifier)]
+    )
+
+
+# what a saved model may contain beyond skops' defaults: dpda's own two functions
+_TRUSTED_PREFIXES = ("dpda.data.preprocessing.per_row", "dpda.target_party.training.scale_columns")
+
+
+def save_model(model: Pipeline, path: str | Path) -> Path:
+    """skops format: loading it runs no code from the file."""
+    import skops.io as sio
+
+    path = Path(path)
+    sio.dump(model, path)
+    return path
+
+
+def load_model(path: str | Path) -> Pipeline:
+    """Load a model ``save_model`` wrote, trusting only scikit-learn's types and dpda's two
+    functions; anything else in the file is refused (skops would otherwise run it)."""
+    import skops.io as sio
+
+    from dpda.errors import ConfigError
+
+    untrusted = sio.get_untrusted_types(file=path)
+    unknown = [t for t in untrusted if not (t.startswith("sklearn.") or t in _TRUSTED_PREFIXES)]
+    if unknown:
+        raise ConfigError(f"{path}: the model file holds types dpda does not trust: {unknown}")
+    return sio.load(path, trusted=untrusted)

@@ -239,19 +239,19 @@ def tpami_pair(data_dir: str, src: str, tgt: str, run: int) -> dict:
     rep = DEFAULT_REPRESENTATION[ds]
     s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
     rng = np.random.default_rng([run, ord(src), ord(tgt)])
-    sub = _subsample(s.y, 8 if src == "D" else 20, rng)
-    s = Domain(s.name, s.x[sub], s.y[sub], s.n_classes)
+    sub = _subsample(s.labels(), 8 if src == "D" else 20, rng)
+    s = Domain(s.name, s.x[sub], s.labels()[sub], s.n_classes)
     perm = rng.permutation(t.x.shape[0])
     val, test = perm[: perm.size // 2], perm[perm.size // 2 :]
     view = target_view(t, rep, scaling_mode=DEFAULT_SCALING[ds])
     xs = source_in_target_scaling(s, view, rep)
     t0 = time.perf_counter()
-    _, pred = fit_predict(xs, s.y, view.x)
+    _, pred = fit_predict(xs, s.labels(), view.x)
     out: dict[str, Any] = {
         "pair": f"{src}→{tgt}",
         "run": run,
-        "source_only": float(100 * np.mean(pred[test] == t.y[test])),
-        "ot_gl": _grid_scores(xs, s.y, 0.0, view.x, view.x, t.y, val, test),
+        "source_only": float(100 * np.mean(pred[test] == t.labels()[test])),
+        "ot_gl": _grid_scores(xs, s.labels(), 0.0, view.x, view.x, t.labels(), val, test),
     }
     # DPDA: one whole-batch release of the subsample, then the same grid (post-processing)
     terms = SessionTerms(
@@ -278,7 +278,7 @@ def tpami_pair(data_dir: str, src: str, tgt: str, run: int) -> dict:
     ys = counts_to_labels(rel.noisy_counts, rel.z.shape[0])
     xt_proj = view.x @ info.projection
     out["dpda"] = _grid_scores(
-        rel.z, ys, rel.spec.features.noise_std, xt_proj, view.x, t.y, val, test
+        rel.z, ys, rel.spec.features.noise_std, xt_proj, view.x, t.labels(), val, test
     )
     out["dpda"]["epsilon_spent"] = ledger.spent("sub")
     out["seconds"] = time.perf_counter() - t0

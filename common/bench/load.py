@@ -806,6 +806,7 @@ def register_load(bsub: argparse._SubParsersAction) -> None:
     add_json_option(s)
     s.set_defaults(func=run_bench_load)
 
+
 def _spawn_hostile(
     root: Path, dep: Any, address: str, duration: float, out: Path, nice: int
 ) -> Any:

@@ -56,8 +56,8 @@ def label_leak(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> 
         "epsilon": epsilon,
         "epsilon_spent": ledger.spent(src),
         "seed": seed,
-        "label_accuracy": float(100 * np.mean(guess == s.y)),
-        "largest_class": float(100 * np.bincount(s.y).max() / ns),
+        "label_accuracy": float(100 * np.mean(guess == s.labels())),
+        "largest_class": float(100 * np.bincount(s.labels()).max() / ns),
     }
 
 

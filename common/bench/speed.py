@@ -93,9 +93,9 @@ def _solve_child(kind: str, n: int, seed: int, out_dir: str, conn) -> None:
     with PeakMemory() as mem:
         t0 = time.perf_counter()
         if kind == "ours_gl":
-            plan = sinkhorn_group_lasso(a, b, cost, src.y, 0.02, 0.5).plan
+            plan = sinkhorn_group_lasso(a, b, cost, src.labels(), 0.02, 0.5).plan
         elif kind == "pot_gl":
-            plan = ot.da.sinkhorn_l1l2_gl(a, src.y, b, cost, 0.02, eta=0.5)
+            plan = ot.da.sinkhorn_l1l2_gl(a, src.labels(), b, cost, 0.02, eta=0.5)
         elif kind == "ours_sinkhorn":
             plan = sinkhorn(a, b, cost, 0.02).plan
         else:

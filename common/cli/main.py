@@ -127,39 +127,87 @@ def _no_replace_sampled(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------ simulate
-def _cmd_simulate(args: argparse.Namespace) -> int:
+def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[str, Any]]:
+    """(source, target table, representation, scaling, what the JSON names as the data)."""
+    import numpy as np
+
     from dpda.data.loaders import load_domain, require_data_dir
-    from dpda.data.preprocessing import (
-        DEFAULT_REPRESENTATION,
-        DEFAULT_SCALING,
-        default_attribute_bound,
-    )
+    from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
+    from dpda.data.tables import Table, read_table
+    from dpda.errors import ConfigError
+
+    if args.source_file or args.target_file:
+        if not (args.source_file and args.target_file):
+            raise ConfigError("--source-file and --target-file go together")
+        label = _column(args.label_column)
+        src = read_table(args.source_file, label, id_column=args.id_column, name="source")
+        k = src.x.shape[1]
+        tgt = read_table(
+            args.target_file, label, labels="optional", id_column=args.id_column, name="target"
+        )
+        if isinstance(label, int) and tgt.y is not None and tgt.x.shape[1] == k - 1:
+            # a position: the target file may lack the label column, one column fewer
+            tgt = read_table(args.target_file, None, id_column=args.id_column, name="target")
+        if tgt.x.shape[1] != k:
+            raise ConfigError(
+                f"{args.target_file}: {tgt.x.shape[1]} feature columns, the source file {k}"
+            )
+        rep, scaling = args.representation or "raw", args.scaling or "zscore"
+        names = {"source_file": str(args.source_file), "target_file": str(args.target_file)}
+        return src.domain, tgt, rep, scaling, names
+    if not (args.dataset and args.source and args.target):
+        raise ConfigError("give --source-file and --target-file, or --dataset, --source, --target")
+    data_dir = require_data_dir(args.data_dir)
+    s = load_domain(data_dir, args.dataset, args.source)
+    t = load_domain(data_dir, args.dataset, args.target)
+    table = Table(t, np.arange(t.x.shape[0]), tuple(f"x{j}" for j in range(t.x.shape[1])), "")
+    rep = args.representation or DEFAULT_REPRESENTATION[args.dataset]
+    scaling = args.scaling or DEFAULT_SCALING[args.dataset]
+    names = {"dataset": args.dataset, "source": args.source, "target": args.target}
+    return s, table, rep, scaling, names
+
+
+def _column(text: str | None) -> str | int | None:
+    if text is None:
+        return None
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def _pct(v: float | None) -> str:
+    return "n/a (no target labels)" if v is None else f"{v:.2f}"
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dpda.data.preprocessing import check_representation, default_attribute_bound
+    from dpda.data.tables import write_predictions
     from dpda.service.progress import Progress
     from dpda.simulation import METHODS, simulate
     from dpda.target_party.pipeline import AdaptConfig
 
-    data_dir = require_data_dir(args.data_dir)
-    src = load_domain(data_dir, args.dataset, args.source)
-    tgt = load_domain(data_dir, args.dataset, args.target)
+    src, tgt, rep, scaling, names = _simulate_data(args)
+    check_representation(src.x, rep, "--representation")
+    check_representation(tgt.x, rep, "--representation")
     delta = args.delta if args.delta is not None else 1.0 / (10.0 * src.x.shape[0])
-    terms = _terms(args, f"{args.dataset}:{args.source}", delta)
+    label = "source" if args.source_file else f"{args.dataset}:{args.source}"
+    terms = _terms(args, label, delta)
     cfg = AdaptConfig(
         reg_e=args.reg_e,
         reg_g=args.reg_g,
         classifier=args.classifier,
         seed=args.seed if args.seed is not None else 0,
     )
-    rep = DEFAULT_REPRESENTATION[args.dataset]
     methods = METHODS if args.method == "all" else (args.method,)
     out = simulate(
         src,
-        tgt,
+        tgt.domain,
         terms,
         rep,
         cfg,
         args.seed,
         progress=Progress("releases"),
-        scaling_mode=DEFAULT_SCALING[args.dataset],
+        scaling_mode=scaling,
         methods=methods,
         pate_queries=args.pate_queries,
         pate_share=args.pate_share,
@@ -168,19 +216,25 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         else default_attribute_bound(rep, src.x.shape[1]),
     )
     data = out.to_json(terms)
-    data.update(
-        {"dataset": args.dataset, "source": args.source, "target": args.target, "seed": args.seed}
+    preds_path = args.predictions or (
+        Path(args.json).with_suffix(".predictions.csv")
+        if args.json not in (None, "-")
+        else Path("predictions.csv")
     )
+    data.update({**names, "seed": args.seed})
+    data["predictions"] = str(write_predictions(preds_path, tgt.ids, out.dpda.predictions))
     write_json(args, data)
     a = data["accuracy"]
-    names = {"dpda": "DPDA", "pate": "PATE", "dpda_pate": "DPDA+PATE"}
-    private = "  ".join(f"{names[k]} {a[k]:.2f}" for k in names if k in a)
+    names_ = {"dpda": "DPDA", "pate": "PATE", "dpda_pate": "DPDA+PATE"}
+    private = "  ".join(f"{names_[k]} {_pct(a[k])}" for k in names_ if k in a)
+    where = f"{args.source}→{args.target}" if not args.source_file else "rehearsal"
+    print(f"{where}  source-only {_pct(a['source_only'])}  OTDA {_pct(a['otda'])}  {private}")
     print(
-        f"{args.source}→{args.target}  source-only {a['source_only']:.2f}  "
-        f"OTDA {a['otda']:.2f}  {private}  "
-        f"ε spent {data['epsilon_spent']:.3f} of {terms.epsilon} (δ={delta:.3g})  "
-        f"σ/w={data['sigma']:.4f}  ℓ={data['projection_dim']} ({terms.projection})"
+        f"  the real job would charge ε {data['epsilon_spent']:.3f} of {terms.epsilon} "
+        f"(δ={delta:.3g}); σ/w={data['sigma']:.4f}  ℓ={data['projection_dim']} "
+        f"({terms.projection}); nothing was charged: the ledger here is in memory"
     )
+    print(f"  predictions: {data['predictions']}")
     print(f"  note: {data['caveat']}")
     return 0
 
@@ -272,9 +326,7 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
     job = TargetJob.model_fields  # the target's own settings: the same defaults as its config
     p.add_argument("--reg-e", type=float, default=job["reg_e"].default, help="entropic λe")
     p.add_argument("--reg-g", type=float, default=job["reg_g"].default, help="group-lasso λg")
-    p.add_argument(
-        "--classifier", choices=get_args(job["classifier"].annotation), default="1nn"
-    )
+    p.add_argument("--classifier", choices=get_args(job["classifier"].annotation), default="1nn")
     p.add_argument(
         "--method",
         choices=["dpda", "pate", "dpda+pate", "all"],
@@ -366,10 +418,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     # simulate
     sm = sub.add_parser("simulate", help="run source-only, OTDA and DPDA in one process")
+    sm.add_argument("--source-file", help="your labeled source table (.csv .parquet .npy .npz)")
+    sm.add_argument("--target-file", help="your target table; its labels, if any, only score")
+    sm.add_argument(
+        "--label-column", default="-1", help="the label column: a name or a position (-1: last)"
+    )
+    sm.add_argument("--id-column", default=None, help="a column that names rows (not a feature)")
+    sm.add_argument("--predictions", default=None, help="where to write the DPDA predictions")
+    sm.add_argument("--representation", choices=["raw", "sqrt", "rownorm", "l2"], default=None)
+    sm.add_argument("--scaling", choices=["zscore", "uniform"], default=None)
     sm.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
-    sm.add_argument("--dataset", choices=["office-caltech", "mnist-usps"], required=True)
-    sm.add_argument("--source", required=True, help="domain letter (A C D W / M U)")
-    sm.add_argument("--target", required=True, help="domain letter (A C D W / M U)")
+    sm.add_argument("--dataset", choices=["office-caltech", "mnist-usps"])
+    sm.add_argument("--source", help="benchmark domain letter (A C D W / M U)")
+    sm.add_argument("--target", help="benchmark domain letter (A C D W / M U)")
     _add_terms_args(sm)
     add_json_option(sm)
     sm.set_defaults(func=_cmd_simulate)

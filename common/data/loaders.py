@@ -26,8 +26,16 @@ DATASETS = {"office-caltech": tuple(OFFICE_FILES), "mnist-usps": tuple(DIGIT_KEY
 class Domain:
     name: str
     x: np.ndarray  # (n, k) raw features
-    y: np.ndarray  # (n,) labels in [0, q)
-    n_classes: int
+    y: np.ndarray | None  # (n,) labels in [0, q); None: unlabeled (a target's own data)
+    n_classes: int  # 0 when unlabeled
+
+    def labels(self) -> np.ndarray:
+        """The labels; a clear error for an unlabeled table where labels are needed."""
+        if self.y is None:
+            from dpda.errors import ConfigError
+
+            raise ConfigError(f"{self.name}: this table has no labels, and they are needed here")
+        return self.y
 
 
 def default_data_dir() -> Path | None:
@@ -82,20 +90,8 @@ def load_domain(data_dir: str | Path, dataset: str, domain: str) -> Domain:
     raise ValueError(f"unknown dataset {dataset!r} (choose from {', '.join(DATASETS)})")
 
 
-def load_table(path: str | Path, label_column: int = -1) -> Domain:
-    """A ``.npy`` (2-D, labels in ``label_column``) or ``.csv`` file (numbers only, no header)."""
-    path = Path(path)
-    if path.suffix == ".npy":
-        arr = np.load(path, allow_pickle=False)
-    elif path.suffix == ".csv":
-        arr = np.loadtxt(path, delimiter=",", ndmin=2)
-    else:
-        raise ValueError("table files must be .npy or .csv")
-    if arr.ndim != 2 or arr.shape[1] < 2:
-        raise ValueError("table must be 2-D with at least one feature and a label column")
-    y = arr[:, label_column]
-    if not np.all(np.isfinite(arr)) or not np.allclose(y, np.round(y)) or y.min() < 0:
-        raise ValueError("labels must be non-negative integers and all values finite")
-    x = np.delete(arr, label_column % arr.shape[1], axis=1).astype(np.float64)
-    yi = y.astype(np.int64)
-    return Domain(path.stem, x, yi, int(yi.max()) + 1)
+def load_table(path: str | Path, label_column: str | int | None = -1) -> Domain:
+    """A labeled table file (see ``dpda.data.tables.read_table`` for the formats)."""
+    from dpda.data.tables import read_table
+
+    return read_table(path, label_column).domain

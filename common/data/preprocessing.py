@@ -56,6 +56,19 @@ def zscore_own(x: np.ndarray) -> np.ndarray:
     return Scaling.of(x).apply(x)
 
 
+def check_representation(x: np.ndarray, representation: str, field: str) -> None:
+    """``sqrt`` is for non-negative features (histograms such as SURF bags of words): on a
+    table with negative values it would zero them silently; refuse, naming the field."""
+    if representation == "sqrt" and x.size and float(np.min(x)) < 0:
+        from dpda.errors import ConfigError
+
+        j = int(np.argmin(np.min(x, axis=0)))
+        raise ConfigError(
+            f"{field}: 'sqrt' needs non-negative features, but feature {j} has negative values "
+            "(use 'raw', 'rownorm' or 'l2')"
+        )
+
+
 def per_row(x: np.ndarray, representation: str) -> np.ndarray:
     """The DP-clean per-row part of a representation."""
     if representation == "sqrt":

@@ -33,7 +33,13 @@ class TlsConfig(_Strict):
 class SourceDataset(_Strict):
     name: str = Field(min_length=1, max_length=128)
     kind: Literal["office-caltech", "mnist-usps", "table", "synthetic"]
-    path: Path | None = Field(default=None, description="data dir, or the .npy/.csv table")
+    path: Path | None = Field(
+        default=None,
+        description="data dir, or the table (.csv with or without a header, .parquet, .npy, .npz)",
+    )
+    label_column: str | int = Field(
+        default=-1, description="kind table: the label column, by name or position (-1: last)"
+    )
     domain: str = ""
     representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
     epsilon: float = Field(gt=0, le=100, description="dataset cap, all peers and sessions")
@@ -177,6 +183,19 @@ class TargetJob(_Strict):
     dataset: str = Field(min_length=1, max_length=128, description="the source's dataset name")
     data_kind: Literal["office-caltech", "mnist-usps", "table", "synthetic"]
     data_path: Path | None = None
+    label_column: str | int | None = Field(
+        default=None,
+        description="data_kind table: a label column used only to score the job (by name it "
+        "may be absent); none: the target's rows are unlabeled",
+    )
+    id_column: str | None = Field(
+        default=None, description="data_kind table: the column predictions are keyed by"
+    )
+    predictions: Path | None = Field(
+        default=None,
+        description="where to write the predictions (.csv or .parquet); "
+        "default state_dir/predictions.csv",
+    )
     domain: str = ""
     representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
     scaling: Literal["zscore", "uniform"] = "zscore"

@@ -203,7 +203,10 @@ def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> Non
             c.close()
 
 
-def test_a_source_that_lost_an_entrys_signatures_gets_them_back(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "lost", [("payload_sha256", "source_sig", "target_sig"), ("source_sig",), ("target_sig",)]
+)
+def test_a_source_that_lost_an_entrys_signatures_gets_them_back(tmp_path, lost) -> None:
     """Lost writes on the source after a charge: it holds the last entry without its payload
     hash and signatures while the target holds it doubly signed. The target's next contact
     (a sync) sends its copy back; the source verifies both signatures and completes its entry,
@@ -217,7 +220,7 @@ def test_a_source_that_lost_an_entrys_signatures_gets_them_back(tmp_path) -> Non
         _run_target(dep, rs.port)
         store = rs.handlers.ledger.store
         last = store.entries("synthetic")[-1]
-        stripped = dataclasses.replace(last, payload_sha256="", source_sig="", target_sig="")
+        stripped = dataclasses.replace(last, **dict.fromkeys(lost, ""))
         with sqlite3.connect(dep.source_state / "state.sqlite") as conn:
             conn.execute(
                 "UPDATE ledger SET entry_json=? WHERE dataset=? AND seq=?",

@@ -8,6 +8,8 @@ import pytest
 from dpda.data.loaders import load_domain, load_table
 from dpda.data.preprocessing import l2_normalize, row_normalize, zscore_own
 from dpda.data.synthetic import two_domains
+from dpda.data.tables import read_table, write_predictions
+from dpda.errors import ConfigError
 from dpda.target_party.training import accuracy, fit_predict
 
 pytestmark = pytest.mark.data
@@ -55,5 +57,62 @@ def test_tables_roundtrip(tmp_path) -> None:
     bad = arr.copy()
     bad[0, -1] = 0.5
     np.save(tmp_path / "bad.npy", bad)
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(
+        ConfigError, match=r"bad.npy: column 'x40', row 0: label 0.5 is not a non-neg"
+    ):
         load_table(tmp_path / "bad.npy")
+
+
+def _csv(path, header, rows) -> None:
+    path.write_text("\n".join([",".join(header), *(",".join(map(str, r)) for r in rows)]) + "\n")
+
+
+def test_a_csv_with_a_header_the_label_by_name_and_an_unlabeled_target(tmp_path) -> None:
+    _csv(tmp_path / "s.csv", ["id", "f0", "f1", "label"], [["a", 1.5, 2, 0], ["b", 3, 4.25, 2]])
+    _csv(tmp_path / "t.csv", ["id", "f0", "f1"], [["u", 1, 2], ["v", 3, 4], ["w", 5, 6]])
+    s = read_table(tmp_path / "s.csv", "label", id_column="id")
+    assert s.columns == ("f0", "f1") and s.x.tolist() == [[1.5, 2.0], [3.0, 4.25]]
+    assert s.y is not None and s.y.tolist() == [0, 2] and s.domain.n_classes == 3
+    assert s.ids.tolist() == ["a", "b"]
+    t = read_table(tmp_path / "t.csv", "label", labels="optional", id_column="id")
+    assert t.y is None and t.x.shape == (3, 2) and t.domain.n_classes == 0
+    with pytest.raises(ConfigError, match=r"t.csv: no label column 'label'"):
+        read_table(tmp_path / "t.csv", "label")  # a source's labels are required
+    with pytest.raises(ConfigError, match="has no labels"):
+        t.domain.labels()
+
+
+def test_input_errors_name_the_file_the_column_and_the_line(tmp_path) -> None:
+    _csv(tmp_path / "s.csv", ["f0", "f1", "label"], [[1, 2, 0], [3, "oops", 1]])
+    with pytest.raises(ConfigError, match=r"s.csv: column 'f1', line 3: 'oops' is not a number"):
+        read_table(tmp_path / "s.csv", "label")
+    _csv(tmp_path / "n.csv", ["f0", "label"], [[1, 0], ["nan", 1]])
+    with pytest.raises(ConfigError, match=r"n.csv: column 'f0', line 3: 'nan' is not finite"):
+        read_table(tmp_path / "n.csv", "label")
+    _csv(tmp_path / "r.csv", ["f0", "label"], [[1, 0], [2]])
+    with pytest.raises(ConfigError, match=r"r.csv: line 3 has 1 columns, the table 2"):
+        read_table(tmp_path / "r.csv", "label")
+    with pytest.raises(ConfigError, match=r"x.txt: unknown table format"):
+        (tmp_path / "x.txt").write_text("1,2\n")
+        read_table(tmp_path / "x.txt")
+    with pytest.raises(ConfigError, match="no such file"):
+        read_table(tmp_path / "missing.csv")
+
+
+def test_npz_parquet_and_dataframes_read_the_same_rows(tmp_path) -> None:
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    x = np.array([[0.5, 1.0], [2.0, -3.0], [4.0, 5.0]])
+    y = np.array([1, 0, 1])
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    frame = pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "cls": y})
+    frame.to_parquet(tmp_path / "d.parquet")
+    for t in (
+        read_table(tmp_path / "d.npz", "y"),
+        read_table(tmp_path / "d.parquet", "cls"),
+        read_table(frame, "cls"),
+    ):
+        assert np.array_equal(t.x, x) and t.y is not None and np.array_equal(t.y, y)
+    out = write_predictions(tmp_path / "p.parquet", np.array(["r1", "r2", "r3"]), y)
+    back = pd.read_parquet(out)
+    assert back["id"].tolist() == ["r1", "r2", "r3"] and back["prediction"].tolist() == [1, 0, 1]

@@ -25,7 +25,7 @@ LAYERS: list[list[str]] = [
     ["dpda.terms", "dpda.policy", "dpda.protocol"],
     ["dpda.service"],
     ["dpda.source_party", "dpda.target_party"],
-    ["dpda.simulation", "dpda.deployment"],
+    ["dpda.simulation", "dpda.deployment", "dpda.estimator", "dpda.skada_adapter"],
     ["dpda.bench"],
     ["dpda.cli", "dpda"],
 ]
@@ -130,8 +130,13 @@ def test_public_api_and_version(capsys: pytest.CaptureFixture[str]) -> None:
     import dpda
     from dpda.cli.main import main
 
-    assert set(dpda.__all__) == {"AdaptConfig", "SessionTerms", "__version__", "simulate"}
+    assert set(dpda.__all__) == {
+        "AdaptConfig", "DPDAClassifier", "DPDASkadaEstimator", "SessionTerms", "__version__",
+        "load_model", "read_table", "simulate",
+    }  # fmt: skip
     assert dpda.SessionTerms.__module__ == "dpda.terms" and callable(dpda.simulate)
+    for name in dpda.__all__:
+        assert getattr(dpda, name) is not None  # each name resolves
     with pytest.raises(AttributeError):
         _ = dpda.releases  # internal modules are not part of the API
     with pytest.raises(SystemExit) as info:

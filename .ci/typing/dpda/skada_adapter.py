@@ -1,0 +1,1 @@
+../../../common/skada_adapter.py

@@ -1,0 +1,228 @@
+"""A user's own tables: CSV (with or without a header), Parquet, ``.npy``/``.npz`` and pandas
+DataFrames, with the label column by name or position and labels optional (a target's).
+
+Every input error is a ``ConfigError`` that names the file, the column and the row (CSV: the
+line of the file) — public facts about one's own file, never sent to a peer.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpda.data.loaders import Domain
+from dpda.errors import ConfigError
+
+Column = str | int | None  # a name, a position (negative counts from the end), or none
+
+FORMATS = (".csv", ".parquet", ".npy", ".npz")
+
+
+@dataclass(frozen=True)
+class Table:
+    """One party's rows: features, labels when it has them, and the ids predictions keep."""
+
+    domain: Domain
+    ids: np.ndarray  # (n,) the id column's values, else row numbers 0..n-1
+    columns: tuple[str, ...]  # feature names (``x0``… when the file has none)
+    where: str  # the file (or "DataFrame"), for messages
+
+    @property
+    def x(self) -> np.ndarray:
+        return self.domain.x
+
+    @property
+    def y(self) -> np.ndarray | None:
+        return self.domain.y
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_csv(path: Path) -> tuple[list[str] | None, list[list[str]], int]:
+    """(header or None, rows, line number of the first row)."""
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        rows = [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
+    if not rows:
+        raise ConfigError(f"{path}: the file is empty")
+    first = [c.strip() for c in rows[0]]
+    if all(_is_number(c) for c in first):
+        return None, rows, 1
+    return first, rows[1:], 2
+
+
+def _frame_columns(frame: Any, where: str) -> tuple[list[str], list[list[Any]]]:
+    names = [str(c) for c in frame.columns]
+    return names, frame.itertuples(index=False, name=None)
+
+
+def _raw(source: Any, where: str) -> tuple[list[str] | None, list[list[Any]], int, str]:
+    """(column names or None, rows as lists, first row's number, the unit rows are counted in)."""
+    if hasattr(source, "columns") and hasattr(source, "itertuples"):  # a pandas DataFrame
+        names, rows = _frame_columns(source, where)
+        return names, [list(r) for r in rows], 0, "row"
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        header, rows, first = _read_csv(path)
+        return header, rows, first, "line"
+    if suffix == ".parquet":
+        try:
+            import pandas as pd
+
+            frame = pd.read_parquet(path)
+        except ImportError:
+            raise ConfigError(
+                f"{path}: reading Parquet needs pandas and pyarrow: pip install 'dpda[data]'"
+            ) from None
+        names, rows = _frame_columns(frame, where)
+        return names, [list(r) for r in rows], 0, "row"
+    if suffix == ".npy":
+        arr = np.load(path, allow_pickle=False)
+        if arr.ndim != 2:
+            raise ConfigError(f"{path}: a .npy table must be 2-D (rows × columns), not {arr.shape}")
+        return None, arr.tolist(), 0, "row"
+    if suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            keys = set(z.files)
+            xk = "x" if "x" in keys else "X" if "X" in keys else None
+            if xk is None:
+                raise ConfigError(f"{path}: a .npz table holds 'x' (and 'y' if labeled)")
+            x = np.asarray(z[xk])
+            if x.ndim != 2:
+                raise ConfigError(f"{path}: 'x' must be 2-D (rows × features), not {x.shape}")
+            cols = [f"x{j}" for j in range(x.shape[1])]
+            rows = x.tolist()
+            if "y" in keys:
+                y = np.asarray(z["y"]).ravel()
+                if y.shape[0] != x.shape[0]:
+                    raise ConfigError(f"{path}: 'y' has {y.shape[0]} rows, 'x' {x.shape[0]}")
+                cols.append("y")
+                rows = [[*r, v] for r, v in zip(rows, y.tolist(), strict=True)]
+            return cols, rows, 0, "row"
+    raise ConfigError(f"{path}: unknown table format {suffix!r} (use one of {', '.join(FORMATS)})")
+
+
+def _position(column: str | int, names: list[str] | None, width: int, where: str) -> int | None:
+    """The column's index; None if it is named and absent."""
+    if isinstance(column, int) and not isinstance(column, bool):
+        if not -width <= column < width:
+            raise ConfigError(f"{where}: column {column} is out of range ({width} columns)")
+        return column % width
+    if names is None:
+        if str(column).lstrip("-").isdigit():
+            return _position(int(column), None, width, where)
+        raise ConfigError(f"{where}: column {column!r} is named but the file has no header")
+    return names.index(str(column)) if str(column) in names else None
+
+
+def read_table(
+    source: Any,
+    label_column: Column = -1,
+    *,
+    labels: str = "required",
+    id_column: str | None = None,
+    name: str | None = None,
+) -> Table:
+    """Read one party's table.
+
+    ``label_column``: a name or a position (``None``: the table has no labels). ``labels``:
+    ``required`` (a source), ``optional`` (a target: a *named* label column may be absent;
+    present, it is read for evaluation only) or ``none`` (every column is a feature).
+    ``id_column``: a column kept as row ids (not a feature). Labels are non-negative integers.
+    """
+    where = "DataFrame" if hasattr(source, "columns") else str(source)
+    names, rows, first, unit = _raw(source, where)
+    if not rows:
+        raise ConfigError(f"{where}: the table has no rows")
+    width = len(names) if names is not None else len(rows[0])
+    for i, r in enumerate(rows):
+        if len(r) != width:
+            raise ConfigError(
+                f"{where}: {unit} {first + i} has {len(r)} columns, the table {width}"
+            )
+    label_at = None
+    if labels != "none" and label_column is not None:
+        label_at = _position(label_column, names, width, where)
+        if label_at is None and labels == "required":
+            raise ConfigError(f"{where}: no label column {label_column!r} (columns: {names})")
+    id_at = None
+    if id_column is not None:
+        id_at = _position(id_column, names, width, where)
+        if id_at is None:
+            raise ConfigError(f"{where}: no id column {id_column!r} (columns: {names})")
+    feature_at = [j for j in range(width) if j not in (label_at, id_at)]
+    if not feature_at:
+        raise ConfigError(f"{where}: the table has no feature columns")
+    col_names = [names[j] if names else f"x{j}" for j in range(width)]
+    x = np.empty((len(rows), len(feature_at)), dtype=np.float64)
+    for i, r in enumerate(rows):
+        for k, j in enumerate(feature_at):
+            x[i, k] = _number(r[j], where, col_names[j], unit, first + i)
+    y = None
+    if label_at is not None:
+        y = np.array(
+            [
+                _label(r[label_at], where, col_names[label_at], unit, first + i)
+                for i, r in enumerate(rows)
+            ],
+            dtype=np.int64,
+        )
+    ids = np.array([r[id_at] for r in rows]) if id_at is not None else np.arange(len(rows))
+    stem = name or (Path(where).stem if where != "DataFrame" else "table")
+    n_classes = int(y.max()) + 1 if y is not None else 0
+    return Table(Domain(stem, x, y, n_classes), ids, tuple(col_names[j] for j in feature_at), where)
+
+
+def _number(value: Any, where: str, column: str, unit: str, at: int) -> float:
+    try:
+        v = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{where}: column {column!r}, {unit} {at}: {value!r} is not a number"
+        ) from None
+    if not math.isfinite(v):
+        raise ConfigError(f"{where}: column {column!r}, {unit} {at}: {value!r} is not finite")
+    return v
+
+
+def _label(value: Any, where: str, column: str, unit: str, at: int) -> int:
+    v = _number(value, where, column, unit, at)
+    if v < 0 or v != round(v):
+        raise ConfigError(
+            f"{where}: column {column!r}, {unit} {at}: label {value!r} is not a non-negative "
+            "integer (class labels are 0, 1, …)"
+        )
+    return int(v)
+
+
+def write_predictions(path: str | Path, ids: np.ndarray, predictions: np.ndarray) -> Path:
+    """Predictions with the rows' ids: CSV (``id,prediction``) or Parquet, by the suffix."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".parquet":
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ConfigError(
+                f"{path}: writing Parquet needs pandas: pip install 'dpda[data]'"
+            ) from None
+        pd.DataFrame({"id": ids, "prediction": predictions}).to_parquet(path, index=False)
+        return path
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["id", "prediction"])
+        w.writerows(zip(ids.tolist(), np.asarray(predictions).tolist(), strict=True))
+    return path
