@@ -24,7 +24,15 @@ from __future__ import annotations
 
 
 class DpdaError(Exception):
+    """``public=True``: the message concerns only public metadata (shapes, terms, policy and
+    budget numbers) and is sent to the peer with the code; otherwise the peer gets the code's
+    fixed text and the message stays in the local log."""
+
     code = "INTERNAL"
+
+    def __init__(self, *args: object, public: bool = False) -> None:
+        super().__init__(*args)
+        self.public = public
 
 
 class ConfigError(DpdaError):
@@ -94,6 +102,8 @@ PUBLIC_CATALOG: dict[str, str] = {
 def public_message(exc: BaseException) -> tuple[str, str]:
     """(code, fixed public message) for any exception; unknown ones map to INTERNAL."""
     code = exc.code if isinstance(exc, DpdaError) else "INTERNAL"
-    if isinstance(exc, PolicyRefused | TermsInvalid):
+    if isinstance(exc, PolicyRefused | TermsInvalid | BudgetExceeded) or (
+        isinstance(exc, DpdaError) and exc.public
+    ):
         return code, f"{PUBLIC_CATALOG[code]}: {exc}"
     return code, PUBLIC_CATALOG[code]

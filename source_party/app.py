@@ -49,7 +49,7 @@ def load_dataset(ds: SourceDataset) -> Domain:
     if ds.path is None:
         raise ConfigError(f"datasets.{ds.name}.path: required for kind {ds.kind}")
     if ds.kind == "table":
-        d = load_table(ds.path, ds.label_column)
+        d = load_table(ds.path, ds.label_column, ds.id_column)
     else:
         d = load_domain(ds.path, ds.kind, ds.domain)
     check_representation(d.x, ds.representation, f"datasets.{ds.name}.representation")

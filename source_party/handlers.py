@@ -22,13 +22,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
 
 from dpda.data.preprocessing import Scaling
 from dpda.dp.events import event_from_json
-from dpda.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
+from dpda.dp.ledger import LedgerEntry, PrivacyLedger, head_hash, spend_of
 from dpda.errors import (
     InvalidInput,
     LedgerCorrupt,
@@ -102,6 +103,36 @@ class SourceHandlers:
         # plans (calibrations) run outside the lock, a few at a time, each under a time limit
         self.planning = threading.BoundedSemaphore(max(1, self.limits.workers // 4))
         self.last_used: dict[str, float] = {}  # session → monotonic time of its last use
+
+    # ------------------------------------------------------------------------- preflight
+    def describe(self, peer: str, dataset: str) -> dict[str, Any]:
+        """The public facts of a dataset for a pinned peer (``DescribeDataset``): its shape, the
+        policy, δ, and the budget numbers against both caps that bind this peer."""
+        releaser = self.releasers.get(dataset)
+        if releaser is None:
+            raise InvalidInput("unknown dataset")
+        with self.lock:
+            entries = self.ledger.store.entries(dataset)
+        budget = self.ledger.budgets[dataset]
+        name = self.peers[peer].name
+        spent = spend_of([event_from_json(e.dp_event) for e in entries], budget.delta)
+        mine = [event_from_json(e.dp_event) for e in entries if e.peer == name]
+        peer_spent = spend_of(mine, budget.delta)
+        cap = self.peers[peer].epsilon_cap
+        d = releaser.domain
+        return {
+            "n_rows": d.x.shape[0],
+            "n_features": d.x.shape[1],
+            "n_classes": d.n_classes,
+            "representation": releaser.representation,
+            "policy_json": releaser.policy.model_dump_json(),
+            "delta": budget.delta,
+            "dataset_epsilon_cap": budget.epsilon,
+            "dataset_epsilon_spent": spent,
+            "peer_epsilon_cap": cap,
+            "peer_epsilon_spent": peer_spent,
+            "epsilon_remaining": max(0.0, min(budget.epsilon - spent, cap - peer_spent)),
+        }
 
     # -------------------------------------------------------------------------- sessions
     def _plan(

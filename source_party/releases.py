@@ -73,7 +73,11 @@ def check_scaling(scaling: Scaling | None, n_features: int) -> None:
     if scaling is None:
         return
     if scaling.mean.shape != (n_features,) or scaling.std.shape != (n_features,):
-        raise InvalidInput("scaling has the wrong shape")
+        raise InvalidInput(
+            f"scaling: {scaling.mean.shape[0]} and {scaling.std.shape[0]} columns, the source "
+            f"has {n_features} features",
+            public=True,
+        )
     lo, hi = SCALING_STD_RANGE
     if not (np.all(np.isfinite(scaling.mean)) and np.all(np.abs(scaling.mean) <= SCALING_MEAN_MAX)):
         raise PolicyRefused(
@@ -189,18 +193,27 @@ class SourceReleaser:
             m = projection
         elif terms.projection == "target-pca":
             if disclosure.basis is None:
-                raise InvalidInput("target-pca needs the target's basis")
+                raise InvalidInput("target-pca needs the target's basis", public=True)
             basis = np.asarray(disclosure.basis, dtype=np.float64)
             try:
                 check_projection(basis, k, orthonormal=True)
-            except ValueError as exc:
-                raise InvalidInput(str(exc)) from None
+            except ValueError as exc:  # check_projection's fixed texts, and public shapes
+                raise InvalidInput(
+                    f"basis of shape {basis.shape} for a source with {k} features: {exc}",
+                    public=True,
+                ) from None
             if basis.shape[1] != terms.projection_dim:
-                raise InvalidInput("basis width differs from projection_dim")
+                raise InvalidInput(
+                    f"basis: {basis.shape[1]} columns, projection_dim {terms.projection_dim}",
+                    public=True,
+                )
             m = basis
         else:
             if terms.projection_dim > k:
-                raise InvalidInput("projection_dim exceeds the number of features")
+                raise InvalidInput(
+                    f"projection_dim {terms.projection_dim} exceeds the source's {k} features",
+                    public=True,
+                )
             m = jl_matrix(k, terms.projection_dim, self.public)
         std = None if disclosure.scaling is None else disclosure.scaling.std
         try:

@@ -67,6 +67,12 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
         return peer_fingerprint(context) or ""
 
     @_guard
+    def DescribeDataset(
+        self, request: pb.DescribeDatasetRequest, context: Any
+    ) -> pb.DescribeDatasetResponse:
+        return pb.DescribeDatasetResponse(**self.h.describe(self._peer(context), request.dataset))
+
+    @_guard
     def OpenSession(self, request: pb.OpenSessionRequest, context: Any) -> pb.OpenSessionResponse:
         scaling = None
         if request.HasField("scaling_mean"):

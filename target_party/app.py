@@ -17,7 +17,8 @@ from dpda.data.loaders import load_domain
 from dpda.data.preprocessing import check_representation
 from dpda.data.synthetic import two_domains
 from dpda.data.tables import Table, read_table, write_predictions
-from dpda.dp.ledger import Budget, PrivacyLedger
+from dpda.dp.events import event_from_json
+from dpda.dp.ledger import Budget, PrivacyLedger, spend_of
 from dpda.errors import ConfigError
 from dpda.service import signing
 from dpda.service.audit import AuditLog
@@ -109,8 +110,12 @@ def run_job(
     preds = write_predictions(
         cfg.job.predictions or cfg.state_dir / "predictions.csv", table.ids, res.predictions
     )
+    # ε of this job alone (its session's entries composed) next to the dataset's total
+    own = [e for e in ledger.store.entries(terms.dataset) if e.session == res.session_id]
     out = {
         **res.summary(terms),
+        "epsilon_job": spend_of([event_from_json(e.dp_event) for e in own], terms.delta),
+        "epsilon_dataset_total": res.epsilon_spent,
         "job_seconds": job_seconds,
         "method": cfg.job.method,
         "predictions": str(preds),

@@ -213,6 +213,16 @@ class GrpcReleaseSource:
         self._raw_channel.unsubscribe(self._watch)
         self.channel.close()
 
+    # ------------------------------------------------------------------------- preflight
+    def describe(self) -> pb.DescribeDatasetResponse:
+        """The source's public facts and budget numbers for this dataset; charges nothing."""
+        try:
+            return self.stub.DescribeDataset(
+                pb.DescribeDatasetRequest(dataset=self.dataset), timeout=self.cfg.timeout_s
+            )
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+
     # ------------------------------------------------------------------------ ledger sync
     def sync_ledger(self) -> None:
         """Bring the two copies of the dataset's ledger together, verifying what arrives.

@@ -102,6 +102,7 @@ class DPDAResult:
     pate_queries: int = 0
     model: object = field(default=None, repr=False)  # the job's final classifier
     terms: SessionTerms | None = None  # the terms the session ran under (clip norm chosen)
+    session_id: str = ""
 
     def summary(self, asked: SessionTerms) -> dict[str, Any]:
         """The numbers of one run, as ``results.json`` and ``dpda simulate --json`` report them
@@ -292,12 +293,13 @@ class _Session:
         return adapt_batch(rel, xt, v, cfg, q)
 
 
-def _open(
-    source: ReleaseSource, view: TargetView, terms: SessionTerms, cfg: AdaptConfig
-) -> _Session:
-    """The target's basis (target-pca) and, under the record unit, its clipping norm from its
-    own rows; then the session. A target-pca basis has at most as many directions as the
-    target has features (and rows): a larger ``projection_dim`` is lowered to that, and said."""
+def session_terms(
+    view: TargetView, terms: SessionTerms, cfg: AdaptConfig
+) -> tuple[SessionTerms, np.ndarray | None]:
+    """What the target decides from its own rows before it opens a session (and ``dpda target
+    plan`` before anything is asked): the target-pca basis — at most as many directions as the
+    target has features and rows; a larger ``projection_dim`` is lowered to that, and said —
+    and, under the record unit, the clipping norm as a quantile of its projected rows."""
     most = min(view.x.shape)
     if terms.projection == "target-pca" and terms.projection_dim > most:
         log.warning(
@@ -315,6 +317,13 @@ def _open(
     if terms.privacy_unit == "record" and cfg.clip_quantile > 0 and basis is not None:
         norms = np.linalg.norm(view.x @ basis, axis=1)
         terms = terms.model_copy(update={"clip_norm": float(np.quantile(norms, cfg.clip_quantile))})
+    return terms, basis
+
+
+def _open(
+    source: ReleaseSource, view: TargetView, terms: SessionTerms, cfg: AdaptConfig
+) -> _Session:
+    terms, basis = session_terms(view, terms, cfg)
     info = source.open_session(terms, TargetDisclosure(view.scaling, basis))
     return _Session(source, view, terms, cfg, info, view.x @ info.projection)
 
@@ -445,4 +454,5 @@ def _result(
         pate_queries=s.info.plan.pate_queries,
         model=done.model,
         terms=s.terms,
+        session_id=s.info.session_id,
     )

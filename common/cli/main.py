@@ -222,7 +222,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         else Path("predictions.csv")
     )
     data.update({**names, "seed": args.seed})
-    data["predictions"] = str(write_predictions(preds_path, tgt.ids, out.dpda.predictions))
+    written = write_predictions(preds_path, tgt.ids, out.dpda.predictions)
+    data["predictions"] = str(written.resolve())
     write_json(args, data)
     a = data["accuracy"]
     names_ = {"dpda": "DPDA", "pate": "PATE", "dpda_pate": "DPDA+PATE"}

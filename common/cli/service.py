@@ -55,12 +55,39 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
     out = run(cfg, progress=not args.quiet)
     acc = "n/a" if out["accuracy"] is None else f"{out['accuracy']:.2f}%"
     print(
-        f"accuracy {acc}  ε spent {out['epsilon_spent']:.4f} (δ={out['delta']:.3g})  "
-        f"{out['batches']} release(s), {out['rows_received']} rows  → {cfg.state_dir}"
+        f"accuracy {acc}  ε this job {out['epsilon_job']:.4f}, the dataset's total "
+        f"{out['epsilon_dataset_total']:.4f} (δ={out['delta']:.3g})  {out['batches']} "
+        f"release(s), {out['rows_received']} rows  → {cfg.state_dir}"
     )
+    print(f"  predictions: {out['predictions']}  model: {out['model']}")
     print(f"  note: {out['caveat']}")
     write_json(args, out)
     return 0
+
+
+def _cmd_target_plan(args: argparse.Namespace) -> int:
+    from dpda.service.config import load_target
+    from dpda.target_party.planning import plan_job
+
+    _setup_logging(args.log_level)
+    out = plan_job(load_target(args.config))
+    by = out["epsilon_remaining_by_cap"]
+    print(
+        f"σ/w {out['sigma']:.4f} (noise std {out['noise_std']:.4g}), {out['steps']} release(s), "
+        f"ℓ = {out['projection_dim']}, {out['privacy_unit']} unit"
+    )
+    print(
+        f"this job would charge ε {out['epsilon_charge']:.4f} (δ = {out['delta']:.3g}); the "
+        f"dataset's total would go to {out['epsilon_dataset_after']:.4f} of its cap "
+        f"{out['epsilon_dataset_cap']:.4g}"
+    )
+    print(
+        f"remaining now: source dataset {by['source_dataset']:.4f}, this peer at the source "
+        f"{by['source_peer']:.4f}, the target's own budget {by['target_budget']:.4f}"
+    )
+    print("it fits: nothing was spent by this plan" if out["fits"] else "it does NOT fit")
+    write_json(args, out)
+    return 0 if out["fits"] else 3
 
 
 def _cmd_target_serve(args: argparse.Namespace) -> int:
@@ -184,6 +211,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.add_argument("--log-level", default="warning")
     tr.set_defaults(func=_cmd_target_run)
+    tp = tsub.add_parser(
+        "plan", help="preflight: σ, this job's charge and the budget left, spending nothing"
+    )
+    tp.add_argument("--config", required=True, help="target.toml")
+    add_json_option(tp)
+    tp.add_argument("--log-level", default="warning")
+    tp.set_defaults(func=_cmd_target_plan)
 
     tv = tsub.add_parser("serve", help="the target daemon: jobs over its admin HTTP API")
     tv.add_argument("--config", required=True, help="target.toml")

@@ -90,8 +90,10 @@ def load_domain(data_dir: str | Path, dataset: str, domain: str) -> Domain:
     raise ValueError(f"unknown dataset {dataset!r} (choose from {', '.join(DATASETS)})")
 
 
-def load_table(path: str | Path, label_column: str | int | None = -1) -> Domain:
+def load_table(
+    path: str | Path, label_column: str | int | None = -1, id_column: str | None = None
+) -> Domain:
     """A labeled table file (see ``dpda.data.tables.read_table`` for the formats)."""
     from dpda.data.tables import read_table
 
-    return read_table(path, label_column).domain
+    return read_table(path, label_column, id_column=id_column).domain

@@ -151,6 +151,16 @@ class Budget:
     accountant: str = Accountant.PLD.value
 
 
+def _exceeded(which: str, cap: float, spent: float, after: float) -> BudgetExceeded:
+    """A refusal that says what the cap is, what it has spent and what the release needed:
+    budget numbers only (public to the peer, as ``DescribeDataset`` gives them too)."""
+    return BudgetExceeded(
+        f"{which} privacy budget would be exceeded: cap ε {cap:.4g}, spent {spent:.4g}, "
+        f"remaining {max(cap - spent, 0.0):.4g}, this release needs {after - spent:.4g} "
+        f"(ε after it {after:.4g})"
+    )
+
+
 class PrivacyLedger:
     """Per-dataset budget enforcement over a ``LedgerStore``."""
 
@@ -188,11 +198,11 @@ class PrivacyLedger:
         b = self._budget(dataset)
         after = self.would_spend(dataset, new_events)
         if after > b.epsilon + 1e-12:
-            raise BudgetExceeded("the dataset privacy budget would be exceeded")
-        for _name, cap, prior in extra_caps:
+            raise _exceeded("the dataset's", b.epsilon, self.spent(dataset), after)
+        for name, cap, prior in extra_caps:
             e = spend_of([*prior, *new_events], b.delta)
             if e > cap + 1e-12:
-                raise BudgetExceeded("a session or peer privacy budget would be exceeded")
+                raise _exceeded(f"the {name}", cap, spend_of(prior, b.delta), e)
         return after
 
     def append(

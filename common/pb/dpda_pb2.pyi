@@ -514,3 +514,80 @@ class CloseSessionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CloseSessionResponse: _TypeAlias = CloseSessionResponse  # noqa: Y015
+
+@_typing.final
+class DescribeDatasetRequest(_message.Message):
+    """Preflight: the public facts a target needs before it asks for anything. Charges nothing."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: _builtins.int
+    dataset: _builtins.str
+    def __init__(
+        self,
+        *,
+        dataset: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeDatasetRequest: _TypeAlias = DescribeDatasetRequest  # noqa: Y015
+
+@_typing.final
+class DescribeDatasetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    N_ROWS_FIELD_NUMBER: _builtins.int
+    N_FEATURES_FIELD_NUMBER: _builtins.int
+    N_CLASSES_FIELD_NUMBER: _builtins.int
+    REPRESENTATION_FIELD_NUMBER: _builtins.int
+    POLICY_JSON_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    DATASET_EPSILON_CAP_FIELD_NUMBER: _builtins.int
+    DATASET_EPSILON_SPENT_FIELD_NUMBER: _builtins.int
+    PEER_EPSILON_CAP_FIELD_NUMBER: _builtins.int
+    PEER_EPSILON_SPENT_FIELD_NUMBER: _builtins.int
+    EPSILON_REMAINING_FIELD_NUMBER: _builtins.int
+    n_rows: _builtins.int
+    n_features: _builtins.int
+    n_classes: _builtins.int
+    representation: _builtins.str
+    """the source's per-row representation"""
+    policy_json: _builtins.str
+    """the source's privacy policy (what it allows)"""
+    delta: _builtins.float
+    """the dataset's δ: a session's terms must use it"""
+    dataset_epsilon_cap: _builtins.float
+    dataset_epsilon_spent: _builtins.float
+    """by every peer and session, composed (PLD)"""
+    peer_epsilon_cap: _builtins.float
+    """this peer's cap at the source"""
+    peer_epsilon_spent: _builtins.float
+    """this peer's releases, composed"""
+    epsilon_remaining: _builtins.float
+    """min of the two caps' remainders"""
+    def __init__(
+        self,
+        *,
+        n_rows: _builtins.int = ...,
+        n_features: _builtins.int = ...,
+        n_classes: _builtins.int = ...,
+        representation: _builtins.str = ...,
+        policy_json: _builtins.str = ...,
+        delta: _builtins.float = ...,
+        dataset_epsilon_cap: _builtins.float = ...,
+        dataset_epsilon_spent: _builtins.float = ...,
+        peer_epsilon_cap: _builtins.float = ...,
+        peer_epsilon_spent: _builtins.float = ...,
+        epsilon_remaining: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_epsilon_cap", b"dataset_epsilon_cap", "dataset_epsilon_spent", b"dataset_epsilon_spent", "delta", b"delta", "epsilon_remaining", b"epsilon_remaining", "n_classes", b"n_classes", "n_features", b"n_features", "n_rows", b"n_rows", "peer_epsilon_cap", b"peer_epsilon_cap", "peer_epsilon_spent", b"peer_epsilon_spent", "policy_json", b"policy_json", "representation", b"representation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeDatasetResponse: _TypeAlias = DescribeDatasetResponse  # noqa: Y015

@@ -34,6 +34,11 @@ class SourceServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.DescribeDataset = channel.unary_unary(
+                '/dpda.v1.SourceService/DescribeDataset',
+                request_serializer=common_dot_pb_dot_dpda__pb2.DescribeDatasetRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.DescribeDatasetResponse.FromString,
+                _registered_method=True)
         self.OpenSession = channel.unary_unary(
                 '/dpda.v1.SourceService/OpenSession',
                 request_serializer=common_dot_pb_dot_dpda__pb2.OpenSessionRequest.SerializeToString,
@@ -78,6 +83,12 @@ class SourceServiceStub:
 
 class SourceServiceServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def DescribeDataset(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def OpenSession(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -130,6 +141,11 @@ class SourceServiceServicer:
 
 def add_SourceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'DescribeDataset': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeDataset,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.DescribeDatasetRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.DescribeDatasetResponse.SerializeToString,
+            ),
             'OpenSession': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenSession,
                     request_deserializer=common_dot_pb_dot_dpda__pb2.OpenSessionRequest.FromString,
@@ -180,6 +196,33 @@ def add_SourceServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class SourceService:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def DescribeDataset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpda.v1.SourceService/DescribeDataset',
+            common_dot_pb_dot_dpda__pb2.DescribeDatasetRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.DescribeDatasetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def OpenSession(request,

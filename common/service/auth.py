@@ -31,6 +31,7 @@ from typing import Any
 SERVICE = "dpda.v1.SourceService"
 
 POLICY: dict[str, frozenset[str]] = {
+    f"/{SERVICE}/DescribeDataset": frozenset({"target"}),
     f"/{SERVICE}/OpenSession": frozenset({"target"}),
     f"/{SERVICE}/GetProjection": frozenset({"target"}),
     f"/{SERVICE}/ReleaseBatches": frozenset({"target"}),

@@ -40,6 +40,9 @@ class SourceDataset(_Strict):
     label_column: str | int = Field(
         default=-1, description="kind table: the label column, by name or position (-1: last)"
     )
+    id_column: str | None = Field(
+        default=None, description="kind table: a column naming rows, not a feature (dropped)"
+    )
     domain: str = ""
     representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
     epsilon: float = Field(gt=0, le=100, description="dataset cap, all peers and sessions")

@@ -1,0 +1,99 @@
+"""``dpda target plan``: what a job will charge, before anything is spent.
+
+The target asks the source for its public facts (``DescribeDataset``: rows, policy, δ and the
+budget numbers against the caps that bind this peer), brings its copy of the ledger up to date
+(``GetLedger``, verified; nothing is charged), makes the same choices from its own rows the job
+makes (basis, clipping norm) and computes the release plan both parties compute — so σ and the
+charge are the job's, not an estimate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpda.dp.ledger import spend_of
+from dpda.dp.pate import answers_event
+from dpda.errors import ConfigError
+from dpda.policy import PrivacyPolicy
+from dpda.service.config import TargetConfig
+from dpda.target_party.app import job_terms, load_target_data, open_state
+from dpda.target_party.client import GrpcReleaseSource
+from dpda.target_party.pipeline import AdaptConfig, session_terms, target_view
+from dpda.terms import plan_batches
+
+
+def plan_job(cfg: TargetConfig) -> dict[str, Any]:
+    """σ, the job's charge and what remains on both sides, before and after the job."""
+    terms = job_terms(cfg)
+    if terms.projection != "target-pca":
+        raise ConfigError(
+            "job.projection: 'jl' is drawn by the source when the session opens, so its plan is "
+            "known only then; dpda target plan covers target-pca (the default)"
+        )
+    table = load_target_data(cfg)
+    view = target_view(table.domain, cfg.job.representation, scaling_mode=cfg.job.scaling)
+    ledger, audit = open_state(cfg)
+    source = GrpcReleaseSource(cfg, ledger, audit)
+    try:
+        facts = source.describe()
+        source.sync_ledger()  # the target's copy of the dataset's ledger, verified
+    finally:
+        source.close()
+    if facts.n_features != view.x.shape[1]:
+        raise ConfigError(
+            f"job.data_path: the target has {view.x.shape[1]} features, the source "
+            f"{facts.n_features}"
+        )
+    if abs(facts.delta - terms.delta) > 0:
+        raise ConfigError(f"job.delta: the source's dataset uses δ = {facts.delta:.6g}")
+    terms, basis = session_terms(view, terms, AdaptConfig(seed=0))
+    assert basis is not None
+    policy = PrivacyPolicy.model_validate_json(facts.policy_json)
+    plan = plan_batches(
+        terms,
+        int(facts.n_rows),
+        basis,
+        attribute_bound=policy.attribute_bound,
+        scaling_std=view.scaling.std,
+    )
+    events = []
+    if terms.dpda:
+        events += [plan.spec(terms).dp_event()] * plan.steps
+    if plan.pate_scale is not None and plan.pate_queries > 0:
+        events.append(answers_event(terms.pate_aggregator, plan.pate_scale, plan.pate_queries))
+    charge = spend_of(events, terms.delta)
+    held = ledger.store.entries(terms.dataset)
+    from dpda.dp.events import event_from_json
+
+    prior = [event_from_json(e.dp_event) for e in held]
+    dataset_after = spend_of([*prior, *events], terms.delta)
+    target_spent = ledger.spent(terms.dataset)
+    remaining = {
+        "source_dataset": facts.dataset_epsilon_cap - facts.dataset_epsilon_spent,
+        "source_peer": facts.peer_epsilon_cap - facts.peer_epsilon_spent,
+        "target_budget": cfg.budget_epsilon - target_spent,
+    }
+    return {
+        "sigma": plan.feature_noise_multiplier,
+        "noise_std": plan.spec(terms).features.noise_std,
+        "steps": plan.steps,
+        "sampling_rate": plan.sampling_rate,
+        "projection_dim": terms.projection_dim,
+        "privacy_unit": str(terms.privacy_unit),
+        "pate_queries": plan.pate_queries,
+        "epsilon_charge": charge,  # this job alone
+        "epsilon_remaining": max(0.0, min(remaining.values())),  # now, before the job
+        "epsilon_remaining_by_cap": remaining,
+        "epsilon_dataset_after": dataset_after,  # the dataset's composed total after the job
+        "epsilon_dataset_cap": facts.dataset_epsilon_cap,
+        "fits": dataset_after <= facts.dataset_epsilon_cap + 1e-12
+        and charge <= remaining["source_peer"] + 1e-12
+        and dataset_after <= cfg.budget_epsilon + 1e-12,
+        "delta": terms.delta,
+        "source": {
+            "n_rows": int(facts.n_rows),
+            "n_features": int(facts.n_features),
+            "n_classes": int(facts.n_classes),
+            "representation": facts.representation,
+        },
+    }
