@@ -55,6 +55,7 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         reg_e: float = 0.02,
         reg_g: float = 0.5,
         classifier: str = "1nn",
+        select: str = "circular",
         attribute_bound: float | None = None,
         random_state: int | None = None,
     ) -> None:
@@ -69,6 +70,7 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         self.reg_e = reg_e
         self.reg_g = reg_g
         self.classifier = classifier
+        self.select = select
         self.attribute_bound = attribute_bound
         self.random_state = random_state
 
@@ -97,6 +99,7 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
             reg_g=self.reg_g,
             classifier=self.classifier,
             seed=self.random_state if self.random_state is not None else 0,
+            select=self.select,
         )
         source = Domain("source", X, y_enc.astype(np.int64), len(self.classes_))
         target = Domain("target", xt, None, 0)

@@ -92,7 +92,11 @@ def run_job(
     view = target_view(table.domain, cfg.job.representation, scaling_mode=cfg.job.scaling)
     terms = job_terms(cfg)
     acfg = AdaptConfig(
-        reg_e=cfg.job.reg_e, reg_g=cfg.job.reg_g, classifier=cfg.job.classifier, seed=seed
+        reg_e=cfg.job.reg_e,
+        reg_g=cfg.job.reg_g,
+        classifier=cfg.job.classifier,
+        seed=seed,
+        select=cfg.job.select,
     )
     source = GrpcReleaseSource(cfg, ledger, audit)
     t0 = time.perf_counter()

@@ -50,6 +50,11 @@ class AdaptConfig:
     # rows drawn at random (0: all of them). Post-processing; keeps a batch's plan small when the
     # target is large (VisDA scale). Not combined with PATE queries.
     target_batch: int = 0
+    # unsupervised choice of (reg_e, reg_g) on the received releases (post-processing, no
+    # budget): "circular" scores each pair of dpda.target_party.selection.GRID by how well the
+    # target's pseudo-labels predict the source's own (noisy) points back; "none" keeps
+    # reg_e / reg_g. Skipped, and said, above SELECT_MAX_CELLS plan entries per solve round.
+    select: str = "circular"
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,7 @@ class DPDAResult:
     model: object = field(default=None, repr=False)  # the job's final classifier
     terms: SessionTerms | None = None  # the terms the session ran under (clip norm chosen)
     session_id: str = ""
+    selection: dict[str, Any] = field(default_factory=dict)  # the unsupervised model choice
 
     def summary(self, asked: SessionTerms) -> dict[str, Any]:
         """The numbers of one run, as ``results.json`` and ``dpda simulate --json`` report them
@@ -126,6 +132,9 @@ class DPDAResult:
             "solver_converged": self.solver_converged,
             "pate_queries": self.pate_queries,
             "accuracy_by_method": self.accuracy_by_method,
+            "reg_e": self.selection.get("reg_e"),
+            "reg_g": self.selection.get("reg_g"),
+            "selection": self.selection,
             "caveat": ran.caveat,
         }
 
@@ -138,6 +147,8 @@ class BatchFit:
     converged: bool
     class_mass: np.ndarray  # (q, m): mass each class sends to each target row
     back_mapped: np.ndarray  # (m, ℓ): each target row's image among the noisy source rows
+    points: np.ndarray  # (n, ℓ) the source points transported (noisy rows, prototypes, …)
+    weights: np.ndarray  # (n,) their masses
 
 
 def fit_points(
@@ -171,6 +182,8 @@ def fit_points(
         converged=res.converged,
         class_mass=one_hot(ys, n_classes).astype(res.plan.dtype).T @ res.plan,
         back_mapped=barycentric_map(res.plan.T, pts),
+        points=pts,
+        weights=a,
     )
 
 
@@ -416,18 +429,26 @@ def run_dpda(
     s = _open(source, view, terms, cfg)
     done = _release_all(s, spent, progress)
     by_method: dict[str, float | None] = {}
+    selection: dict[str, Any] = {}
     if done.fits:
-        done.train(view, cfg)
+        from dpda.target_party.selection import select
+
+        selection = select(s, done, view)  # may change s.cfg and done.fits
+        done.train(view, s.cfg)
         by_method["dpda"] = _acc(done.pred, view) if done.pred is not None else None
         done.spend.append(spent())  # before any PATE answer is charged
     if s.info.plan.pate_queries > 0:
         _pate(s, done, by_method)
     source.close_session(s.info.session_id)
-    return _result(s, done, by_method, spent())
+    return _result(s, done, by_method, spent(), selection)
 
 
 def _result(
-    s: _Session, done: _Fitted, by_method: dict[str, float | None], epsilon_spent: float
+    s: _Session,
+    done: _Fitted,
+    by_method: dict[str, float | None],
+    epsilon_spent: float,
+    selection: dict[str, Any],
 ) -> DPDAResult:
     view, fits = s.view, done.fits
     pred = done.pred if done.pred is not None else np.zeros(view.x.shape[0], dtype=np.int64)
@@ -455,4 +476,5 @@ def _result(
         model=done.model,
         terms=s.terms,
         session_id=s.info.session_id,
+        selection=selection,
     )

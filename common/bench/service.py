@@ -197,10 +197,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     from dpda.bench.figures import register_figures
     from dpda.bench.load import register_load
     from dpda.bench.privacy import register_privacy
+    from dpda.bench.selection import register_selection
     from dpda.bench.speed import register_speed
 
     register_speed(bsub)
     register_accuracy(bsub)
     register_figures(bsub)
     register_privacy(bsub)
+    register_selection(bsub)
     register_load(bsub)

@@ -197,6 +197,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         reg_g=args.reg_g,
         classifier=args.classifier,
         seed=args.seed if args.seed is not None else 0,
+        select=args.select,
     )
     methods = METHODS if args.method == "all" else (args.method,)
     out = simulate(
@@ -328,6 +329,13 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reg-e", type=float, default=job["reg_e"].default, help="entropic λe")
     p.add_argument("--reg-g", type=float, default=job["reg_g"].default, help="group-lasso λg")
     p.add_argument("--classifier", choices=get_args(job["classifier"].annotation), default="1nn")
+    p.add_argument(
+        "--select",
+        choices=get_args(job["select"].annotation),
+        default=job["select"].default,
+        help="circular: choose λe, λg without target labels on the releases (no budget); "
+        "none: keep --reg-e and --reg-g",
+    )
     p.add_argument(
         "--method",
         choices=["dpda", "pate", "dpda+pate", "all"],

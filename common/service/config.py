@@ -227,6 +227,11 @@ class TargetJob(_Strict):
     reg_e: float = Field(default=0.02, gt=0)
     reg_g: float = Field(default=0.5, ge=0)
     classifier: Literal["1nn", "logistic", "mlp"] = "1nn"
+    select: Literal["circular", "none"] = Field(
+        default="circular",
+        description="choose reg_e/reg_g without target labels on the received releases "
+        "(post-processing); none: keep reg_e and reg_g",
+    )
     method: Literal["dpda", "pate", "dpda+pate"] = "dpda"
     release: Literal["rows", "prototypes", "class-gaussians"] | None = Field(
         default=None, description="default: prototypes (record unit), rows (attribute unit)"
