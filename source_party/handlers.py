@@ -361,7 +361,11 @@ class SourceHandlers:
             if existing.source_sig:
                 # signed, so its payload was stored and sent before the source lost it (the
                 # entry came back from the peer's copy): a new draw would be a second release
-                raise LedgerCorrupt("this release was sent before and cannot be sent again")
+                raise LedgerCorrupt(
+                    "this release was sent before and its stored copy is lost: it cannot be "
+                    "sent again (a second draw would be a second release)",
+                    public=True,
+                )
             # Entry durable but payload never stored: it never left. Draw it now, uncharged.
             rel = releaser.draw(session_id, index, existing)
         else:
@@ -455,7 +459,11 @@ class SourceHandlers:
                     ans = PateAnswer(np.frombuffer(row[0], "<i8"), existing.seq)
                     return ans, self._sign(ds, existing.seq), ()
                 if existing.source_sig:  # sent before the source lost it: never draw again
-                    raise LedgerCorrupt("this answer was sent before and cannot be sent again")
+                    raise LedgerCorrupt(
+                        "this answer was sent before and its stored copy is lost: it cannot be "
+                        "sent again",
+                        public=True,
+                    )
                 ans = releaser.draw_answer(session_id, queries, existing)
             else:
                 known = self._known_prefix(ds, ledger_head, ledger_length)

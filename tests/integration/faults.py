@@ -50,7 +50,7 @@ from dpda.service.crashpoints import ENV
 STEPS = 12
 DATASET = "synthetic"
 RESTORED = "restored from the peer's countersigned copy"
-SENT_BEFORE = "this release was sent before and cannot be sent again"
+SENT_BEFORE = "this release was sent before and its stored copy is lost"
 
 # every crash point of common.crashpoints, with the job it needs and the victim
 SOURCE_POINTS = [
