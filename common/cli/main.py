@@ -32,13 +32,18 @@ def _cmd_privacy_sigma(args: argparse.Namespace) -> int:
         "delta": args.delta,
         "neighbouring": args.neighbouring,
         "sensitivity_factor": factor,
+        "note": "one Gaussian release spending all of ε; a job splits ε between its "
+        "channels (features, histogram, PATE): `dpda target plan --config target.toml` "
+        "prints the job's own σ and charge",
     }
     _emit(
         args,
         data,
-        f"σ = {sigma:.6g} per unit of L2 sensitivity ({args.method}, ε={args.epsilon}, "
-        f"δ={args.delta:g}); under {args.neighbouring} the sensitivity is ×{factor}, "
-        f"so noise std = {sigma * factor:.6g} × (add/remove sensitivity)",
+        f"σ = {sigma:.6g} per unit of L2 sensitivity for ONE Gaussian release spending all of "
+        f"ε={args.epsilon} ({args.method}, δ={args.delta:g}); under {args.neighbouring} the "
+        f"sensitivity is ×{factor}, so noise std = {sigma * factor:.6g} × (add/remove "
+        "sensitivity).\n  A job splits ε between features, histogram and PATE: for its own σ "
+        "and charge run `dpda target plan --config target.toml`.",
     )
     return 0
 

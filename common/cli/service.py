@@ -125,7 +125,54 @@ def _cmd_ledger_show(args: argparse.Namespace) -> int:
             f"{ds}: ε for one feature of one record {t['attribute']:.4f}; "
             f"for a whole record {record}"
         )
+    if args.config:
+        for line in _budget_lines(args.config, store):
+            print(line)
     return 0
+
+
+def _budget_lines(config: str, store: Any) -> list[str]:
+    """Each cap of the daemon's config, what the dataset's total (composed) has spent against
+    it, and what remains — the dataset's running total, not any one job's cost."""
+    import tomllib
+
+    from dpda.dp.events import event_from_json
+    from dpda.dp.ledger import spend_of
+
+    with open(config, "rb") as fh:
+        raw = tomllib.load(fh)
+    lines = []
+    if "datasets" in raw:  # a source
+        from dpda.service.config import load_source
+
+        cfg = load_source(config)
+        for ds in cfg.datasets:
+            entries = store.entries(ds.name)
+            delta = entries[0].params.get("delta") if entries else ds.delta
+            events = [event_from_json(e.dp_event) for e in entries]
+            spent = spend_of(events, delta) if events and delta else 0.0
+            lines.append(
+                f"{ds.name}: dataset cap ε {ds.epsilon:g}, spent {spent:.4f} (all peers and "
+                f"sessions), remaining {max(ds.epsilon - spent, 0.0):.4f}"
+            )
+            for p in cfg.peers:
+                mine = [event_from_json(e.dp_event) for e in entries if e.peer == p.name]
+                ps = spend_of(mine, delta) if mine and delta else 0.0
+                lines.append(
+                    f"  peer {p.name}: cap ε {p.epsilon_cap:g}, spent {ps:.4f}, remaining "
+                    f"{max(p.epsilon_cap - ps, 0.0):.4f}"
+                )
+    else:  # a target
+        from dpda.service.config import load_target
+
+        tcfg = load_target(config)
+        events = [event_from_json(e.dp_event) for e in store.entries(tcfg.job.dataset)]
+        spent = spend_of(events, tcfg.job.delta) if events else 0.0
+        lines.append(
+            f"{tcfg.job.dataset}: the target's budget ε {tcfg.budget_epsilon:g}, the dataset's "
+            f"total {spent:.4f}, remaining {max(tcfg.budget_epsilon - spent, 0.0):.4f}"
+        )
+    return lines
 
 
 def _cmd_ledger_verify(args: argparse.Namespace) -> int:
@@ -228,6 +275,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     lsub = lg.add_subparsers(dest="ledger_command", required=True)
     ls = lsub.add_parser("show", help="list ledger entries")
     ls.add_argument("state_dir")
+    ls.add_argument(
+        "--config",
+        default=None,
+        help="the daemon's source.toml or target.toml: also print each cap, what it has "
+        "spent and what remains",
+    )
     add_json_option(ls)
     ls.set_defaults(func=_cmd_ledger_show)
     lv = lsub.add_parser("verify", help="check chain, signatures, charges and payload hashes")

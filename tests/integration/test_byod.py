@@ -100,6 +100,14 @@ def test_two_csv_files_to_predictions_and_a_model(tmp_path: Path) -> None:
     model = dpda.load_model(out["model"])
     assert np.array_equal(model.predict(tgt.x), pred)
 
+    # 7. the budget in plain numbers: cap, spent (the dataset's total) and what remains
+    r = _dpda("ledger", "show", str(dep.source_state), "--config", str(dep.source_config),
+              cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    total = out["epsilon_dataset_total"]
+    assert f"mine: dataset cap ε 10, spent {total:.4f}" in r.stdout
+    assert f"remaining {10 - total:.4f}" in r.stdout
+
 
 def _read(path: str) -> list[dict[str, str]]:
     with open(path, newline="") as fh:
