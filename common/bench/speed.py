@@ -193,7 +193,9 @@ def _job_child(spec: dict[str, Any], conn) -> None:
         max_steps=max(spec["steps"], 1),
         privacy_unit=PrivacyUnit.ATTRIBUTE,
     )
-    cfg = AdaptConfig(classifier=spec["classifier"], target_batch=spec["target_batch"])
+    cfg = AdaptConfig(
+        classifier=spec["classifier"], target_batch=spec["target_batch"], select="none"
+    )  # the solver is measured, at the fixed λe, λg
     data_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     out = simulate(src, tgt, terms, "raw", cfg, seed=spec["seed"], baselines=False)
