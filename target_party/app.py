@@ -99,6 +99,11 @@ def run_job(
         select=cfg.job.select,
     )
     source = GrpcReleaseSource(cfg, ledger, audit)
+    try:
+        source.preflight(view.x.shape[1], terms.delta)  # clear errors before anything is asked
+    except BaseException:
+        source.close()
+        raise
     t0 = time.perf_counter()
     try:
         res = run_dpda(source, view, terms, acfg, source.spent, progress)

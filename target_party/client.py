@@ -26,6 +26,7 @@ from dpda.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
 from dpda.dp.pate import answers_event
 from dpda.errors import (
     BudgetExceeded,
+    ConfigError,
     DpdaError,
     InvalidInput,
     LedgerCorrupt,
@@ -222,6 +223,22 @@ class GrpcReleaseSource:
             )
         except grpc.RpcError as exc:
             raise _translate(exc) from None
+
+    def preflight(self, n_features: int, delta: float) -> pb.DescribeDatasetResponse:
+        """What the target can check before it asks for anything: the source's public facts
+        against its own rows and terms; a mismatch is a ``ConfigError`` naming the field."""
+        facts = self.describe()
+        if facts.n_features != n_features:
+            raise ConfigError(
+                f"job.data_path: the target's rows have {n_features} features, the source's "
+                f"dataset {self.dataset!r} has {facts.n_features}"
+            )
+        if facts.delta != delta:
+            raise ConfigError(
+                f"job.delta: {delta:.6g}, but the source's dataset {self.dataset!r} uses "
+                f"δ = {facts.delta!r}"
+            )
+        return facts
 
     # ------------------------------------------------------------------------ ledger sync
     def sync_ledger(self) -> None:

@@ -35,17 +35,10 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
     ledger, audit = open_state(cfg)
     source = GrpcReleaseSource(cfg, ledger, audit)
     try:
-        facts = source.describe()
+        facts = source.preflight(view.x.shape[1], terms.delta)
         source.sync_ledger()  # the target's copy of the dataset's ledger, verified
     finally:
         source.close()
-    if facts.n_features != view.x.shape[1]:
-        raise ConfigError(
-            f"job.data_path: the target has {view.x.shape[1]} features, the source "
-            f"{facts.n_features}"
-        )
-    if abs(facts.delta - terms.delta) > 0:
-        raise ConfigError(f"job.delta: the source's dataset uses δ = {facts.delta:.6g}")
     terms, basis = session_terms(view, terms, AdaptConfig(seed=0))
     assert basis is not None
     policy = PrivacyPolicy.model_validate_json(facts.policy_json)

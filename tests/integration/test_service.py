@@ -238,3 +238,19 @@ def test_a_source_that_lost_an_entrys_signatures_gets_them_back(tmp_path, lost) 
         assert [e.to_json() for e in store.entries("synthetic")] == [
             e.to_json() for e in ledger.store.entries("synthetic")
         ]
+
+
+def test_the_target_checks_the_public_facts_before_it_asks_for_anything(tmp_path) -> None:
+    """A δ other than the dataset's, or another feature count, is a clear local error naming
+    the field — before any session is opened or anything charged."""
+    from dpda.errors import ConfigError
+
+    dep = synthetic_deployment(tmp_path)
+    text = dep.target_config.read_text().replace(f"delta = {DELTA!r}", "delta = 0.0001")
+    dep.target_config.write_text(text)
+    with run_server(load_source(dep.source_config)) as rs:
+        with pytest.raises(ConfigError, match=r"job.delta: 0.0001, but the source's dataset"):
+            _run_target(dep, rs.port)
+        assert rs.handlers.ledger.store.entries("synthetic") == []
+        (n,) = rs.handlers.conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
+        assert n == 0
