@@ -50,11 +50,22 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
         scaling_std=view.scaling.std,
     )
     events = []
+    spec = plan.spec(terms)
+    channels: dict[str, list[Any]] = {"features": [], "histogram": [], "pate": []}
     if terms.dpda:
-        events += [plan.spec(terms).dp_event()] * plan.steps
+        events += [spec.dp_event()] * plan.steps
+        if terms.privacy_unit == "attribute":  # the histogram is uncharged under this unit
+            channels["features"] = [spec.dp_event()] * plan.steps
+        else:
+            channels["features"] = [spec.features.dp_event()] * plan.steps
+            channels["histogram"] = [spec.histogram.dp_event()] * plan.steps
     if plan.pate_scale is not None and plan.pate_queries > 0:
-        events.append(answers_event(terms.pate_aggregator, plan.pate_scale, plan.pate_queries))
+        pate = answers_event(terms.pate_aggregator, plan.pate_scale, plan.pate_queries)
+        events.append(pate)
+        channels["pate"] = [pate]
     charge = spend_of(events, terms.delta)
+    # each channel alone at the job's δ; composition is sub-additive, so they sum to more
+    by_channel = {k: spend_of(v, terms.delta) if v else 0.0 for k, v in channels.items()}
     held = ledger.store.entries(terms.dataset)
     from dpda.dp.events import event_from_json
 
@@ -75,6 +86,7 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
         "privacy_unit": str(terms.privacy_unit),
         "pate_queries": plan.pate_queries,
         "epsilon_charge": charge,  # this job alone
+        "epsilon_by_channel": by_channel,  # each alone; their sum exceeds the composed charge
         "epsilon_remaining": max(0.0, min(remaining.values())),  # now, before the job
         "epsilon_remaining_by_cap": remaining,
         "epsilon_dataset_after": dataset_after,  # the dataset's composed total after the job

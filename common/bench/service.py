@@ -1,10 +1,11 @@
 """``dpda bench service``: the same DPDA job in-process and through the two daemons.
 
-Both arms run in the same invocation on the same data with the same seed: the in-process arm
-calls the job directly against ``SourceReleaser``; the service arm starts ``dpda source serve``
-as a process (mTLS, SQLite ledger, audit log on) and runs ``dpda target run`` as another. The job
-time of each (opening the session to the results, every charge countersigned, as measured inside
-the job; the channel's teardown after it is not counted), the
+Both arms run in the same invocation on the same data with the same seed, ``--repeats`` times
+each, alternated (so a slow spell of a shared machine hits both), and their medians compared:
+the in-process arm calls the job directly against ``SourceReleaser``; the service arm starts
+``dpda source serve`` as a process (mTLS, SQLite ledger, audit log on) and runs ``dpda target
+run`` as another. The job time of each (opening the session to the results, every charge
+countersigned, as measured inside the job; the channel's teardown after it is not counted), the
 whole-process wall time of the service arm, their ratio and the bytes on the wire (from both
 audit logs) are printed and written as JSON.
 """
@@ -17,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dpda.dp.mechanisms import PrivacyUnit
 from dpda.service.output import add_json_option, write_json
@@ -75,29 +78,46 @@ def _case(
     terms,
     dataset: dict,
     job: dict,
-    rep: str,
+    rep_name: str,
     scaling: str,
     seed: int,
     root: Path,
+    repeats: int,
 ) -> dict[str, Any]:
-    print(f"[{name}] in-process …", flush=True)
-    a = _in_process(src, tgt, terms, rep, scaling, seed)
-    print(f"[{name}] service (two daemons, mTLS, ledger + audit) …", flush=True)
-    b = _service(root / name, dataset, job, seed)
+    ins: list[dict[str, Any]] = []
+    svc: list[dict[str, Any]] = []
+    for rep in range(repeats):  # alternated, so a slow spell of the machine hits both arms
+        print(f"[{name}] in-process, run {rep + 1}/{repeats} …", flush=True)
+        ins.append(_in_process(src, tgt, terms, rep_name, scaling, seed))
+        print(f"[{name}] service (two daemons, mTLS, ledger + audit), run {rep + 1} …", flush=True)
+        svc.append(_service(root / f"{name} #{rep}", dataset, job, seed))
+    a = {
+        "seconds": float(np.median([r["seconds"] for r in ins])),
+        "runs": ins,
+        "accuracy": ins[0]["accuracy"],
+        "epsilon_spent": ins[0]["epsilon_spent"],
+    }
+    b = {
+        **svc[0],
+        "seconds": float(np.median([r["seconds"] for r in svc])),
+        "runs": svc,
+        "process_wall_seconds": float(np.median([r["process_wall_seconds"] for r in svc])),
+    }
     ratio = b["seconds"] / a["seconds"]
     print(
-        f"[{name}] in-process {a['seconds']:.2f} s | service {b['seconds']:.2f} s "
-        f"(processes {b['process_wall_seconds']:.2f} s) | ratio {ratio:.3f} | "
-        f"{b['bytes_on_wire']:,} bytes on the wire | accuracy {a['accuracy']:.2f} vs "
-        f"{b['accuracy']:.2f}",
+        f"[{name}] median of {repeats}: in-process {a['seconds']:.2f} s | service "
+        f"{b['seconds']:.2f} s (processes {b['process_wall_seconds']:.2f} s) | ratio "
+        f"{ratio:.3f} | {b['bytes_on_wire']:,} bytes on the wire | accuracy "
+        f"{a['accuracy']:.2f} vs {b['accuracy']:.2f}",
         flush=True,
     )
     return {
         "case": name,
+        "repeats": repeats,
         "in_process": a,
         "service": b,
         "ratio": ratio,
-        "same_result": a["accuracy"] == b["accuracy"],
+        "same_result": all(r["accuracy"] == a["accuracy"] for r in ins + svc),
     }
 
 
@@ -135,7 +155,17 @@ def run_bench_service(args: argparse.Namespace) -> int:
         }
         results.append(
             _case(
-                "office-caltech C->A", src, tgt, terms, dataset, job, "sqrt", "zscore", seed, root
+                "office-caltech C->A",
+                src,
+                tgt,
+                terms,
+                dataset,
+                job,
+                "sqrt",
+                "zscore",
+                seed,
+                root,
+                args.repeats,
             )
         )
     n = args.synthetic_rows
@@ -174,7 +204,19 @@ def run_bench_service(args: argparse.Namespace) -> int:
         "privacy_unit": "attribute",
     }
     results.append(
-        _case(f"synthetic {n}x{n}", src, tgt, terms, dataset, job, "raw", "zscore", seed, root)
+        _case(
+            f"synthetic {n}x{n}",
+            src,
+            tgt,
+            terms,
+            dataset,
+            job,
+            "raw",
+            "zscore",
+            seed,
+            root,
+            args.repeats,
+        )
     )
     out = {"benchmark": "service", "cases": results, "workdir": str(root)}
     write_json(args, out)
@@ -192,6 +234,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--synthetic-rows", type=int, default=20_000)
     s.add_argument("--batch-size", type=int, default=500)
     s.add_argument("--steps", type=int, default=4)
+    s.add_argument(
+        "--repeats", type=int, default=3, help="runs of each arm, alternated; medians compared"
+    )
     s.set_defaults(func=run_bench_service)
     from dpda.bench.accuracy import register_accuracy
     from dpda.bench.figures import register_figures

@@ -81,6 +81,11 @@ def _cmd_target_plan(args: argparse.Namespace) -> int:
         f"dataset's total would go to {out['epsilon_dataset_after']:.4f} of its cap "
         f"{out['epsilon_dataset_cap']:.4g}"
     )
+    ch = out["epsilon_by_channel"]
+    print(
+        f"  by channel, each alone: features {ch['features']:.4f}, histogram "
+        f"{ch['histogram']:.4f}, PATE {ch['pate']:.4f} (composed, they make the charge above)"
+    )
     print(
         f"remaining now: source dataset {by['source_dataset']:.4f}, this peer at the source "
         f"{by['source_peer']:.4f}, the target's own budget {by['target_budget']:.4f}"
