@@ -492,6 +492,10 @@ class SourceHandlers:
             entries = self.ledger.store.entries(dataset)
             if not (0 <= seq < len(entries)) or entries[seq].peer != self.peers[peer].name:
                 raise InvalidInput("no such ledger entry for this peer")
+            if not entries[seq].payload_sha256:
+                # charged here, but the write that recorded its payload was lost (the peer
+                # holds it signed): the peer sends its copy back (RestoreLedger) instead
+                raise InvalidInput("this entry has no payload record here: restore it")
             pub = signing.load_public(self.peers[peer].signing_public_key)
             if not signing.verify(pub, entries[seq].signed_message(), target_sig):
                 raise PeerMisbehaved("countersignature does not verify")

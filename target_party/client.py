@@ -347,13 +347,19 @@ class GrpcReleaseSource:
                 raise err from None
 
     def _source_lost(self, entry: LedgerEntry) -> bool:
-        """Whether the source, refusing to countersign ``entry``, no longer holds it: it
-        restarted on a file that lost its tail while we countersigned. Then our copy, this
-        countersignature included, is sent back (as ``sync_ledger`` does); nothing is released
-        or charged again."""
+        """Whether the source, refusing to countersign ``entry``, lost it: it restarted on a
+        file that lost its tail (or the write recording the entry's payload) while we
+        countersigned. Then our copy, this countersignature included, is sent back (as
+        ``sync_ledger`` does); nothing is released or charged again."""
         resp = self._get_ledger(entry.seq)
         if resp.length > entry.seq:
-            return False
+            theirs = LedgerEntry.from_json(resp.entries_json[0])
+            if theirs.entry_hash() != entry.entry_hash() or theirs.payload_sha256:
+                return False
+            # it holds the charge but lost the write that recorded the payload (and its
+            # signature): our doubly-signed copy completes it
+            self._restore([self.ledger.store.entries(self.dataset)[entry.seq]])
+            return True
         mine = self.ledger.store.entries(self.dataset)
         self._restore_source_tail(mine, int(resp.length), resp.head)
         return True

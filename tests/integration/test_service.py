@@ -204,9 +204,16 @@ def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> Non
 
 
 @pytest.mark.parametrize(
-    "lost", [("payload_sha256", "source_sig", "target_sig"), ("source_sig",), ("target_sig",)]
+    ("lost", "via"),
+    [
+        (("payload_sha256", "source_sig", "target_sig"), "sync"),
+        (("source_sig",), "sync"),
+        (("target_sig",), "sync"),
+        (("payload_sha256", "source_sig", "target_sig"), "countersign"),
+        (("target_sig",), "countersign"),
+    ],
 )
-def test_a_source_that_lost_an_entrys_signatures_gets_them_back(tmp_path, lost) -> None:
+def test_a_source_that_lost_an_entrys_signatures_gets_them_back(tmp_path, lost, via) -> None:
     """Lost writes on the source after a charge: it holds the last entry without its payload
     hash and signatures while the target holds it doubly signed. The target's next contact
     (a sync) sends its copy back; the source verifies both signatures and completes its entry,
@@ -231,7 +238,10 @@ def test_a_source_that_lost_an_entrys_signatures_gets_them_back(tmp_path, lost) 
         ledger, audit = open_state(cfg)
         client = GrpcReleaseSource(cfg, ledger, audit)
         try:
-            client.sync_ledger()
+            if via == "sync":
+                client.sync_ledger()
+            else:  # the target's countersignature arrives at the source that lost the writes
+                client._countersign(ledger.store.entries("synthetic")[-1])
         finally:
             client.close()
         assert store.entries("synthetic")[-1] == last
