@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -74,8 +75,23 @@ ADMISSION_STATUS = {
     "OVERLOADED": grpc.StatusCode.UNAVAILABLE,
     "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
 }
-# codes whose public text carries the refused field (built from terms and policy only)
-DETAILED = {"TERMS_INVALID", "POLICY_REFUSED"}
+# codes whose public text carries the refused field (built from terms and policy only), or
+# the budget numbers (cap, spent, needed: public, as DescribeDataset gives them)
+DETAILED = {"TERMS_INVALID", "POLICY_REFUSED", "BUDGET_EXCEEDED"}
+# the only reasons other codes may carry: templates over public shapes and counts (the peer's own
+# request, and the source's feature count that OpenSession returns anyway) — never a data value
+PUBLIC_REASONS = [
+    re.compile(p)
+    for p in (
+        r"INVALID_ARGUMENT: basis of shape \(\d+(, \d+)*\) for a source with \d+ features: "
+        r"projection (has the wrong shape|has non-finite entries|columns are not orthonormal)",
+        r"INVALID_ARGUMENT: basis: \d+ columns, projection_dim \d+",
+        r"INVALID_ARGUMENT: projection_dim \d+ exceeds the source's \d+ features",
+        r"INVALID_ARGUMENT: scaling: \d+ and \d+ columns, the source has \d+ features",
+        r"INVALID_ARGUMENT: target-pca needs the target's basis",
+        r"LEDGER_CORRUPT: this (release|answer) was sent before and its stored copy is lost: .*",
+    )
+]
 
 STATS: dict[str, dict[str, Any]] = {}
 
@@ -262,7 +278,9 @@ def _judge(err: grpc.RpcError, table: dict[str, grpc.StatusCode]) -> tuple[str, 
     if table.get(code) != status:
         return code, f"{code} answered with status {status.name}"
     public = f"{code}: {PUBLIC_CATALOG[code]}"
-    if details != public and not (code in DETAILED and details.startswith(public + ": ")):
+    reason = details[len(public) + 2 :] if details.startswith(public + ": ") else None
+    known = reason is not None and any(p.fullmatch(f"{code}: {reason}") for p in PUBLIC_REASONS)
+    if details != public and not (code in DETAILED and reason is not None) and not known:
         return code, f"{code} with a text outside the catalogue: {details!r}"
     return code, None
 
