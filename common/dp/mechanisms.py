@@ -58,7 +58,12 @@ def check_projection(m: np.ndarray, k: int, orthonormal: bool) -> None:
         raise ValueError("projection has the wrong shape")
     if not np.all(np.isfinite(m)):
         raise ValueError("projection has non-finite entries")
-    if orthonormal and not np.allclose(m.T @ m, np.eye(m.shape[1]), atol=1e-6):
+    if orthonormal and (
+        # an orthonormal column has every entry in [-1, 1]; checked first, so that the Gram
+        # matrix below cannot overflow on a peer's huge entries (found by the fuzzer)
+        float(np.max(np.abs(m))) > 1.0 + 1e-6
+        or not np.allclose(m.T @ m, np.eye(m.shape[1]), atol=1e-6)
+    ):
         raise ValueError("projection columns are not orthonormal")
 
 

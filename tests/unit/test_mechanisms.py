@@ -190,3 +190,19 @@ def test_budget_exceeded_before_noise(rng: np.random.Generator) -> None:
         rel.release(info2.session_id, 0)
     assert gen.bit_generator.state == before  # no noise drawn
     assert len(ledger.store.entries()) == 1  # nothing written
+
+
+def test_a_peers_basis_with_huge_entries_is_refused_without_overflow() -> None:
+    """A basis of finite but huge entries (1e200): its Gram matrix would overflow; the check
+    refuses it as not orthonormal instead (an INTERNAL error before, found by the fuzzer)."""
+    import warnings
+
+    from dpda.dp.mechanisms import check_projection
+
+    m = np.full((40, 5), 1e200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="not orthonormal"):
+            check_projection(m, 40, orthonormal=True)
+    q, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(40, 5)))
+    check_projection(q, 40, orthonormal=True)  # a real orthonormal basis passes
