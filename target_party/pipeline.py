@@ -23,6 +23,7 @@ from dpda.ot.costs import dpot_cost, label_mask
 from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo, TargetDisclosure
+from dpda.target_party.selection import select
 from dpda.target_party.training import accuracy, fit_predict
 from dpda.terms import SessionTerms
 
@@ -431,8 +432,6 @@ def run_dpda(
     by_method: dict[str, float | None] = {}
     selection: dict[str, Any] = {}
     if done.fits:
-        from dpda.target_party.selection import select
-
         selection = select(s, done, view)  # may change s.cfg and done.fits
         done.train(view, s.cfg)
         by_method["dpda"] = _acc(done.pred, view) if done.pred is not None else None

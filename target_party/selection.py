@@ -18,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from sklearn.neighbors import NearestNeighbors
 
 from dpda.errors import SolverFailed
 from dpda.target_party.training import accuracy
@@ -34,20 +35,24 @@ NEIGHBOURS = 20  # target rows consulted per source point (5, 20, 50 measured: R
 
 
 def circular_score(
-    fits: list[Any], xt_proj: np.ndarray, pseudo: np.ndarray, k: int = NEIGHBOURS
+    fits: list[Any],
+    xt_proj: np.ndarray,
+    pseudo: np.ndarray,
+    k: int = NEIGHBOURS,
+    index: NearestNeighbors | None = None,
 ) -> float:
     """How well the target's pseudo-labels send the source's labels back: for each transported
     source point, the share of its ``k`` nearest target rows (projection space) whose
     pseudo-label is the point's label, averaged with the points' masses."""
-    from sklearn.neighbors import NearestNeighbors
-
     pts = np.vstack([f.points for f in fits])
     if pts.shape[1] != xt_proj.shape[1]:  # class-gaussians carry (mean, variance) halves
         pts = pts[:, : xt_proj.shape[1]]
     labels = np.concatenate([f.labels for f in fits])
     w = np.concatenate([f.weights for f in fits])
     k = min(k, xt_proj.shape[0])
-    idx = NearestNeighbors(n_neighbors=k).fit(xt_proj).kneighbors(pts, return_distance=False)
+    if index is None:
+        index = NearestNeighbors(n_neighbors=k).fit(xt_proj)
+    idx = index.kneighbors(pts, n_neighbors=k, return_distance=False)
     hit = (pseudo[idx] == labels[:, None]).mean(axis=1)
     return float(np.sum(w * hit) / np.sum(w))
 
@@ -74,6 +79,7 @@ def select(s: _Session, done: _Fitted, view: TargetView) -> dict[str, Any]:
         return {**chosen, "method": "skipped (size)"}
     candidates = []
     best: tuple[float, Any, list[Any]] | None = None
+    index = NearestNeighbors().fit(s.xt_proj)  # the target's rows: one index for every pair
     for reg_e, reg_g in GRID:
         s.cfg = dataclasses.replace(cfg, reg_e=reg_e, reg_g=reg_g)
         try:
@@ -86,7 +92,7 @@ def select(s: _Session, done: _Fitted, view: TargetView) -> dict[str, Any]:
         trial = dataclasses.replace(done, fits=fits)
         trial.train(view, s.cfg)
         assert trial.pred is not None
-        score = circular_score(fits, s.xt_proj, trial.pred)
+        score = circular_score(fits, s.xt_proj, trial.pred, index=index)
         row = {"reg_e": reg_e, "reg_g": reg_g, "score": score}
         if view.labels is not None:
             row["accuracy"] = accuracy(trial.pred, view.labels)
