@@ -11,8 +11,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from dpda.data.loaders import load_domain
 from dpda.data.preprocessing import check_representation
 from dpda.data.synthetic import two_domains
@@ -48,7 +46,7 @@ def load_target_data(cfg: TargetConfig) -> Table:
         )
     else:
         d = load_domain(job.data_path, job.data_kind, job.domain)
-    return Table(d, np.arange(d.x.shape[0]), tuple(f"x{j}" for j in range(d.x.shape[1])), "")
+    return Table.of(d)
 
 
 # the session terms a target job sets ([job] in its config); the rest keep SessionTerms' defaults

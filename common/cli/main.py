@@ -134,7 +134,6 @@ def _no_replace_sampled(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------ simulate
 def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[str, Any]]:
     """(source, target table, representation, scaling, what the JSON names as the data)."""
-    import numpy as np
 
     from dpda.data.loaders import load_domain, require_data_dir
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
@@ -165,7 +164,7 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
     data_dir = require_data_dir(args.data_dir)
     s = load_domain(data_dir, args.dataset, args.source)
     t = load_domain(data_dir, args.dataset, args.target)
-    table = Table(t, np.arange(t.x.shape[0]), tuple(f"x{j}" for j in range(t.x.shape[1])), "")
+    table = Table.of(t)
     rep = args.representation or DEFAULT_REPRESENTATION[args.dataset]
     scaling = args.scaling or DEFAULT_SCALING[args.dataset]
     names = {"dataset": args.dataset, "source": args.source, "target": args.target}

@@ -32,6 +32,12 @@ class Table:
     columns: tuple[str, ...]  # feature names (``x0``… when the file has none)
     where: str  # the file (or "DataFrame"), for messages
 
+    @classmethod
+    def of(cls, domain: Domain) -> Table:
+        """A table of a benchmark domain: row numbers as ids, ``x0``… as column names."""
+        k = domain.x.shape[1]
+        return cls(domain, np.arange(domain.x.shape[0]), tuple(f"x{j}" for j in range(k)), "")
+
     @property
     def x(self) -> np.ndarray:
         return self.domain.x
