@@ -157,7 +157,13 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
                 f"{args.target_file}: {tgt.x.shape[1]} feature columns, the source file {k}"
             )
         rep, scaling = args.representation or "raw", args.scaling or "zscore"
-        names = {"source_file": str(args.source_file), "target_file": str(args.target_file)}
+        names = {
+            "dataset": None,  # your own files, not a benchmark
+            "source": str(args.source_file),
+            "target": str(args.target_file),
+            "source_file": str(args.source_file),
+            "target_file": str(args.target_file),
+        }
         return src.domain, tgt, rep, scaling, names
     if not (args.dataset and args.source and args.target):
         raise ConfigError("give --source-file and --target-file, or --dataset, --source, --target")

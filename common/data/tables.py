@@ -197,7 +197,8 @@ def _number(value: Any, where: str, column: str, unit: str, at: int) -> float:
         v = float(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
         raise ConfigError(
-            f"{where}: column {column!r}, {unit} {at}: {value!r} is not a number"
+            f"{where}: column {column!r}, {unit} {at}: {value!r} is not a number (a column "
+            "that names rows is the id column: --id-column / id_column)"
         ) from None
     if not math.isfinite(v):
         raise ConfigError(f"{where}: column {column!r}, {unit} {at}: {value!r} is not finite")
