@@ -21,6 +21,7 @@ from dpda.errors import ConfigError
 Column = str | int | None  # a name, a position (negative counts from the end), or none
 
 FORMATS = (".csv", ".parquet", ".npy", ".npz")
+ID_NAMES = ("id", "row_id", "rowid", "row id")  # header names taken as the id column
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,8 @@ def read_table(
     ``label_column``: a name or a position (``None``: the table has no labels). ``labels``:
     ``required`` (a source), ``optional`` (a target: a *named* label column may be absent;
     present, it is read for evaluation only) or ``none`` (every column is a feature).
-    ``id_column``: a column kept as row ids (not a feature). Labels are non-negative integers.
+    ``id_column``: a column kept as row ids (not a feature); without one, a header column named
+    ``id`` or ``row_id`` is taken as it. Labels are non-negative integers.
     """
     where = "DataFrame" if hasattr(source, "columns") else str(source)
     names, rows, first, unit = _raw(source, where)
@@ -164,6 +166,14 @@ def read_table(
         label_at = _position(label_column, names, width, where)
         if label_at is None and labels == "required":
             raise ConfigError(f"{where}: no label column {label_column!r} (columns: {names})")
+    if id_column is None and names is not None:
+        # a column named like an id names rows, it is not a feature: taken as the id column
+        # unless one is given (a row id as a feature would only add noise to the transport)
+        id_column = next((c for c in names if c.strip().lower() in ID_NAMES), None)
+        if id_column is not None and id_column == (
+            names[label_at] if label_at is not None else None
+        ):
+            id_column = None
     id_at = None
     if id_column is not None:
         id_at = _position(id_column, names, width, where)

@@ -116,3 +116,12 @@ def test_npz_parquet_and_dataframes_read_the_same_rows(tmp_path) -> None:
     out = write_predictions(tmp_path / "p.parquet", np.array(["r1", "r2", "r3"]), y)
     back = pd.read_parquet(out)
     assert back["id"].tolist() == ["r1", "r2", "r3"] and back["prediction"].tolist() == [1, 0, 1]
+
+
+def test_a_column_named_id_is_the_id_column_unless_one_is_given(tmp_path) -> None:
+    _csv(tmp_path / "t.csv", ["ID", "f0", "f1"], [["u", 1, 2], ["v", 3, 4]])
+    t = read_table(tmp_path / "t.csv", "label", labels="optional")
+    assert t.columns == ("f0", "f1") and t.ids.tolist() == ["u", "v"]
+    _csv(tmp_path / "n.csv", ["id", "f0", "label"], [[7, 1, 0], [8, 3, 1]])
+    n = read_table(tmp_path / "n.csv", "label", id_column="f0")  # given: id stays a feature
+    assert n.columns == ("id",) and n.ids.tolist() == ["1", "3"]
