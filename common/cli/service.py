@@ -90,9 +90,13 @@ def _cmd_target_plan(args: argparse.Namespace) -> int:
         f"remaining now: source dataset {by['source_dataset']:.4f}, this peer at the source "
         f"{by['source_peer']:.4f}, the target's own budget {by['target_budget']:.4f}"
     )
-    print("it fits: nothing was spent by this plan" if out["fits"] else "it does NOT fit")
+    print(
+        "it fits; nothing was spent by this plan"
+        if out["fits"]
+        else "it does NOT fit: the source would refuse it (see the remaining budget above)"
+    )
     write_json(args, out)
-    return 0 if out["fits"] else 3
+    return 0
 
 
 def _cmd_target_serve(args: argparse.Namespace) -> int:

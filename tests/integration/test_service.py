@@ -264,3 +264,16 @@ def test_the_target_checks_the_public_facts_before_it_asks_for_anything(tmp_path
         assert rs.handlers.ledger.store.entries("synthetic") == []
         (n,) = rs.handlers.conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
         assert n == 0
+
+
+def test_plan_says_when_a_job_does_not_fit_and_spends_nothing(tmp_path) -> None:
+    from dpda.target_party.planning import plan_job
+
+    dep = synthetic_deployment(tmp_path, epsilon=4.0, peer_cap=2.0, target_budget=100.0)
+    with run_server(load_source(dep.source_config)) as rs:
+        set_source_address(dep, f"127.0.0.1:{rs.port}")
+        out = plan_job(load_target(dep.target_config))
+        assert not out["fits"]  # this peer's cap at the source is 2, the job charges more
+        assert out["epsilon_remaining_by_cap"]["source_peer"] == 2.0
+        assert out["epsilon_remaining"] == 2.0 < out["epsilon_charge"] <= 4.0
+        assert rs.handlers.ledger.store.entries("synthetic") == []
