@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -218,11 +219,25 @@ class GrpcReleaseSource:
     def describe(self) -> pb.DescribeDatasetResponse:
         """The source's public facts and budget numbers for this dataset; charges nothing."""
         try:
-            return self.stub.DescribeDataset(
+            resp = self.stub.DescribeDataset(
                 pb.DescribeDatasetRequest(dataset=self.dataset), timeout=self.cfg.timeout_s
             )
         except grpc.RpcError as exc:
             raise _translate(exc) from None
+        budget = (
+            resp.dataset_epsilon_cap,
+            resp.dataset_epsilon_spent,
+            resp.peer_epsilon_cap,
+            resp.peer_epsilon_spent,
+            resp.epsilon_remaining,
+        )
+        if (
+            min(resp.n_rows, resp.n_features, resp.n_classes) < 1
+            or not 0 < resp.delta < 1
+            or not all(math.isfinite(v) and v >= 0 for v in budget)
+        ):
+            raise PeerMisbehaved("the source's description of its dataset is out of range")
+        return resp
 
     def preflight(self, n_features: int, delta: float) -> pb.DescribeDatasetResponse:
         """What the target can check before it asks for anything: the source's public facts

@@ -13,7 +13,7 @@ from typing import Any
 
 from dpda.dp.ledger import spend_of
 from dpda.dp.pate import answers_event
-from dpda.errors import ConfigError
+from dpda.errors import ConfigError, PeerMisbehaved
 from dpda.policy import PrivacyPolicy
 from dpda.service.config import TargetConfig
 from dpda.target_party.app import job_terms, load_target_data, open_state
@@ -41,7 +41,10 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
         source.close()
     terms, basis = session_terms(view, terms, AdaptConfig(seed=0))
     assert basis is not None
-    policy = PrivacyPolicy.model_validate_json(facts.policy_json)
+    try:
+        policy = PrivacyPolicy.model_validate_json(facts.policy_json)
+    except ValueError:  # pydantic's ValidationError: the peer sent it, its text is not shown
+        raise PeerMisbehaved("the source's policy does not parse") from None
     plan = plan_batches(
         terms,
         int(facts.n_rows),

@@ -277,3 +277,26 @@ def test_plan_says_when_a_job_does_not_fit_and_spends_nothing(tmp_path) -> None:
         assert out["epsilon_remaining_by_cap"]["source_peer"] == 2.0
         assert out["epsilon_remaining"] == 2.0 < out["epsilon_charge"] <= 4.0
         assert rs.handlers.ledger.store.entries("synthetic") == []
+
+
+@pytest.mark.parametrize(
+    "lie",
+    [
+        {"n_rows": 0},
+        {"delta": float("nan")},
+        {"delta": 1e308},
+        {"peer_epsilon_cap": float("inf")},
+        {"dataset_epsilon_spent": -1e-300},
+        {"epsilon_remaining": float("nan")},
+    ],
+)
+def test_a_source_lying_in_its_description_is_refused_before_anything(tmp_path, lie) -> None:
+    class Lying(SourceHandlers):
+        def describe(self, peer: str, dataset: str) -> dict:
+            return {**super().describe(peer, dataset), **lie}
+
+    dep = synthetic_deployment(tmp_path)
+    with run_server(load_source(dep.source_config), Lying) as rs:
+        with pytest.raises(PeerMisbehaved, match="description of its dataset is out of range"):
+            _run_target(dep, rs.port)
+        assert rs.handlers.ledger.store.entries("synthetic") == []
