@@ -210,6 +210,7 @@ def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> Non
         (("source_sig",), "sync"),
         (("target_sig",), "sync"),
         (("payload_sha256", "source_sig", "target_sig"), "countersign"),
+        (("source_sig",), "countersign"),
         (("target_sig",), "countersign"),
     ],
 )
