@@ -18,8 +18,8 @@ What each knob means, in the source's own units:
   batch has exactly ``ns`` rows), so add/remove neighbours differ visibly in size and the only
   meaningful neighbours are same-size ones: every record-level release is accounted under
   replace-one, with its doubled sensitivities.
-* ``releases``: the release kinds offered. Default: the aggregate releases (per-class noisy sums
-  and counts), which protect whole records. ``rows`` (noisy per-row projections) must be listed
+* ``releases``: the release kinds offered. Default: the record-level releases (per-class noisy
+  sums and counts, and DP-Sinkhorn synthetic points), which protect whole records. ``rows`` (noisy per-row projections) must be listed
   explicitly.
 * floors: no mechanism runs below ``min_noise_multiplier`` (Gaussian σ per unit of sensitivity),
   ``min_histogram_parameter`` (discrete-Laplace ``a``; never below the exact sampler's own floor),
@@ -34,10 +34,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dpda.dp.mechanisms import MIN_DISCRETE_LAPLACE_PARAMETER
+from dpda.dp.mechanisms import AGGREGATE_RELEASES, MIN_DISCRETE_LAPLACE_PARAMETER, ReleaseKind
 
 Unit = Literal["attribute", "record"]
-Release = Literal["rows", "prototypes", "class-gaussians"]
+Release = ReleaseKind
 
 # Bounds on the target's column scaling (its own statistics, sent to the source). With |mean| ≤
 # 1e9 and std ≥ 1e-9 a finite source value stays finite through (x − mean) / std up to ~1e290;
@@ -57,7 +57,7 @@ class PrivacyPolicy(BaseModel):
         description="opt-in for the attribute unit: it protects one feature value only, "
         "neither the record's label nor its membership",
     )
-    releases: tuple[Release, ...] = Field(default=("prototypes", "class-gaussians"), min_length=1)
+    releases: tuple[Release, ...] = Field(default=AGGREGATE_RELEASES, min_length=1)  # type: ignore[arg-type]
     attribute_bound: float = Field(
         default=1.0,
         gt=0,

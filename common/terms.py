@@ -36,10 +36,12 @@ from dpda.dp.events import BatchSpec, FeatureSpec, HistogramSpec
 from dpda.dp.mechanisms import (
     Neighbouring,
     PrivacyUnit,
+    ReleaseKind,
     attribute_sensitivity,
     projection_sensitivity,
     relation_factor,
 )
+from dpda.dp.sinkhorn_synthetic import GRADIENT_CLIP, SinkhornSyntheticParams
 from dpda.dp.pate import calibrate_pate
 
 LABEL_CAVEAT = (
@@ -89,11 +91,29 @@ class SessionTerms(BaseModel):
     calibration: CalibrationMethod = CalibrationMethod.THEOREM2
     histogram_share: float = Field(default=0.5, gt=0, lt=1)
     clip_norm: float = Field(default=1.0, gt=0, le=1e12)
-    release: Literal["rows", "prototypes", "class-gaussians"] = Field(
+    release: ReleaseKind = Field(
         default="prototypes",
         description="rows: noisy projected rows (Algorithm 2); prototypes: noisy per-class sums"
-        " and counts; class-gaussians: per-class sums, sums of squares and counts. Default: "
+        " and counts; class-gaussians: per-class sums, sums of squares and counts; "
+        "sinkhorn-synthetic: labeled synthetic points trained on a DP Sinkhorn loss. Default: "
         "prototypes under the record unit, rows under the attribute unit",
+    )
+    # sinkhorn-synthetic (dpda.dp.sinkhorn_synthetic); bounded so that one release's work
+    # (steps × rows × points × ℓ) stays within seconds at 20k rows
+    synthetic_points: int = Field(
+        default=1, ge=1, le=100, description="sinkhorn-synthetic: points per class"
+    )
+    sinkhorn_steps: int = Field(
+        default=3, ge=1, le=1000, description="sinkhorn-synthetic: noisy gradient steps T"
+    )
+    sinkhorn_reg: float = Field(
+        default=0.05, ge=1e-3, le=100, description="sinkhorn-synthetic: entropic λ (cost / C²)"
+    )
+    sinkhorn_debias: float = Field(
+        default=0.4, ge=0, le=1, description="sinkhorn-synthetic: debiasing ratio p"
+    )
+    sinkhorn_learning_rate: float = Field(
+        default=0.5, gt=0, le=1, description="sinkhorn-synthetic: step size η"
     )
     # channels: the DPDA feature/histogram releases and PATE teacher votes
     dpda: bool = Field(default=True, description="release noisy features and histograms")
@@ -134,7 +154,7 @@ class SessionTerms(BaseModel):
             raise ValueError(
                 "release: per-row releases are offered under the attribute unit only (under the "
                 "record unit a label change moves rows across every class block in between); "
-                "use prototypes or class-gaussians"
+                "use prototypes, class-gaussians or sinkhorn-synthetic"
             )
         if self.release != "rows" and self.batch_size != 0:
             raise ValueError("batch_size: aggregate releases are whole-dataset releases")
@@ -170,6 +190,18 @@ def terms_error(exc: ValidationError) -> str:
     return f"{'.'.join(str(p) for p in err['loc'])}: {msg}"[:300]
 
 
+def synthetic_params(terms: SessionTerms) -> SinkhornSyntheticParams:
+    """The sinkhorn-synthetic knobs of a session (public: both parties read them)."""
+    return SinkhornSyntheticParams(
+        points_per_class=terms.synthetic_points,
+        steps=terms.sinkhorn_steps,
+        reg=terms.sinkhorn_reg,
+        debias=terms.sinkhorn_debias,
+        learning_rate=terms.sinkhorn_learning_rate,
+        clip_norm=terms.clip_norm,
+    )
+
+
 class PlanRefused(ValueError):
     """A plan the budget or the terms do not allow; the message is public (terms only)."""
 
@@ -181,6 +213,7 @@ class ReleasePlan(BaseModel):
     sampling_rate: float | None
     feature_noise_multiplier: float
     feature_sensitivity: float
+    feature_gradient_steps: int = 1  # sinkhorn-synthetic: T steps of feature_noise_multiplier
     histogram_mechanism: str
     histogram_parameter: float
     histogram_sensitivity: int
@@ -197,6 +230,7 @@ class ReleasePlan(BaseModel):
                 self.feature_sensitivity,
                 terms.privacy_unit,
                 terms.neighbouring,
+                self.feature_gradient_steps,
             ),
             HistogramSpec(
                 self.histogram_mechanism, self.histogram_parameter, self.histogram_sensitivity
@@ -221,6 +255,10 @@ def feature_sensitivity(
     scaling_std: np.ndarray | None,
 ) -> float:
     """L2 sensitivity of one released feature vector, on the whole map, in source units."""
+    if terms.release == "sinkhorn-synthetic":
+        # the stacked per-record gradient vectors, each clipped to GRADIENT_CLIP: one record
+        # moves the sum by ≤ 2·clip (replace-one) or ≤ clip (add/remove), at every step
+        return float(relation_factor(terms.neighbouring) * GRADIENT_CLIP)
     if terms.release == "class-gaussians":
         # [sums / C, sums of squares / C²] per class. Replace-one, same class: the sums move by
         # ≤ 2 and the squares (two non-negative vectors of norm ≤ 1) by ≤ √2, so ≤ √6; different
@@ -282,10 +320,17 @@ def plan_batches(
     if terms.batch_size == 0:
         eps_h = eps_dpda * terms.histogram_share
         eps_f = eps_dpda if attribute else eps_dpda - eps_h
+        sigma = calibrate_sigma(eps_f, terms.delta, terms.calibration)
+        gradient_steps = 1
+        if terms.release == "sinkhorn-synthetic":
+            # T Gaussian steps of multiplier σ√T compose to exactly one Gaussian of σ
+            gradient_steps = terms.sinkhorn_steps
+            sigma *= float(np.sqrt(gradient_steps)) * (1 + 1e-12)  # rounded toward more noise
         return ReleasePlan(
             steps=1,
             sampling_rate=None,
-            feature_noise_multiplier=calibrate_sigma(eps_f, terms.delta, terms.calibration),
+            feature_noise_multiplier=sigma,
+            feature_gradient_steps=gradient_steps,
             feature_sensitivity=sens,
             histogram_mechanism="discrete_laplace",
             histogram_parameter=discrete_laplace_parameter(eps_h, h_sens),

@@ -34,6 +34,7 @@ from dpda.dp.mechanisms import (
     label_counts,
 )
 from dpda.dp.pate import answers_event, noisy_argmax
+from dpda.dp.sinkhorn_synthetic import train_synthetic
 from dpda.dp.rng import is_cryptographic, public_rng, secure_rng
 from dpda.errors import BudgetExceeded, InvalidInput, PolicyRefused
 from dpda.policy import (
@@ -45,7 +46,7 @@ from dpda.policy import (
 )
 from dpda.protocol import BatchRelease, PateAnswer, SessionInfo, TargetDisclosure, queries_digest
 from dpda.source_party.teachers import TeacherEnsemble
-from dpda.terms import PlanRefused, ReleasePlan, SessionTerms, plan_batches
+from dpda.terms import PlanRefused, ReleasePlan, SessionTerms, plan_batches, synthetic_params
 
 
 @dataclass(frozen=True)
@@ -380,12 +381,20 @@ class SourceReleaser:
         index: int,
         entry: LedgerEntry,
     ) -> BatchRelease:
-        """Per-class sums of clipped projected rows (+ sums of squares) with Gaussian noise."""
+        """Per-class sums of clipped projected rows (+ sums of squares) with Gaussian noise, or
+        DP-Sinkhorn synthetic points (``dpda.dp.sinkhorn_synthetic``) trained on those rows."""
         y = self.domain.labels()
         rng = self._noise[info.session_id]
         c = terms.clip_norm
         with np.errstate(over="ignore", invalid="ignore"):
             z = clip_rows(x @ info.projection, c)
+        if terms.release == "sinkhorn-synthetic":
+            # counts first: they set the points per class and the gradients' scale
+            noisy = self._noisy_counts(label_counts(y, info.n_classes), spec, rng)
+            pts = train_synthetic(
+                z, y, noisy, synthetic_params(terms), spec.features.noise_multiplier, rng
+            )
+            return BatchRelease(index, pts, noisy, spec, entry.seq)
         sums = class_sums(z, y, info.n_classes)  # one record moves one row by ≤ C
         if terms.release == "prototypes":
             out = sums + gaussian_noise(sums.shape, spec.features.noise_std, rng)

@@ -25,6 +25,7 @@ import numpy as np
 from dpda.dp.events import event_from_json, event_to_json
 from dpda.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
 from dpda.dp.pate import answers_event
+from dpda.dp.sinkhorn_synthetic import points_per_class
 from dpda.errors import (
     BudgetExceeded,
     ConfigError,
@@ -594,8 +595,10 @@ class GrpcReleaseSource:
         ell = info.projection.shape[1]
         width = 2 * ell if terms.release == "class-gaussians" else ell
         rows = None if terms.release == "rows" else info.n_classes
-        z = serde.from_pb(msg.z, dtype="<f8", ndim=2, shape=(rows, width))
         counts = serde.from_pb(msg.noisy_counts, dtype="<i8", ndim=1, shape=(info.n_classes,))
+        if terms.release == "sinkhorn-synthetic":  # its size follows from the noisy counts
+            rows = int(points_per_class(counts, terms.synthetic_points).sum())
+        z = serde.from_pb(msg.z, dtype="<f8", ndim=2, shape=(rows, width))
         digest = payload_digest(msg.z.data, msg.noisy_counts.data)
         entry = LedgerEntry.from_json(msg.entry_json)
         if int(msg.index) != index:

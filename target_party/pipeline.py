@@ -9,6 +9,7 @@ from releases is post-processing and costs no budget.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling, per_row
 from dpda.dp.mechanisms import counts_to_labels
+from dpda.dp.sinkhorn_synthetic import per_class_of, synthetic_labels
 from dpda.errors import ConfigError
 from dpda.ot.costs import dpot_cost, label_mask
 from dpda.ot.mapping import barycentric_map
@@ -110,6 +112,7 @@ class DPDAResult:
     terms: SessionTerms | None = None  # the terms the session ran under (clip norm chosen)
     session_id: str = ""
     selection: dict[str, Any] = field(default_factory=dict)  # the unsupervised model choice
+    release_seconds: float = 0.0  # wall time of the source's releases (charge + draw + transfer)
 
     def summary(self, asked: SessionTerms) -> dict[str, Any]:
         """The numbers of one run, as ``results.json`` and ``dpda simulate --json`` report them
@@ -206,8 +209,15 @@ def aggregate_points(
 
     ``prototypes``: one mean per class, weighted by its noisy count. ``class-gaussians``: points
     drawn from a diagonal Gaussian per class (noisy mean and variance), equal weights.
+    ``sinkhorn-synthetic``: the released points as they are, each class's mass its noisy count
+    shared equally by its points.
     """
     counts = np.asarray(rel.noisy_counts, dtype=float)
+    if release == "sinkhorn-synthetic":
+        labels = synthetic_labels(rel.noisy_counts, per_class_of(rel.noisy_counts, rel.z.shape[0]))
+        share = counts.clip(1.0)[labels]
+        share = share / np.bincount(labels, minlength=n_classes)[labels]
+        return rel.z, labels, share / share.sum()
     ell = rel.z.shape[1] if release == "prototypes" else rel.z.shape[1] // 2
     keep = np.flatnonzero(counts >= 1)
     if keep.size == 0:
@@ -350,6 +360,7 @@ class _Fitted:
     fits: list[BatchFit] = field(default_factory=list)
     counts: list[list[int]] = field(default_factory=list)
     spend: list[float] = field(default_factory=list)
+    release_seconds: float = 0.0  # wall time spent waiting for the source's releases
     mapped: np.ndarray | None = None
     mapped_labels: np.ndarray | None = None
     model: object = None
@@ -367,7 +378,9 @@ def _release_all(
     out = _Fitted()
     steps = s.info.plan.steps
     for i in range(steps):
+        t0 = time.perf_counter()
         rel = s.source.release(s.info.session_id, i)
+        out.release_seconds += time.perf_counter() - t0
         out.releases.append(rel)
         out.fits.append(s.fit(rel, s.view))
         out.counts.append([int(c) for c in rel.noisy_counts])
@@ -470,6 +483,7 @@ def _result(
         ),
         noisy_counts=done.counts,
         batch_spend=done.spend,
+        release_seconds=done.release_seconds,
         accuracy_by_method=by_method,
         pate_queries=s.info.plan.pate_queries,
         model=done.model,

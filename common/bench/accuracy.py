@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dpda.dp.mechanisms import PrivacyUnit
+from dpda.dp.mechanisms import AGGREGATE_RELEASES, PrivacyUnit
 from dpda.service.output import add_json_option, write_json
 
 OFFICE = [(s, t) for s in "CADW" for t in "CADW" if s != t]
@@ -117,7 +117,9 @@ def run_methods(
         pate_share=0.25,
         attribute_bound=default_attribute_bound(DEFAULT_REPRESENTATION[ds], s.x.shape[1]),
     )
-    return terms, out.to_json(terms)
+    runs = out.runs.get("dpda")
+    timing = {"release_seconds": runs.release_seconds if runs else None}  # kept out of to_json
+    return terms, {**out.to_json(terms), **timing}
 
 
 def paper_pair(
@@ -169,6 +171,7 @@ def paper_pair(
         "sigma": acc["sigma"],
         "release": terms.release,
         "seconds": time.perf_counter() - t0,
+        "release_seconds": acc.get("release_seconds"),
         **acc["accuracy"],
     }
 
@@ -299,12 +302,15 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def summarize_paper(rows: list[dict], pairs: list[str], title: str) -> dict[str, Any]:
+    """Mean ± std per pair for each (unit, release): keys ``attribute`` and ``record:<release>``."""
     cols = ("source_only", "otda", "dpda", "pate", "dpda_pate")
     table: dict[str, Any] = {}
-    for unit in sorted({r["unit"] for r in rows}):
+    groups = sorted({(r["unit"], r["release"]) for r in rows})
+    for unit, release in groups:
+        mine = [r for r in rows if r["unit"] == unit and r["release"] == release]
         per_pair = {}
         for p in pairs:
-            rs = [r for r in rows if r["pair"] == p and r["unit"] == unit]
+            rs = [r for r in mine if r["pair"] == p]
             if rs:
                 per_pair[p] = {
                     c: {"mean": _mean([r[c] for r in rs]), "std": float(np.std([r[c] for r in rs]))}
@@ -314,12 +320,17 @@ def summarize_paper(rows: list[dict], pairs: list[str], title: str) -> dict[str,
         per_pair["mean (Office-Caltech)"] = {
             c: {"mean": _mean([per_pair[p][c]["mean"] for p in office]), "std": None} for c in cols
         }
-        table[unit] = per_pair
-        release = next(r["release"] for r in rows if r["unit"] == unit)
+        seconds = [r["release_seconds"] for r in mine if r.get("release_seconds") is not None]
+        if seconds:
+            per_pair["release seconds (median)"] = float(np.median(seconds))
+        table[unit if unit == "attribute" else f"{unit}:{release}"] = per_pair
         print(f"\n{title}, {unit} unit, {release} (accuracy %, mean ± std over seeds)")
         print(f"{'pair':22s}" + "".join(f"{c:>18s}" for c in cols))
         for p, vals in per_pair.items():
-            rs = [r for r in rows if r["pair"] == p and r["unit"] == unit]
+            if not isinstance(vals, dict):
+                print(f"{p:22s}{vals:18.3f}")
+                continue
+            rs = [r for r in mine if r["pair"] == p]
             cells = [_ms([r[c] for r in rs]) if rs else f"{vals[c]['mean']:.2f}" for c in cols]
             print(f"{p:22s}" + "".join(f"{x:>18s}" for x in cells))
     return table
@@ -377,6 +388,14 @@ def _pairs(spec: list[str] | None) -> list[tuple[str, str]]:
     return out
 
 
+def _unit_releases(units: list[str], record_releases: list[str]) -> list[tuple[str, str]]:
+    """(unit, record release) runs: the attribute unit once, the record unit once per release."""
+    out = []
+    for unit in units:
+        out += [(unit, r) for r in record_releases] if unit == "record" else [(unit, "rows")]
+    return out
+
+
 def run_bench_accuracy(args: argparse.Namespace) -> int:
     from dpda.data.loaders import require_data_dir
 
@@ -402,11 +421,11 @@ def run_bench_accuracy(args: argparse.Namespace) -> int:
                     seed,
                     args.batch_size,
                     protocol,
-                    args.record_release,
+                    release,
                     args.epsilon,
                 )
                 for s, t in pairs
-                for unit in args.units
+                for unit, release in _unit_releases(args.units, args.record_release)
                 for seed in range(args.seeds)
             ]
             rows = gather(tasks, f"{protocol} runs")
@@ -440,9 +459,10 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--record-release",
-        choices=["prototypes", "class-gaussians"],
-        default="prototypes",
-        help="what the record unit releases (default prototypes)",
+        nargs="+",
+        choices=AGGREGATE_RELEASES,
+        default=["prototypes"],
+        help="what the record unit releases; several: one column group each (default prototypes)",
     )
     s.add_argument(
         "--epsilon", type=float, default=8.0, help="whole-batch: the session's ε (default 8)"

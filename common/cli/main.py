@@ -257,6 +257,8 @@ TERM_FLAGS = (
     "privacy_unit", "neighbouring", "projection", "projection_dim", "batch_size", "steps",
     "noise_multiplier", "histogram_noise_ratio", "max_steps", "histogram_share", "calibration",
     "clip_norm", "release", "pate_teachers", "pate_aggregator", "pate_space",
+    "synthetic_points", "sinkhorn_steps", "sinkhorn_reg", "sinkhorn_debias",
+    "sinkhorn_learning_rate",
 )  # fmt: skip
 TERM_HELP = {
     "privacy_unit": "record (whole records, labels included) or attribute (opt-in: one feature "
@@ -267,7 +269,8 @@ TERM_HELP = {
     "steps": "minibatches (0: as many as ε allows, at most --max-steps)",
     "histogram_noise_ratio": "minibatch histogram σ_h/σ (0.5 measured best with a calibrated σ)",
     "clip_norm": "record unit: the row norm bound C",
-    "release": "default: prototypes (record unit), rows (attribute unit, Algorithm 2)",
+    "release": "default: prototypes (record unit), rows (attribute unit, Algorithm 2); "
+    "sinkhorn-synthetic: DP-Sinkhorn synthetic points (record unit)",
     "pate_teachers": "PATE: number of teachers T",
     "pate_space": "PATE queries in the projection space, or raw (opt-in)",
 }

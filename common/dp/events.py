@@ -11,7 +11,9 @@ an unknown ``type`` is an error (refuse rather than under-charge).
 Mechanisms
 ----------
 ``FeatureSpec`` — Gaussian release of ``Z = X·M + Δ``, ``Δ ~ N(0, (σ·S)²)^{n×ℓ}`` with ``S`` the L2
-sensitivity of one row (``projection_sensitivity``) and ``σ`` the noise multiplier.
+sensitivity of one row (``projection_sensitivity``) and ``σ`` the noise multiplier; with
+``steps = T`` > 1, T adaptively chosen Gaussian queries of that σ and sensitivity
+(``SelfComposed(Gaussian(σ), T)``, exactly one Gaussian of multiplier σ/√T).
 
 ``HistogramSpec`` — label counts ``v(y) + η``; whole-batch: ``η ~ DLap(a)``, pure ``(a·Δ₁)``-DP;
 minibatch: ``η ~ N(0, (σ_h·Δ₁)²)`` rounded (post-processing), so that a batch's two outputs form
@@ -45,13 +47,18 @@ class FeatureSpec:
     sensitivity: float  # L2 sensitivity of one row (unit and relation folded in)
     unit: str
     relation: str
+    # Gaussian steps of this σ on the same records (sinkhorn-synthetic: T noisy gradient sums,
+    # adaptively chosen); 1 for every other release. Added with a default: older entries read 1.
+    steps: int = 1
 
     @property
     def noise_std(self) -> float:
+        """Standard deviation of the noise of each step, per coordinate."""
         return self.noise_multiplier * self.sensitivity
 
     def dp_event(self) -> dp_event.DpEvent:
-        return dp_event.GaussianDpEvent(self.noise_multiplier)
+        one = dp_event.GaussianDpEvent(self.noise_multiplier)
+        return one if self.steps == 1 else dp_event.SelfComposedDpEvent(one, self.steps)
 
 
 @dataclass(frozen=True)

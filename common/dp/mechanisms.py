@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 from fractions import Fraction
+from typing import Literal
 
 import numpy as np
 
@@ -38,6 +39,11 @@ class Neighbouring(StrEnum):
 class PrivacyUnit(StrEnum):
     ATTRIBUTE = "attribute"
     RECORD = "record"
+
+
+# What a session releases (terms ask, the policy offers): one declaration for every layer.
+ReleaseKind = Literal["rows", "prototypes", "class-gaussians", "sinkhorn-synthetic"]
+AGGREGATE_RELEASES: tuple[str, ...] = ("prototypes", "class-gaussians", "sinkhorn-synthetic")
 
 
 def relation_factor(relation: Neighbouring | str) -> int:

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dpda.dp.accounting import CalibrationMethod
-from dpda.dp.mechanisms import Neighbouring, PrivacyUnit
+from dpda.dp.mechanisms import Neighbouring, PrivacyUnit, ReleaseKind
 from dpda.errors import ConfigError
 from dpda.policy import PrivacyPolicy
 from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE
@@ -233,8 +233,25 @@ class TargetJob(_Strict):
         "(post-processing); none: keep reg_e and reg_g",
     )
     method: Literal["dpda", "pate", "dpda+pate"] = "dpda"
-    release: Literal["rows", "prototypes", "class-gaussians"] | None = Field(
+    release: ReleaseKind | None = Field(
         default=None, description="default: prototypes (record unit), rows (attribute unit)"
+    )
+    # sinkhorn-synthetic (dpda.dp.sinkhorn_synthetic); bounded so that one release's work
+    # (steps × rows × points × ℓ) stays within seconds at 20k rows
+    synthetic_points: int = Field(
+        default=1, ge=1, le=100, description="sinkhorn-synthetic: points per class"
+    )
+    sinkhorn_steps: int = Field(
+        default=3, ge=1, le=1000, description="sinkhorn-synthetic: noisy gradient steps T"
+    )
+    sinkhorn_reg: float = Field(
+        default=0.05, ge=1e-3, le=100, description="sinkhorn-synthetic: entropic λ (cost / C²)"
+    )
+    sinkhorn_debias: float = Field(
+        default=0.4, ge=0, le=1, description="sinkhorn-synthetic: debiasing ratio p"
+    )
+    sinkhorn_learning_rate: float = Field(
+        default=0.5, gt=0, le=1, description="sinkhorn-synthetic: step size η"
     )
     pate_share: float = Field(
         default=PATE_SHARE, gt=0, lt=1, description="dpda+pate: PATE's ε share"
