@@ -19,8 +19,8 @@ What each knob means, in the source's own units:
   meaningful neighbours are same-size ones: every record-level release is accounted under
   replace-one, with its doubled sensitivities.
 * ``releases``: the release kinds offered. Default: the record-level releases (per-class noisy
-  sums and counts, and DP-Sinkhorn synthetic points), which protect whole records. ``rows`` (noisy per-row projections) must be listed
-  explicitly.
+  sums and counts, and DP-Sinkhorn synthetic points), which protect whole records. ``rows``
+  (noisy per-row projections) must be listed explicitly.
 * floors: no mechanism runs below ``min_noise_multiplier`` (Gaussian σ per unit of sensitivity),
   ``min_histogram_parameter`` (discrete-Laplace ``a``; never below the exact sampler's own floor),
   ``min_pate_sigma`` (GNMax) or above ``max_pate_gamma`` (LNMax).

@@ -41,8 +41,8 @@ from dpda.dp.mechanisms import (
     projection_sensitivity,
     relation_factor,
 )
-from dpda.dp.sinkhorn_synthetic import GRADIENT_CLIP, SinkhornSyntheticParams
 from dpda.dp.pate import calibrate_pate
+from dpda.dp.sinkhorn_synthetic import GRADIENT_CLIP, SinkhornSyntheticParams
 
 LABEL_CAVEAT = (
     "attribute unit: protects one feature of one record moving by at most the source's "

@@ -34,8 +34,8 @@ from dpda.dp.mechanisms import (
     label_counts,
 )
 from dpda.dp.pate import answers_event, noisy_argmax
-from dpda.dp.sinkhorn_synthetic import train_synthetic
 from dpda.dp.rng import is_cryptographic, public_rng, secure_rng
+from dpda.dp.sinkhorn_synthetic import train_synthetic
 from dpda.errors import BudgetExceeded, InvalidInput, PolicyRefused
 from dpda.policy import (
     SCALING_MEAN_MAX,

@@ -308,7 +308,7 @@ def summarize_paper(rows: list[dict], pairs: list[str], title: str) -> dict[str,
     groups = sorted({(r["unit"], r["release"]) for r in rows})
     for unit, release in groups:
         mine = [r for r in rows if r["unit"] == unit and r["release"] == release]
-        per_pair = {}
+        per_pair: dict[str, Any] = {}
         for p in pairs:
             rs = [r for r in mine if r["pair"] == p]
             if rs:

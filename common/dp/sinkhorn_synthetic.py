@@ -17,8 +17,9 @@ privacy-carrying query is a sum over real rows instead. The semi-dual of entropi
 
     OT_λ(μ, ν_Y) = max_g  Σ_j b_j g_j + E_{x∼μ}[ −λ log Σ_j b_j exp((g_j − c(x, y_j))/λ) ],
 
-is an expectation over real rows, so its gradients in ``Y`` and in the potential ``g`` are sums of
-per-record terms: record ``x`` contributes, with ``w(x) = softmax_j((g_j − c(x, y_j))/λ + log b_j)``,
+is an expectation over real rows, so its gradients in ``Y`` and in the potential ``g`` are sums
+of per-record terms: record ``x`` contributes, with
+``w(x) = softmax_j((g_j − c(x, y_j))/λ + log b_j)``,
 
     u(x) = [ w_j(x)·(y_j − x)/C  for every j ;  w(x) − b ]          (m·ℓ + m numbers).
 
@@ -195,7 +196,9 @@ def train_synthetic(
     std = noise_multiplier * REPLACE_ONE_SENSITIVITY
     c = p.clip_norm
     for t in range(p.steps):
-        sums = [record_gradient_sum(r, v, g, p.reg, c) for r, v, g in zip(rows, ys, gs, strict=True)]
+        sums = [
+            record_gradient_sum(r, v, g, p.reg, c) for r, v, g in zip(rows, ys, gs, strict=True)
+        ]
         flat = np.concatenate(sums)
         noisy = flat + draw(flat.shape, std, rng)  # the only contact with private data
         at = 0
