@@ -131,7 +131,7 @@ def run_job(
         "predictions_sha256": hashlib.sha256(res.predictions.tobytes()).hexdigest(),
     }
     (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))
-    return out, figures_of(res, view, cfg.job.epsilon)
+    return out, figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
 
 
 def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, Any]:

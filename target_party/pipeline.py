@@ -113,6 +113,12 @@ class DPDAResult:
     session_id: str = ""
     selection: dict[str, Any] = field(default_factory=dict)  # the unsupervised model choice
     release_seconds: float = 0.0  # wall time of the source's releases (charge + draw + transfer)
+    # what was transported, in the session's projected space, and the target's rows there
+    source_points: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
+    source_point_labels: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False
+    )
+    target_projected: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
 
     def summary(self, asked: SessionTerms) -> dict[str, Any]:
         """The numbers of one run, as ``results.json`` and ``dpda simulate --json`` report them
@@ -484,6 +490,13 @@ def _result(
         noisy_counts=done.counts,
         batch_spend=done.spend,
         release_seconds=done.release_seconds,
+        source_points=(
+            np.vstack([f.points for f in fits]) if fits else np.zeros((0, s.xt_proj.shape[1]))
+        ),
+        source_point_labels=(
+            np.concatenate([f.labels for f in fits]) if fits else np.zeros(0, dtype=np.int64)
+        ),
+        target_projected=s.xt_proj,
         accuracy_by_method=by_method,
         pate_queries=s.info.plan.pate_queries,
         model=done.model,

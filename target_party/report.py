@@ -5,7 +5,8 @@ not install the ``bench`` extra (matplotlib draws only the benchmarks' PNG figur
 
 Figures: ε spent across the releases; noisy class counts next to the labels the target used;
 a 2-D view (the target's top two principal directions) of target rows and mapped source rows;
-accuracy when the target has labels.
+for sinkhorn-synthetic, the released synthetic points beside the target's rows in the projected
+space; accuracy when the target has labels.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ def scatter(
     m_lab: np.ndarray,
     title: str,
     max_points: int = 1500,
+    legend: str = "dots: target rows · crosses: mapped source rows · colour: class",
 ) -> str:
     parts = _axes(title, "principal direction 1", "principal direction 2")
     both = np.vstack([target, mapped]) if mapped.size else target
@@ -169,10 +171,7 @@ def scatter(
                     f'<path d="M{x - 3:.1f},{y:.1f}h6M{x:.1f},{y - 3:.1f}v6" '
                     f'stroke="{color}" stroke-width="1.5"/>'
                 )
-    parts.append(
-        '<text x="60" y="37" font-size="11">dots: target rows · crosses: mapped '
-        "source rows · colour: class</text>"
-    )
+    parts.append(f'<text x="60" y="37" font-size="11">{html.escape(legend)}</text>')
     _xticks(parts, float(lo[0]), float(hi[0]), PAD + 6, W - 16)
     _yticks(parts, float(lo[1]), float(hi[1]), H - PAD - 6, 30)
     return "".join(parts) + "</svg>"
@@ -202,6 +201,17 @@ def render(summary: dict[str, Any], figures: dict[str, Any]) -> str:
                 "target rows and mapped source rows (2-D)",
             )
         )
+    if figures.get("synthetic_2d") is not None:
+        svgs.append(
+            scatter(
+                figures["target_projected_2d"],
+                figures["target_labels"],
+                figures["synthetic_2d"],
+                figures["synthetic_labels"],
+                "target rows and the source's synthetic points (projected space, 2-D)",
+                legend="dots: target rows · crosses: released synthetic points · colour: class",
+            )
+        )
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>dpda job report</title>"
         "<style>body{font-family:sans-serif;margin:24px;max-width:1100px}"
@@ -215,7 +225,9 @@ def render(summary: dict[str, Any], figures: dict[str, Any]) -> str:
     )
 
 
-def figures_of(res: Any, view: Any, budget: float) -> dict[str, Any]:
+def figures_of(
+    res: Any, view: Any, budget: float, terms_release: str | None = None
+) -> dict[str, Any]:
     """Arrays for the report from a ``DPDAResult`` and the target's ``TargetView``."""
     x = view.x - view.x.mean(axis=0)
     _, _, vt = np.linalg.svd(x, full_matrices=False)
@@ -229,4 +241,22 @@ def figures_of(res: Any, view: Any, budget: float) -> dict[str, Any]:
         "target_2d": x @ axes,
         "target_labels": view.labels if view.labels is not None else res.predictions,
         "mapped_2d": mapped @ axes if mapped.size else np.zeros((0, 2)),
+        **_synthetic_figure(res, terms_release),
+    }
+
+
+def _synthetic_figure(res: Any, release: str | None) -> dict[str, Any]:
+    """sinkhorn-synthetic: the released points beside the target's rows, both in the session's
+    projected space (where the points were trained), on the target rows' top two directions."""
+    xt = getattr(res, "target_projected", np.zeros((0, 0)))
+    pts = getattr(res, "source_points", np.zeros((0, 0)))
+    if release != "sinkhorn-synthetic" or xt.size == 0 or pts.size == 0:
+        return {}
+    mean = xt.mean(axis=0)
+    _, _, vt = np.linalg.svd(xt - mean, full_matrices=False)
+    axes = vt[:2].T
+    return {
+        "target_projected_2d": (xt - mean) @ axes,
+        "synthetic_2d": (pts - mean) @ axes,
+        "synthetic_labels": np.asarray(res.source_point_labels, dtype=np.int64),
     }

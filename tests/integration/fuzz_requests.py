@@ -744,6 +744,14 @@ TEMPLATES: list[dict[str, Any]] = [
     dict(epsilon=2.0, projection="jl", projection_dim=5),
     dict(epsilon=2.0, projection="jl", projection_dim=8, release="class-gaussians"),
     dict(
+        epsilon=2.0,
+        projection="jl",
+        projection_dim=5,
+        release="sinkhorn-synthetic",
+        synthetic_points=3,
+        sinkhorn_steps=5,
+    ),
+    dict(
         epsilon=4.0,
         projection="jl",
         projection_dim=5,

@@ -301,3 +301,25 @@ def test_a_source_lying_in_its_description_is_refused_before_anything(tmp_path, 
         with pytest.raises(PeerMisbehaved, match="description of its dataset is out of range"):
             _run_target(dep, rs.port)
         assert rs.handlers.ledger.store.entries("synthetic") == []
+
+
+def test_sinkhorn_synthetic_over_the_service_equals_simulate(tmp_path) -> None:
+    """The DP-Sinkhorn release through the real daemons (mTLS, SQLite ledgers on both sides):
+    the target verifies the point count against the noisy counts and recomputes the T-step
+    charge; the numbers equal the in-process run with the same seed."""
+    job = {"release": "sinkhorn-synthetic", "synthetic_points": 2, "sinkhorn_steps": 4}
+    dep = synthetic_deployment(tmp_path, seed=77, job=job)
+    with run_server(load_source(dep.source_config)) as rs:
+        out = _run_target(dep, rs.port)
+        source_entries = rs.handlers.ledger.store.entries("synthetic")
+    target_ledger, _ = open_state(load_target(dep.target_config))
+    target_entries = target_ledger.store.entries("synthetic")
+    assert [e.to_json() for e in source_entries] == [e.to_json() for e in target_entries]
+    assert len(source_entries) == 1 and source_entries[0].params["spec"]["features"]["steps"] == 4
+    src, tgt = two_domains()
+    terms = SessionTerms(dataset="synthetic", epsilon=4.0, delta=DELTA, projection_dim=10, **job)
+    sim = simulate(src, tgt, terms, "raw", AdaptConfig(), seed=77, baselines=False)
+    assert out["accuracy"] == sim.dpda.accuracy
+    assert out["epsilon_spent"] == pytest.approx(sim.dpda.epsilon_spent, abs=1e-12)
+    assert out["epsilon_spent"] <= 4.0
+    assert out["rows_received"] == 2 * len(set(tgt.y.tolist()))

@@ -387,6 +387,59 @@ def test_record_prototypes() -> None:
     )
 
 
+# ----------------------------------------------------------- 4b. record unit, sinkhorn-synthetic
+def test_record_sinkhorn_synthetic() -> None:
+    """One synthetic point per class, one noisy gradient step (T = 1), so the released point is
+    an invertible affine map of the noisy gradient sum: z = y₀ − η·C·(sum + noise)/n̂, with y₀ the
+    public initial point and n̂ the released noisy count. Worst case: one real row far from the
+    rest, r (clipped to C·e) replaced by −r; its clipped per-record vector goes from ≈ −e to ≈ +e,
+    a move of ≈ 2 (the charged sensitivity); the 40 other rows sit at the origin and contribute
+    the same in both. Statistic: the recovered noisy sum along e. σ ≈ 0.70 (ε = 12, a quarter to
+    the histogram), δ_a = 0.2, N = 3000 as for prototypes.
+    """
+    from dpda.dp.sinkhorn_synthetic import initial_points
+
+    c = 1.5
+    m = _orthonormal(3, 2, seed=4)
+    e = np.array([0.6, 0.8])
+    r = m @ (3.0 * e)  # r·M = 3e: clipped to C·e
+    x = np.vstack([r, np.zeros((40, 3)), m @ np.array([1.0, 0.0]), [0.3, 0.1, -0.2]])
+    y = np.array([0] * 41 + [1, 1])
+    x2 = x.copy()
+    x2[0] = -r
+    terms = SessionTerms(
+        dataset=DATASET,
+        epsilon=12.0,
+        delta=DELTA,
+        projection_dim=2,
+        histogram_share=0.25,
+        clip_norm=c,
+        release="sinkhorn-synthetic",
+        synthetic_points=1,
+        sinkhorn_steps=1,
+    )
+    disclosure = TargetDisclosure(Scaling(np.zeros(3), np.ones(3)), m)
+    d, dp = _pair(x, y, x2, y, 2, terms, PrivacyPolicy(), disclosure, seed=43)
+    assert d.spec.features.sensitivity == pytest.approx(2.0) and d.spec.features.steps == 1
+    y0 = initial_points(np.array([1, 1]), 2, c)[0][0]
+    eta = terms.sinkhorn_learning_rate
+
+    def stat(rel: BatchRelease) -> float:
+        n_hat = max(float(rel.noisy_counts[0]), 1.0)
+        return float((y0 - rel.z[0]) @ e * n_hat / (eta * c))
+
+    _check(
+        "record sinkhorn-synthetic",
+        d,
+        dp,
+        stat,
+        3000,
+        0.2,
+        _feature_event(d.spec),
+        _weaker_features,
+    )
+
+
 # ------------------------------------------------------------- 5. record unit, class-gaussians
 def test_record_class_gaussians() -> None:
     """The released block of a class is [S/C, Q/C²] (sums and sums of squares of the clipped

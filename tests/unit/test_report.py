@@ -34,3 +34,35 @@ def test_every_chart_draws_ticks() -> None:
     pts = rng.normal(size=(50, 2))
     svg = scatter(pts, np.zeros(50, int), pts + 1, np.ones(50, int), "map")
     assert len(ticks(svg)) >= 6
+
+
+def test_sinkhorn_synthetic_report_shows_synthetic_points_beside_the_target() -> None:
+    """A sinkhorn-synthetic job's page has a 2-D plot of the released points (one cross each)
+    over the target's projected rows; other releases do not get it."""
+    from dpda.data.loaders import Domain
+    from dpda.data.synthetic import two_domains
+    from dpda.simulation import simulate
+    from dpda.target_party.pipeline import AdaptConfig, target_view
+    from dpda.target_party.report import figures_of, render
+    from dpda.terms import SessionTerms
+
+    src, tgt = two_domains()
+    assert isinstance(tgt, Domain)
+    terms = SessionTerms(
+        dataset="synthetic",
+        epsilon=4.0,
+        delta=1e-4,
+        projection_dim=6,
+        release="sinkhorn-synthetic",
+        synthetic_points=3,
+    )
+    res = simulate(src, tgt, terms, "raw", AdaptConfig(), seed=1, baselines=False).dpda
+    view = target_view(tgt, "raw")
+    figs = figures_of(res, view, 4.0, "sinkhorn-synthetic")
+    assert figs["synthetic_2d"].shape == (res.source_points.shape[0], 2)
+    assert figs["target_projected_2d"].shape == (tgt.x.shape[0], 2)
+    page = render(res.summary(terms), figs)
+    assert "released synthetic points" in page
+    svg = page[page.index("synthetic points (projected space") :]
+    assert svg.count("<path d=") >= res.source_points.shape[0]  # a cross per point
+    assert "synthetic_2d" not in figures_of(res, view, 4.0, "prototypes")
