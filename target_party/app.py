@@ -54,7 +54,8 @@ _TERMS_FROM_JOB = (
     "dataset", "epsilon", "delta", "privacy_unit", "neighbouring", "projection",
     "projection_dim", "batch_size", "steps", "noise_multiplier", "histogram_noise_ratio",
     "max_steps", "histogram_share", "calibration", "clip_norm", "release", "pate_teachers",
-    "pate_aggregator", "pate_space", "synthetic_points", "sinkhorn_steps", "sinkhorn_reg",
+    "pate_aggregator", "pate_space", "synthetic_points",
+    "synthetic_rows_per_point", "sinkhorn_steps", "sinkhorn_reg",
     "sinkhorn_debias", "sinkhorn_learning_rate",
 )  # fmt: skip
 

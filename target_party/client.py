@@ -597,7 +597,11 @@ class GrpcReleaseSource:
         rows = None if terms.release == "rows" else info.n_classes
         counts = serde.from_pb(msg.noisy_counts, dtype="<i8", ndim=1, shape=(info.n_classes,))
         if terms.release == "sinkhorn-synthetic":  # its size follows from the noisy counts
-            rows = int(points_per_class(counts, terms.synthetic_points).sum())
+            rows = int(
+                points_per_class(
+                    counts, terms.synthetic_points, terms.synthetic_rows_per_point
+                ).sum()
+            )
         z = serde.from_pb(msg.z, dtype="<f8", ndim=2, shape=(rows, width))
         digest = payload_digest(msg.z.data, msg.noisy_counts.data)
         entry = LedgerEntry.from_json(msg.entry_json)

@@ -19,7 +19,7 @@ import numpy as np
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling, per_row
 from dpda.dp.mechanisms import counts_to_labels
-from dpda.dp.sinkhorn_synthetic import per_class_of, synthetic_labels
+from dpda.dp.sinkhorn_synthetic import SinkhornSyntheticParams, synthetic_labels
 from dpda.errors import ConfigError
 from dpda.ot.costs import dpot_cost, label_mask
 from dpda.ot.mapping import barycentric_map
@@ -27,7 +27,7 @@ from dpda.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo, TargetDisclosure
 from dpda.target_party.selection import select
 from dpda.target_party.training import accuracy, fit_predict
-from dpda.terms import SessionTerms
+from dpda.terms import SessionTerms, synthetic_params
 
 log = logging.getLogger("dpda.target")
 
@@ -209,7 +209,12 @@ def adapt_batch(
 
 
 def aggregate_points(
-    rel: BatchRelease, release: str, n_classes: int, seed: int, per_class: int
+    rel: BatchRelease,
+    release: str,
+    n_classes: int,
+    seed: int,
+    per_class: int,
+    synthetic: SinkhornSyntheticParams | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Noisy class aggregates → (points (p, ℓ), labels (p,), weights (p,)), post-processing.
 
@@ -220,7 +225,11 @@ def aggregate_points(
     """
     counts = np.asarray(rel.noisy_counts, dtype=float)
     if release == "sinkhorn-synthetic":
-        labels = synthetic_labels(rel.noisy_counts, per_class_of(rel.noisy_counts, rel.z.shape[0]))
+        if synthetic is None:
+            raise ValueError("sinkhorn-synthetic points need the session's parameters")
+        labels = synthetic_labels(
+            rel.noisy_counts, synthetic.points_per_class, synthetic.rows_per_point
+        )
         share = counts.clip(1.0)[labels]
         share = share / np.bincount(labels, minlength=n_classes)[labels]
         return rel.z, labels, share / share.sum()
@@ -254,9 +263,12 @@ def adapt_aggregate(
     cfg: AdaptConfig,
     n_classes: int,
     release: str,
+    synthetic: SinkhornSyntheticParams | None = None,
 ) -> BatchFit:
     """One aggregate release: weighted prototypes or synthetic points per class."""
-    pts, ys, a = aggregate_points(rel, release, n_classes, cfg.seed, cfg.synthetic_per_class)
+    pts, ys, a = aggregate_points(
+        rel, release, n_classes, cfg.seed, cfg.synthetic_per_class, synthetic
+    )
     return fit_points(pts, ys, a, 0.0, xt_proj, view, cfg, n_classes)
 
 
@@ -314,7 +326,8 @@ class _Session:
     def fit(self, rel: BatchRelease, v: TargetView) -> BatchFit:
         cfg, q, xt = self.cfg, self.info.n_classes, self.xt_proj
         if self.terms.release != "rows":
-            return adapt_aggregate(rel, xt, v, cfg, q, self.terms.release)
+            synthetic = synthetic_params(self.terms)
+            return adapt_aggregate(rel, xt, v, cfg, q, self.terms.release, synthetic)
         if 0 < cfg.target_batch < v.x.shape[0]:
             rng = np.random.default_rng([cfg.seed, rel.index])
             idx = np.sort(rng.choice(v.x.shape[0], cfg.target_batch, replace=False))

@@ -257,9 +257,11 @@ TERM_FLAGS = (
     "privacy_unit", "neighbouring", "projection", "projection_dim", "batch_size", "steps",
     "noise_multiplier", "histogram_noise_ratio", "max_steps", "histogram_share", "calibration",
     "clip_norm", "release", "pate_teachers", "pate_aggregator", "pate_space",
-    "synthetic_points", "sinkhorn_steps", "sinkhorn_reg", "sinkhorn_debias",
-    "sinkhorn_learning_rate",
+    "synthetic_points", "synthetic_rows_per_point", "sinkhorn_steps", "sinkhorn_reg",
+    "sinkhorn_debias", "sinkhorn_learning_rate",
 )  # fmt: skip
+# flags without a default of their own: SessionTerms fills them in from the unit and the release
+RELEASE_DEPENDENT_FLAGS = ("release", "histogram_share", "calibration")
 TERM_HELP = {
     "privacy_unit": "record (whole records, labels included) or attribute (opt-in: one feature "
     "value only; labels and membership are NOT protected)",
@@ -303,7 +305,7 @@ def _term_flag(p: argparse.ArgumentParser, name: str) -> None:
         choices = get_args(annotation)
     else:
         choices = None
-    default = None if name == "release" else field.default
+    default = None if name in RELEASE_DEPENDENT_FLAGS else field.default
     if isinstance(default, Enum):
         default = default.value
     kind: Any = None if choices else field.annotation  # int or float

@@ -71,35 +71,31 @@ _INIT_SCALE = 0.05
 class SinkhornSyntheticParams:
     """The public knobs of one run (all from the session terms)."""
 
-    points_per_class: int  # m for every class whose noisy count is ≥ 1
+    points_per_class: int  # at most this many points per class
     steps: int  # T noisy gradient steps
     reg: float  # λ on the cost ‖x − y‖²/(2C²)
     debias: float  # p in [0, 1]
     learning_rate: float  # η in (0, 1]
     clip_norm: float  # C: the rows' clipping norm (the ball the points stay in)
+    rows_per_point: int = 1  # one point per this many noisy rows of the class
 
 
-def points_per_class(noisy_counts: np.ndarray, per_class: int) -> np.ndarray:
-    """Points of each class from the charged noisy counts (both parties compute it): ``m`` for a
-    class whose noisy count is ≥ 1, none otherwise; every class gets ``m`` if none reaches 1."""
-    counts = np.asarray(noisy_counts)
-    sizes = np.where(counts >= 1, per_class, 0).astype(np.int64)
+def points_per_class(noisy_counts: np.ndarray, per_class: int, rows_per_point: int) -> np.ndarray:
+    """Points of each class from the charged noisy counts (both parties compute it): one per
+    ``rows_per_point`` noisy rows, at least 1 and at most ``per_class``, for a class whose noisy
+    count is ≥ 1; none otherwise (every class gets one if none reaches 1). Each point averages
+    the gradients of about ``rows_per_point`` records, which sets its signal against the noise."""
+    counts = np.asarray(noisy_counts, dtype=np.float64)
+    share = np.floor(np.clip(counts, 0, 1e12) / rows_per_point)
+    sizes = np.where(counts >= 1, np.clip(share, 1, per_class), 0).astype(np.int64)
     if sizes.sum() == 0:
-        sizes[:] = per_class
+        sizes[:] = 1
     return sizes
 
 
-def per_class_of(noisy_counts: np.ndarray, n_points: int) -> int:
-    """``m`` back from a release's size (the inverse of ``points_per_class``)."""
-    classes = int(np.count_nonzero(np.asarray(noisy_counts) >= 1)) or len(noisy_counts)
-    if n_points % classes:
-        raise ValueError("the number of synthetic points does not match the noisy counts")
-    return n_points // classes
-
-
-def synthetic_labels(noisy_counts: np.ndarray, per_class: int) -> np.ndarray:
+def synthetic_labels(noisy_counts: np.ndarray, per_class: int, rows_per_point: int) -> np.ndarray:
     """The label of each released point (points come sorted by class)."""
-    sizes = points_per_class(noisy_counts, per_class)
+    sizes = points_per_class(noisy_counts, per_class, rows_per_point)
     return np.repeat(np.arange(sizes.size), sizes).astype(np.int64)
 
 
@@ -184,7 +180,7 @@ def train_synthetic(
     draw = gaussian_noise if noise is None else noise
     p = params
     ell = x.shape[1]
-    sizes = points_per_class(noisy_counts, p.points_per_class)
+    sizes = points_per_class(noisy_counts, p.points_per_class, p.rows_per_point)
     classes = [int(k) for k in np.flatnonzero(sizes)]
     rows = [x[labels == k] for k in classes]
     n_hat = [max(float(noisy_counts[k]), 1.0) for k in classes]

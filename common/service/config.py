@@ -221,8 +221,9 @@ class TargetJob(_Strict):
     )
     histogram_noise_ratio: float = Field(default=2.0, gt=0, le=1e6)
     max_steps: int = Field(default=64, ge=1, le=100_000)
-    histogram_share: float = Field(default=0.5, gt=0, lt=1)
-    calibration: CalibrationMethod = CalibrationMethod.THEOREM2
+    # None: the release decides (SessionTerms.RELEASE_DEFAULTS)
+    histogram_share: float | None = Field(default=None, gt=0, lt=1)
+    calibration: CalibrationMethod | None = None
     clip_norm: float = Field(default=1.0, gt=0, le=1e12)
     reg_e: float = Field(default=0.02, gt=0)
     reg_g: float = Field(default=0.5, ge=0)
@@ -239,7 +240,16 @@ class TargetJob(_Strict):
     # sinkhorn-synthetic (dpda.dp.sinkhorn_synthetic); bounded so that one release's work
     # (steps × rows × points × ℓ) stays within seconds at 20k rows
     synthetic_points: int = Field(
-        default=1, ge=1, le=100, description="sinkhorn-synthetic: points per class"
+        default=10,
+        ge=1,
+        le=100,
+        description="sinkhorn-synthetic: at most this many points per class",
+    )
+    synthetic_rows_per_point: int = Field(
+        default=70,
+        ge=1,
+        le=1_000_000,
+        description="sinkhorn-synthetic: one point per this many (noisy) rows of a class",
     )
     sinkhorn_steps: int = Field(
         default=3, ge=1, le=1000, description="sinkhorn-synthetic: noisy gradient steps T"

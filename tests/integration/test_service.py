@@ -307,7 +307,12 @@ def test_sinkhorn_synthetic_over_the_service_equals_simulate(tmp_path) -> None:
     """The DP-Sinkhorn release through the real daemons (mTLS, SQLite ledgers on both sides):
     the target verifies the point count against the noisy counts and recomputes the T-step
     charge; the numbers equal the in-process run with the same seed."""
-    job = {"release": "sinkhorn-synthetic", "synthetic_points": 2, "sinkhorn_steps": 4}
+    job = {
+        "release": "sinkhorn-synthetic",
+        "synthetic_points": 2,
+        "synthetic_rows_per_point": 1,
+        "sinkhorn_steps": 4,
+    }
     dep = synthetic_deployment(tmp_path, seed=77, job=job)
     with run_server(load_source(dep.source_config)) as rs:
         out = _run_target(dep, rs.port)

@@ -52,7 +52,7 @@ def test_session_parameters_have_one_declaration() -> None:
     config could not set noise_multiplier's companions)."""
     import dataclasses
 
-    from dpda.cli.main import TERM_FLAGS, _add_terms_args
+    from dpda.cli.main import RELEASE_DEPENDENT_FLAGS, TERM_FLAGS, _add_terms_args
     from dpda.service.config import TargetJob
     from dpda.target_party.app import _TERMS_FROM_JOB
     from dpda.target_party.pipeline import AdaptConfig
@@ -64,7 +64,7 @@ def test_session_parameters_have_one_declaration() -> None:
     terms, job = SessionTerms.model_fields, TargetJob.model_fields
     for name in TERM_FLAGS:
         assert name in _TERMS_FROM_JOB, f"{name}: a flag the target's config cannot set"
-        if name == "release":  # no default: the unit decides (SessionTerms' validator)
+        if name in RELEASE_DEPENDENT_FLAGS:  # the unit / release decides (SessionTerms)
             assert flags[name].default is None and job[name].default is None
             continue
         assert flags[name].default == terms[name].default == job[name].default, name

@@ -65,14 +65,15 @@ def test_noise_matches_the_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(S, "gaussian_noise", recording)
     x, y = _data(q=40)
-    terms = _terms(synthetic_points=25, sinkhorn_steps=6)
+    terms = _terms(synthetic_points=25, synthetic_rows_per_point=1, sinkhorn_steps=6)
     rel, entry = _release(x, y, 40, terms)
     f = entry.params["spec"]["features"]
     assert f["sensitivity"] == pytest.approx(2.0) and f["steps"] == 6
     claimed = f["noise_multiplier"] * f["sensitivity"]
     assert len(drawn) == 6 and all(std == pytest.approx(claimed) for std, _ in drawn)
     samples = np.concatenate([d.ravel() for _, d in drawn])
-    assert samples.size == 6 * 40 * 25 * (10 + 1)  # every coordinate of every class block
+    sizes = S.points_per_class(rel.noisy_counts, 25, 1)  # one per noisy row, at most 25
+    assert samples.size == 6 * sizes.sum() * (10 + 1)  # every coordinate of every class block
     assert std_matches(samples, claimed)
     assert not std_matches(samples, claimed * 0.7)
     # the charge: T Gaussians of σ, which is exactly one Gaussian of σ/√T, with the counts
@@ -85,7 +86,7 @@ def test_noise_matches_the_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert epsilon_of([event], 1e-5) == pytest.approx(epsilon_of([merged], 1e-5), rel=1e-6)
     assert epsilon_of([event], 1e-5) <= terms.epsilon
-    assert rel.z.shape == (40 * 25, 10)
+    assert rel.z.shape == (sizes.sum(), 10)
 
     # a weakened variant of the mechanism (30% less noise) is caught by the same check
     weak: list[np.ndarray] = []
@@ -100,7 +101,7 @@ def test_noise_matches_the_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
         clip_rows(z, 1.0),
         y,
         np.bincount(y),
-        S.SinkhornSyntheticParams(25, 6, 0.05, 0.4, 0.5, 1.0),
+        S.SinkhornSyntheticParams(25, 6, 0.05, 0.4, 0.5, 1.0, rows_per_point=1),
         f["noise_multiplier"],
         np.random.default_rng(1),
         noise=weaker,
@@ -191,18 +192,40 @@ def test_the_release_is_refused_outside_the_record_unit() -> None:
 
 def test_target_reads_labels_and_weights_from_the_noisy_counts() -> None:
     counts = np.array([40, 0, 10])
-    assert S.points_per_class(counts, 3).tolist() == [3, 0, 3]
-    assert S.points_per_class(np.array([0, -2]), 2).tolist() == [2, 2]  # none ≥ 1: all classes
-    assert S.per_class_of(counts, 6) == 3
-    with pytest.raises(ValueError, match="does not match"):
-        S.per_class_of(counts, 7)
+    assert S.points_per_class(counts, 3, 1).tolist() == [3, 0, 3]
+    assert S.points_per_class(counts, 10, 10).tolist() == [4, 0, 1]  # one per 10 noisy rows
+    assert S.points_per_class(np.array([0, -2]), 2, 1).tolist() == [1, 1]  # none ≥ 1: all
+    assert S.points_per_class(np.array([2**62, 5]), 7, 1).tolist() == [7, 5]  # a lying count
+    params = S.SinkhornSyntheticParams(3, 1, 0.05, 0.4, 0.5, 1.0, rows_per_point=1)
 
     class Rel:
         z = np.arange(12.0).reshape(6, 2)
         noisy_counts = counts
 
-    pts, labels, w = aggregate_points(Rel(), "sinkhorn-synthetic", 3, 0, 10)  # type: ignore[arg-type]
+    pts, labels, w = aggregate_points(Rel(), "sinkhorn-synthetic", 3, 0, 10, params)  # type: ignore[arg-type]
     assert labels.tolist() == [0, 0, 0, 2, 2, 2]
     assert w.sum() == pytest.approx(1.0)
     assert w[0] == pytest.approx(4 * w[3])  # each class's mass is its noisy count
     assert pts is Rel.z
+
+
+def test_release_dependent_defaults_and_explicit_values_win() -> None:
+    """sinkhorn-synthetic gives 90% of ε to the gradients and calibrates with the analytic
+    Gaussian unless the target says otherwise; other releases keep theirs; the CLI and the
+    target's [job] table leave the choice to the terms."""
+    t = _terms()
+    assert (t.histogram_share, t.calibration) == (0.1, "analytic")
+    t = _terms(histogram_share=0.3, calibration="theorem2")
+    assert (t.histogram_share, t.calibration) == (0.3, "theorem2")
+    p = _terms(release="prototypes")
+    assert (p.histogram_share, p.calibration) == (0.5, "theorem2")
+    assert _terms(histogram_share=None).histogram_share == 0.1  # None: not given
+
+    from dpda.cli.main import _terms as cli_terms
+    from dpda.cli.main import build_parser
+
+    args = build_parser().parse_args(
+        ["simulate", "--dataset", "office-caltech", "--release", "sinkhorn-synthetic"]
+    )
+    t = cli_terms(args, "office-caltech:C", 1e-5)
+    assert (t.histogram_share, t.calibration) == (0.1, "analytic")
