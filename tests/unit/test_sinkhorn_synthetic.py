@@ -229,3 +229,17 @@ def test_release_dependent_defaults_and_explicit_values_win() -> None:
     )
     t = cli_terms(args, "office-caltech:C", 1e-5)
     assert (t.histogram_share, t.calibration) == (0.1, "analytic")
+
+
+def test_bench_releases_times_every_record_release_against_prototypes(tmp_path) -> None:
+    import json
+
+    from dpda.cli.main import main
+
+    out = tmp_path / "r.json"
+    assert main(["bench", "releases", "--rows", "300", "--repeats", "1", "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["release"] for r in runs] == ["prototypes", "class-gaussians", "sinkhorn-synthetic"]
+    assert all(r["seconds_median"] > 0 and r["vs_prototypes"] > 0 for r in runs)
+    assert runs[0]["vs_prototypes"] == 1.0
+    assert runs[2]["points_released"] == 10  # 30 rows per class: one point each (one per 70)
