@@ -26,6 +26,8 @@ What each knob means, in the source's own units:
   ``min_pate_sigma`` (GNMax) or above ``max_pate_gamma`` (LNMax).
 * bounds on what the target sends (its column scaling, the clip norm): chosen so that no
   intermediate of the release can overflow; values outside them are refused, never clamped.
+* ``max_synthetic_work``: the most work one sinkhorn-synthetic release may ask of the source
+  (``sinkhorn_steps × rows × synthetic_points × projection_dim``); more is refused.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class PrivacyPolicy(BaseModel):
     min_pate_sigma: float = Field(default=1.0, gt=0)
     max_pate_gamma: float = Field(default=10.0, gt=0)
     clip_norm_range: tuple[float, float] = (1e-6, 1e6)
+    # sinkhorn-synthetic: the source's own bound on one release's work, in multiply-adds of its
+    # gradient steps (steps × rows × points per class × ℓ); the release runs under the daemon's
+    # lock, so a peer must not be able to ask for minutes of it (2e9: about a second, measured)
+    max_synthetic_work: float = Field(default=2e9, gt=0)
 
     @model_validator(mode="after")
     def _opt_in(self) -> PrivacyPolicy:
@@ -154,6 +160,19 @@ def check_terms(policy: PrivacyPolicy, terms: Any, *, allow_raw_queries: bool = 
     lo, hi = policy.clip_norm_range
     if terms.privacy_unit == "record" and not (lo <= terms.clip_norm <= hi):
         _refuse(f"clip_norm {terms.clip_norm:g} outside the allowed range [{lo:g}, {hi:g}]")
+
+
+def check_work(policy: PrivacyPolicy, terms: Any, n_rows: int) -> None:
+    """Refuse a release whose work the source's policy does not allow (before any charge)."""
+    if terms.dpda and terms.release == "sinkhorn-synthetic":
+        work = terms.sinkhorn_steps * n_rows * terms.synthetic_points * terms.projection_dim
+        if work > policy.max_synthetic_work:
+            _refuse(
+                f"sinkhorn_steps × synthetic_points × projection_dim = "
+                f"{terms.sinkhorn_steps * terms.synthetic_points * terms.projection_dim} per row "
+                f"is more work than this source allows ({policy.max_synthetic_work:.3g} in all): "
+                "ask for fewer steps or points"
+            )
 
 
 def check_plan(policy: PrivacyPolicy, plan: Any, terms: Any) -> None:

@@ -43,6 +43,7 @@ from dpda.policy import (
     PrivacyPolicy,
     check_plan,
     check_terms,
+    check_work,
 )
 from dpda.protocol import BatchRelease, PateAnswer, SessionInfo, TargetDisclosure, queries_digest
 from dpda.source_party.teachers import TeacherEnsemble
@@ -187,6 +188,7 @@ class SourceReleaser:
         check_terms(self.policy, terms, allow_raw_queries=self.allow_raw_queries)
         k = self.domain.x.shape[1]
         n = self.domain.x.shape[0]
+        check_work(self.policy, terms, n)
         if terms.pate_queries > 0 and terms.pate_teachers > n:
             raise PolicyRefused(f"pate_teachers {terms.pate_teachers} exceeds the {n} records")
         check_scaling(disclosure.scaling, k)

@@ -461,8 +461,9 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
         "--record-release",
         nargs="+",
         choices=AGGREGATE_RELEASES,
-        default=["prototypes"],
-        help="what the record unit releases; several: one column group each (default prototypes)",
+        default=["prototypes", "sinkhorn-synthetic"],
+        help="what the record unit releases; several: one column group each (default "
+        "prototypes and sinkhorn-synthetic)",
     )
     s.add_argument(
         "--epsilon", type=float, default=8.0, help="whole-batch: the session's ε (default 8)"

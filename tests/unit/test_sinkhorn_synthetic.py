@@ -243,3 +243,24 @@ def test_bench_releases_times_every_record_release_against_prototypes(tmp_path) 
     assert all(r["seconds_median"] > 0 and r["vs_prototypes"] > 0 for r in runs)
     assert runs[0]["vs_prototypes"] == 1.0
     assert runs[2]["points_released"] == 10  # 30 rows per class: one point each (one per 70)
+
+
+def test_the_source_refuses_more_work_than_its_policy_allows() -> None:
+    """A release runs under the daemon's lock: the policy bounds its work, before any charge."""
+    from dpda.errors import PolicyRefused
+    from dpda.policy import PrivacyPolicy
+
+    x, y = _data()
+    k = x.shape[1]
+    rel, ledger = memory_releaser(
+        Domain("d", x, y, 4),
+        "d",
+        Budget(100, 1e-5),
+        np.random.default_rng(0),
+        policy=PrivacyPolicy(max_synthetic_work=600 * 10 * 10 * 50),
+    )
+    disclosure = TargetDisclosure(Scaling(np.zeros(k), np.ones(k)), np.eye(k)[:, :10])
+    rel.open_session(_terms(synthetic_points=10, sinkhorn_steps=50), disclosure)  # at the bound
+    with pytest.raises(PolicyRefused, match="more work than this source allows"):
+        rel.open_session(_terms(synthetic_points=10, sinkhorn_steps=51), disclosure)
+    assert ledger.store.entries("d") == []  # nothing charged
