@@ -6,10 +6,11 @@ resolved against the directory of the config file.
 
 from __future__ import annotations
 
+import copy
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -17,7 +18,12 @@ from dpda.dp.accounting import CalibrationMethod
 from dpda.dp.mechanisms import Neighbouring, PrivacyUnit, ReleaseKind
 from dpda.errors import ConfigError
 from dpda.policy import PrivacyPolicy
-from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE
+from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE, SessionTerms
+
+
+def _term(name: str) -> Any:
+    """A [job] field that is a session term as SessionTerms declares it (a copy of its field)."""
+    return copy.copy(SessionTerms.model_fields[name])
 
 
 class _Strict(BaseModel):
@@ -237,32 +243,13 @@ class TargetJob(_Strict):
     release: ReleaseKind | None = Field(
         default=None, description="default: prototypes (record unit), rows (attribute unit)"
     )
-    # sinkhorn-synthetic (dpda.dp.sinkhorn_synthetic); bounded so that one release's work
-    # (steps × rows × points × ℓ) stays within seconds at 20k rows
-    synthetic_points: int = Field(
-        default=10,
-        ge=1,
-        le=100,
-        description="sinkhorn-synthetic: at most this many points per class",
-    )
-    synthetic_rows_per_point: int = Field(
-        default=70,
-        ge=1,
-        le=1_000_000,
-        description="sinkhorn-synthetic: one point per this many (noisy) rows of a class",
-    )
-    sinkhorn_steps: int = Field(
-        default=3, ge=1, le=1000, description="sinkhorn-synthetic: noisy gradient steps T"
-    )
-    sinkhorn_reg: float = Field(
-        default=0.05, ge=1e-3, le=100, description="sinkhorn-synthetic: entropic λ (cost / C²)"
-    )
-    sinkhorn_debias: float = Field(
-        default=0.4, ge=0, le=1, description="sinkhorn-synthetic: debiasing ratio p"
-    )
-    sinkhorn_learning_rate: float = Field(
-        default=0.5, gt=0, le=1, description="sinkhorn-synthetic: step size η"
-    )
+    # sinkhorn-synthetic: declared once, by SessionTerms (the same default, bounds and help)
+    synthetic_points: int = _term("synthetic_points")
+    synthetic_rows_per_point: int = _term("synthetic_rows_per_point")
+    sinkhorn_steps: int = _term("sinkhorn_steps")
+    sinkhorn_reg: float = _term("sinkhorn_reg")
+    sinkhorn_debias: float = _term("sinkhorn_debias")
+    sinkhorn_learning_rate: float = _term("sinkhorn_learning_rate")
     pate_share: float = Field(
         default=PATE_SHARE, gt=0, lt=1, description="dpda+pate: PATE's ε share"
     )
