@@ -27,11 +27,13 @@ What each knob means, in the source's own units:
 * bounds on what the target sends (its column scaling, the clip norm): chosen so that no
   intermediate of the release can overflow; values outside them are refused, never clamped.
 * ``max_synthetic_work``: the most work one sinkhorn-synthetic release may ask of the source
-  (``sinkhorn_steps × rows × synthetic_points × projection_dim``); more is refused.
+  (``synthetic_work``: steps × rows × points × (ℓ + 32), plus the debiasing plans); more is
+  refused.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -77,9 +79,9 @@ class PrivacyPolicy(BaseModel):
     max_pate_gamma: float = Field(default=10.0, gt=0)
     clip_norm_range: tuple[float, float] = (1e-6, 1e6)
     # sinkhorn-synthetic: the source's own bound on one release's work, in multiply-adds of its
-    # gradient steps (steps × rows × points per class × ℓ); the release runs under the daemon's
-    # lock, so a peer must not be able to ask for minutes of it (measured at 20k rows, ℓ = 50:
-    # 4e8 is 0.5 s at 40 steps × 10 points; the default terms ask 3e7, 0.09 s)
+    # gradient steps (``synthetic_work``); the release runs under the daemon's lock, so a peer
+    # must not be able to ask for minutes of it (measured at the bound: 0.18–0.37 s over five
+    # shapes from ℓ = 1, 100 points to 20k rows, ℓ = 50; the default terms ask about 5e7)
     max_synthetic_work: float = Field(default=4e8, gt=0)
 
     @model_validator(mode="after")
@@ -163,16 +165,32 @@ def check_terms(policy: PrivacyPolicy, terms: Any, *, allow_raw_queries: bool = 
         _refuse(f"clip_norm {terms.clip_norm:g} outside the allowed range [{lo:g}, {hi:g}]")
 
 
-def check_work(policy: PrivacyPolicy, terms: Any, n_rows: int) -> None:
+# cost model of one sinkhorn-synthetic release, in multiply-adds (fitted by timing, see README):
+# per step, every row meets every point of its class (cost, softmax, clip: ~ℓ + 32 each), and
+# the debiasing plan of each class is up to 200 Sinkhorn iterations over its points
+_ROW_POINT_OVERHEAD = 32
+_DEBIAS_ITERATIONS = 200
+
+
+def synthetic_work(terms: Any, n_rows: int, n_classes: int) -> float:
+    """Upper bound on the work of one sinkhorn-synthetic release (public terms and sizes)."""
+    m = terms.synthetic_points
+    per_step = n_rows * m * (terms.projection_dim + _ROW_POINT_OVERHEAD)
+    if terms.sinkhorn_debias > 0 and m > 1:
+        per_step += n_classes * m * m * (2 * _DEBIAS_ITERATIONS + terms.projection_dim)
+    return float(terms.sinkhorn_steps * per_step)
+
+
+def check_work(policy: PrivacyPolicy, terms: Any, n_rows: int, n_classes: int) -> None:
     """Refuse a release whose work the source's policy does not allow (before any charge)."""
     if terms.dpda and terms.release == "sinkhorn-synthetic":
-        work = terms.sinkhorn_steps * n_rows * terms.synthetic_points * terms.projection_dim
+        work = synthetic_work(terms, n_rows, n_classes)
         if work > policy.max_synthetic_work:
             _refuse(
-                f"sinkhorn_steps × synthetic_points × projection_dim = "
-                f"{terms.sinkhorn_steps * terms.synthetic_points * terms.projection_dim} per row "
-                f"is more work than this source allows ({policy.max_synthetic_work:.3g} in all): "
-                "ask for fewer steps or points"
+                f"sinkhorn_steps {terms.sinkhorn_steps} × synthetic_points "
+                f"{terms.synthetic_points} at projection_dim {terms.projection_dim} is more work "
+                f"than this source allows ({work:.3g} of {policy.max_synthetic_work:.3g}): ask "
+                "for fewer steps or points"
             )
 
 
@@ -183,9 +201,12 @@ def check_plan(policy: PrivacyPolicy, plan: Any, terms: Any) -> None:
     and every noise level above what the source is willing to release at.
     """
     if terms.dpda:
-        if plan.feature_noise_multiplier < policy.min_noise_multiplier:
+        # T Gaussian steps of σ√T are one Gaussian of σ: the floor applies to what is released
+        # in all, not to each step (else more steps would get under it)
+        sigma = plan.feature_noise_multiplier / math.sqrt(plan.feature_gradient_steps)
+        if sigma < policy.min_noise_multiplier:
             _refuse(
-                f"the feature noise multiplier {plan.feature_noise_multiplier:.4g} is below the "
+                f"the feature noise multiplier {sigma:.4g} is below the "
                 f"floor {policy.min_noise_multiplier:g} (ask for a smaller epsilon)"
             )
         if plan.histogram_mechanism == "discrete_laplace":

@@ -188,7 +188,7 @@ class SourceReleaser:
         check_terms(self.policy, terms, allow_raw_queries=self.allow_raw_queries)
         k = self.domain.x.shape[1]
         n = self.domain.x.shape[0]
-        check_work(self.policy, terms, n)
+        check_work(self.policy, terms, n, self.domain.n_classes)
         if terms.pate_queries > 0 and terms.pate_teachers > n:
             raise PolicyRefused(f"pate_teachers {terms.pate_teachers} exceeds the {n} records")
         check_scaling(disclosure.scaling, k)

@@ -12,7 +12,9 @@ where ``μ_c`` is the class's empirical distribution, ``ν_Y`` the uniform measu
 Why the private part is written in its semi-dual form. The paper clips the gradient with respect
 to each *generated* point and charges sensitivity 2Δ for it. That under-counts: the entropic
 plan couples every real row with every generated point, so replacing one real row moves every
-row of that gradient (the whole ``m × ℓ`` matrix moves by up to ``2Δ·√m``, not ``2Δ``). Here the
+row of that gradient (the whole ``m × ℓ`` matrix moves by up to ``2Δ·√m``, not ``2Δ``; the test
+``test_the_papers_per_point_clipping_undercounts`` exhibits a replacement that moves it by
+more than 2Δ). Here the
 privacy-carrying query is a sum over real rows instead. The semi-dual of entropic OT,
 
     OT_λ(μ, ν_Y) = max_g  Σ_j b_j g_j + E_{x∼μ}[ −λ log Σ_j b_j exp((g_j − c(x, y_j))/λ) ],
@@ -37,10 +39,14 @@ counts come from the charged noisy histogram (discrete Laplace, as for prototype
 number of points per class and the normalisation of the gradients (post-processing).
 
 Why no Poisson subsampling. The source discloses exact sizes, so every record-level release is
-accounted under replace-one (``policy.PrivacyPolicy.neighbouring``), and dp-accounting has no
-Poisson-subsampled accountant under replace-one (it refuses ``PoissonSampledDpEvent`` there). A
-full-batch step costs the same ε per unit of signal in the Gaussian regime and is exact, so the
-release refuses to subsample rather than charge an unproven amplification.
+accounted under replace-one (``policy.PrivacyPolicy.neighbouring``). The ledger accounts every
+event under add/remove with the replace-one factor 2 folded into the sensitivity
+(``accounting``), which is exact for unsampled Gaussians but not a valid reading of a
+Poisson-sampled one under replace-one; dp-accounting's RDP accountant refuses that event there,
+and its PLD accountant (which has a replace-one mode) is not the relation the ledger composes
+in. Until the ledger accounts sampled events under replace-one, the release takes full-batch
+steps, which are exact. (At the few steps these releases take, amplification would buy little
+anyway; that is an expectation, not a measurement.)
 
 The part without private data. The debiasing term ``−(p/2)·OT_λ(ν_Y, ν_Y)`` touches synthetic
 points only; its gradient comes from the project's fast Sinkhorn plan (``dpda.ot.fast``), is
@@ -156,7 +162,12 @@ def _debias_step(y: np.ndarray, reg: float, clip_norm: float) -> np.ndarray:
 
 
 def _project_ball(y: np.ndarray, radius: float) -> np.ndarray:
-    norms = np.linalg.norm(y, axis=1, keepdims=True)
+    """Each point onto the ball of radius C; a non-finite point (unreachable within the terms'
+    bounds) restarts at the origin rather than carrying NaN into later steps."""
+    y = np.where(np.all(np.isfinite(y), axis=1, keepdims=True), y, 0.0)
+    with np.errstate(over="ignore"):
+        norms = np.linalg.norm(y, axis=1, keepdims=True)
+    norms = np.where(np.isfinite(norms), norms, np.finfo(np.float64).max)
     return np.asarray(y * np.minimum(1.0, radius / np.maximum(norms, 1e-300)))
 
 

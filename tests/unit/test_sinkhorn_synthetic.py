@@ -248,19 +248,70 @@ def test_bench_releases_times_every_record_release_against_prototypes(tmp_path) 
 def test_the_source_refuses_more_work_than_its_policy_allows() -> None:
     """A release runs under the daemon's lock: the policy bounds its work, before any charge."""
     from dpda.errors import PolicyRefused
-    from dpda.policy import PrivacyPolicy
+    from dpda.policy import PrivacyPolicy, synthetic_work
 
     x, y = _data()
     k = x.shape[1]
+    # per row and step: 10 points × (ℓ + 32), plus 4 classes' debiasing plans
+    assert synthetic_work(_terms(sinkhorn_steps=1), 600, 4) == 600 * 10 * 42 + 4 * 100 * 410
     rel, ledger = memory_releaser(
         Domain("d", x, y, 4),
         "d",
         Budget(100, 1e-5),
         np.random.default_rng(0),
-        policy=PrivacyPolicy(max_synthetic_work=600 * 10 * 10 * 50),
+        policy=PrivacyPolicy(max_synthetic_work=synthetic_work(_terms(sinkhorn_steps=50), 600, 4)),
     )
     disclosure = TargetDisclosure(Scaling(np.zeros(k), np.ones(k)), np.eye(k)[:, :10])
     rel.open_session(_terms(synthetic_points=10, sinkhorn_steps=50), disclosure)  # at the bound
     with pytest.raises(PolicyRefused, match="more work than this source allows"):
         rel.open_session(_terms(synthetic_points=10, sinkhorn_steps=51), disclosure)
     assert ledger.store.entries("d") == []  # nothing charged
+
+
+def test_the_papers_per_point_clipping_undercounts() -> None:
+    """The seed paper clips ∇_Y OT_λ(X, Y) per *generated* point to Δ and charges 2Δ. Four real
+    rows on a line, four synthetic points half a step to their right: moving the leftmost real
+    row to the right end shifts the plan along the whole chain, so every point's gradient flips
+    (−Δ → +Δ) and the clipped matrix moves by 2Δ·√4 = 4Δ, twice the charged 2Δ. The
+    semi-dual sum over real records clipped per record (what dpda releases) moves by ≤ 2."""
+    from dpda.ot import fast
+
+    def per_point_clipped(x: np.ndarray, y: np.ndarray, delta: float) -> np.ndarray:
+        n, m = len(x), len(y)
+        cost = ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1) / 2
+        a, b = np.full(n, 1 / n), np.full(m, 1 / m)
+        plan, _ = fast.sinkhorn(a, b, cost, 0.01, max_iter=5000, stop_thr=1e-12, dtype=np.float64)
+        g = np.stack([m * (plan[:, j, None] * (y[j] - x)).sum(0) for j in range(m)])
+        norms = np.linalg.norm(g, axis=1, keepdims=True)
+        return g * np.minimum(1.0, delta / np.maximum(norms, 1e-300))
+
+    delta = 0.5
+    x = np.array([[0.0], [1.0], [2.0], [3.0]])
+    y = x + 0.5
+    x2 = x.copy()
+    x2[0] = [4.0]
+    moved = np.linalg.norm(per_point_clipped(x, y, delta) - per_point_clipped(x2, y, delta))
+    assert moved > 1.9 * (2 * delta)  # ≈ 4Δ where 2Δ is charged
+    ours = S.record_gradient_sum(x, y, np.zeros(4), 0.01, 4.0) - S.record_gradient_sum(
+        x2, y, np.zeros(4), 0.01, 4.0
+    )
+    assert np.linalg.norm(ours) <= S.REPLACE_ONE_SENSITIVITY + 1e-12
+
+
+def test_the_floor_applies_to_the_released_gaussian_not_to_each_step() -> None:
+    """More steps do not get a session under the policy's noise floor: T steps of σ√T are one
+    Gaussian of σ, and σ is what the floor is compared with."""
+    from dpda.errors import PolicyRefused
+    from dpda.policy import PrivacyPolicy
+
+    x, y = _data()
+    k = x.shape[1]
+    policy = PrivacyPolicy(min_noise_multiplier=1.0)
+    disclosure = TargetDisclosure(Scaling(np.zeros(k), np.ones(k)), np.eye(k)[:, :10])
+    for steps in (1, 100):
+        rel, ledger = memory_releaser(
+            Domain("d", x, y, 4), "d", Budget(100, 1e-5), np.random.default_rng(0), policy=policy
+        )
+        with pytest.raises(PolicyRefused, match="below the floor"):
+            rel.open_session(_terms(epsilon=20.0, sinkhorn_steps=steps), disclosure)
+        assert ledger.store.entries("d") == []
