@@ -242,6 +242,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from dpda.bench.figures import register_figures
     from dpda.bench.load import register_load
     from dpda.bench.privacy import register_privacy
+    from dpda.bench.public_source import register_public_source
     from dpda.bench.releases import register_releases
     from dpda.bench.selection import register_selection
     from dpda.bench.speed import register_speed
@@ -253,3 +254,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_selection(bsub)
     register_load(bsub)
     register_releases(bsub)
+    register_public_source(bsub)

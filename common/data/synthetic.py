@@ -47,3 +47,31 @@ def two_domains(
         Domain("synthetic-source", xs, ys, n_classes),
         Domain("synthetic-target", xt, yt, n_classes),
     )
+
+
+def public_source_problem(
+    n_source: int = 1000, n_target: int = 1000, d: int = 10, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The regression problem of seed 001's experiment: ``(xs, ys, xt, yt)``.
+
+    Target P = N(μ_P, σ²I), source = 25% P + 75% Q with Q = N(μ_Q, σ²I), σ² = 1/(9d),
+    μ_P = (−1/√(2d), 1/√(2d), −1/√(2d), …) (alternating), μ_Q = (1/√(2d), …, 1/√(2d)); labels
+    f(x) = x·1̄ if 1̄·x > 0, else ½·x·1̄, with 1̄ = (1/√d, …). (The paper's text gives the
+    centres as "(−1/√(2d), 1/√(2d), …)" and "(1/√(2d), …)"; the alternating and constant
+    continuations are our reading.) ``yt`` is for evaluation and the oracle only.
+    """
+    rng = np.random.default_rng(seed)
+    s = 1.0 / np.sqrt(2 * d)
+    mu_p = np.where(np.arange(d) % 2 == 0, -s, s)
+    mu_q = np.full(d, s)
+    sd = np.sqrt(1.0 / (9 * d))
+    ones = np.full(d, 1.0 / np.sqrt(d))
+
+    def label(x: np.ndarray) -> np.ndarray:
+        z = x @ ones
+        return np.where(z > 0, z, 0.5 * z)
+
+    from_p = rng.random(n_source) < 0.25
+    xs = np.where(from_p[:, None], mu_p, mu_q) + rng.normal(size=(n_source, d)) * sd
+    xt = mu_p + rng.normal(size=(n_target, d)) * sd
+    return xs, label(xs), xt, label(xt)
