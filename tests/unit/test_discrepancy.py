@@ -101,3 +101,25 @@ def test_bench_public_source_quick_contract(tmp_path) -> None:
     assert dis("noisy-fw", 4000, 8.0) < dis("noisy-fw", 1000, 8.0)
     assert dis("noisy-fw", 4000, 8.0) < dis("noisy-md", 4000, 8.0)
     assert dis("noisy-fw", 4000, 8.0) < dis("public-only", 4000, 8.0)
+
+
+def test_bench_public_source_on_benchmark_features(tmp_path, data_dir) -> None:
+    """The classification task: the source public, the target's rows private; the private
+    weights spend at most ε and the three accuracies are measured on the target's labels."""
+    from dpda.cli.main import main
+
+    out = tmp_path / "cls.json"
+    argv = ["bench", "public-source", "--task", "benchmark", "--pairs", "D:W", "--quick"]
+    assert main([*argv, "--seeds", "1", "--data-dir", str(data_dir), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["epsilon"] for r in rows] == [1.0, 8.0]
+    for r in rows:
+        assert r["epsilon_spent"] <= r["epsilon"]
+        assert set(r["accuracy"]) == {
+            "source_only",
+            "private_reweighting",
+            "non_private_reweighting",
+        }
+        assert all(0 <= a <= 100 for a in r["accuracy"].values())
+        d = r["discrepancy"]
+        assert d["non_private_reweighting"] < d["source_only"]  # the minimisation works
