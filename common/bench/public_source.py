@@ -197,6 +197,11 @@ def classification_pair(
     }
 
 
+def _mean(rows: list[dict[str, Any]], key: str, method: str, eps: float, n: int) -> float:
+    vals = [r[key] for r in rows if (r["method"], r["epsilon"], r["n_target"]) == (method, eps, n)]
+    return float(np.mean(vals))
+
+
 def _plot(rows: list[dict[str, Any]], path: str) -> None:
     import matplotlib
 
@@ -208,16 +213,7 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
     ns = sorted({r["n_target"] for r in rows})
     for method, style in (("noisy-fw", "-"), ("noisy-md", "--")):
         for n in ns:
-            ys = [
-                np.mean(
-                    [
-                        r["discrepancy"]
-                        for r in rows
-                        if r["method"] == method and r["epsilon"] == e and r["n_target"] == n
-                    ]
-                )
-                for e in eps
-            ]
+            ys = [_mean(rows, "discrepancy", method, e, n) for e in eps]
             a.plot(eps, ys, style, marker="o", label=f"{method}, n = {n}")
     a.set_xscale("log")
     a.set_xlabel("ε")
@@ -226,17 +222,7 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
     a.legend(fontsize=8)
     n = max(ns)
     for method in METHODS:
-        ys = [
-            np.mean(
-                [
-                    r["mse"]
-                    for r in rows
-                    if r["method"] == method and r["epsilon"] == e and r["n_target"] == n
-                ]
-            )
-            for e in eps
-        ]
-        b.plot(eps, ys, marker="o", label=method)
+        b.plot(eps, [_mean(rows, "mse", method, e, n) for e in eps], marker="o", label=method)
     b.set_xscale("log")
     b.set_xlabel("ε")
     b.set_ylabel("test MSE on the target")
@@ -294,12 +280,9 @@ def run_bench_public_source(args: argparse.Namespace) -> int:
         for e in eps:
             cells = []
             for m in METHODS:
-                rs = [
-                    x for x in rows if x["method"] == m and x["n_target"] == n and x["epsilon"] == e
-                ]
-                mse = np.mean([x["mse"] for x in rs])
-                dis = [x["discrepancy"] for x in rs if x["discrepancy"] is not None]
-                cells.append(f"{mse:.4f}" + (f" (‖M‖ {np.mean(dis):.3f})" if dis else ""))
+                mse = _mean(rows, "mse", m, e, n)
+                dis = "" if m == "oracle" else f" (‖M‖ {_mean(rows, 'discrepancy', m, e, n):.3f})"
+                cells.append(f"{mse:.4f}{dis}")
             print(f"{n:6d} {e:6g} " + "".join(f"{c:>24s}" for c in cells))
     print(f"({time.perf_counter() - t0:.0f} s; MSE on fresh target rows; ‖M‖: discrepancy)")
     if args.png:

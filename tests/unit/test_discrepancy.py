@@ -73,8 +73,9 @@ def test_the_private_steps_spend_at_most_epsilon() -> None:
 def test_bench_public_source_quick_contract(tmp_path) -> None:
     from dpda.cli.main import main
 
-    out = tmp_path / "ps.json"
-    assert main(["bench", "public-source", "--quick", "--json", str(out)]) == 0
+    out, png = tmp_path / "ps.json", tmp_path / "ps.png"
+    assert main(["bench", "public-source", "--quick", "--png", str(png), "--json", str(out)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = json.loads(out.read_text())["rows"]
     assert {r["method"] for r in rows} == {
         "noisy-fw",
