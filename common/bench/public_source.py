@@ -55,8 +55,7 @@ def _single_stage(
         resid = xs @ w - ys
         _, g = D.smooth_discrepancy_grad(q, xs, moment, SMOOTHING)
         grad_q = resid**2 + scale * g
-        scores = -eps0 * grad_q / (2 * scale * sens) + rng.gumbel(size=m)
-        vertex = int(np.argmax(scores))
+        vertex = D.exponential_select(grad_q, eps0, scale * sens, rng)
         q = (1 - step) * q
         q[vertex] += step
         grad_w = 2 * (xs * (q * resid)[:, None]).sum(0)

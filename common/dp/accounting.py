@@ -38,7 +38,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpda.dp.events import RevealedSampledGaussianDpEvent
+from dpda.dp.events import ExponentialMechanismDpEvent, RevealedSampledGaussianDpEvent
 
 # Relative safety margin used when rounding σ up after a root-finder: it makes the
 # "never overshoots" property hold despite the root-finder's tolerance.
@@ -251,6 +251,14 @@ class _PLDAccountant(pld_privacy_accountant.PLDAccountant):
                 )
                 self._pld = self._pld.compose(step.self_compose(count))
             return None
+        if isinstance(event, ExponentialMechanismDpEvent):
+            if do_compose and count > 0:
+                step = privacy_loss_distribution.from_privacy_parameters(
+                    dp_accounting.pld.common.DifferentialPrivacyParameters(event.epsilon, 0.0),
+                    value_discretization_interval=self._value_discretization_interval,
+                )
+                self._pld = self._pld.compose(step.self_compose(count))
+            return None
         return super()._maybe_compose(event, count, do_compose)
 
 
@@ -271,6 +279,11 @@ class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
                 self._rdp += count * revealed_sampled_gaussian_rdp(
                     event.noise_multiplier, event.sampling_probability, self._orders
                 )
+            return None
+        if isinstance(event, ExponentialMechanismDpEvent):
+            if do_compose:
+                eps = event.epsilon
+                self._rdp += count * np.minimum(eps, self._orders * eps * eps / 8.0)
             return None
         return super()._maybe_compose(event, count, do_compose)
 

@@ -179,6 +179,20 @@ class RevealedSampledGaussianDpEvent(dp_event.DpEvent):
     sampling_probability: float = attr.field(validator=_check_sampling_probability)
 
 
+@attr.define(frozen=True)
+class ExponentialMechanismDpEvent(dp_event.DpEvent):
+    """One selection by the exponential mechanism at ``epsilon`` = ε: ``P(i) ∝ exp(ε·u_i/(2Δ))``
+    for a utility of sensitivity Δ (report-noisy-max with Gumbel noise is the same sampler).
+
+    It is ε-DP and has bounded range ε, hence ε²/8-zCDP (Cesar & Rogers 2021).
+    ``common.dp.accounting`` accounts it under PLD as the worst case of *any* ε-DP mechanism
+    (``from_privacy_parameters(ε, 0)``: valid, not tight for bounded range) and under RDP as
+    ``min(ε, α·ε²/8)`` per order α (both bounds hold, so their minimum does).
+    """
+
+    epsilon: float = attr.field(validator=_check_noise_multiplier)
+
+
 # ---------------------------------------------------------------- DpEvent (de)serialization
 _LEAVES: dict[str, type] = {
     "GaussianDpEvent": dp_event.GaussianDpEvent,
@@ -186,6 +200,7 @@ _LEAVES: dict[str, type] = {
     "DiscreteLaplaceDpEvent": dp_event.DiscreteLaplaceDpEvent,
     "ZCDpEvent": dp_event.ZCDpEvent,
     "RevealedSampledGaussianDpEvent": RevealedSampledGaussianDpEvent,
+    "ExponentialMechanismDpEvent": ExponentialMechanismDpEvent,
 }
 
 

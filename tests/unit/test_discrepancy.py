@@ -124,3 +124,32 @@ def test_bench_public_source_on_benchmark_features(tmp_path, data_dir) -> None:
         assert all(0 <= a <= 100 for a in r["accuracy"].values())
         d = r["discrepancy"]
         assert d["non_private_reweighting"] < d["source_only"]  # the minimisation works
+
+
+def test_exponential_mechanism_event_in_both_accountants() -> None:
+    """One step: PLD gives ε₀ at a tiny δ (the generic ε₀-DP bound); T steps never exceed the
+    pure composition Tε₀ in either accountant, and RDP (bounded range) is the tighter one; the
+    event survives the ledger's JSON round trip."""
+    from dpda.dp.accounting import epsilon_of
+    from dpda.dp.events import ExponentialMechanismDpEvent, event_from_json, event_to_json
+
+    one = ExponentialMechanismDpEvent(0.7)
+    assert epsilon_of([one], 1e-12, "pld", 1e-4) == pytest.approx(0.7, abs=2e-3)
+    many = D.frank_wolfe_event(0.05, 400)
+    pld, rdp = epsilon_of([many], 1e-5, "pld"), epsilon_of([many], 1e-5, "rdp")
+    assert rdp < pld <= 400 * 0.05
+    assert event_from_json(event_to_json(many)) == many
+    with pytest.raises(ValueError):
+        ExponentialMechanismDpEvent(float("nan"))
+
+
+def test_exponential_select_is_the_exponential_mechanism() -> None:
+    """The Gumbel-max sampler draws index i with probability ∝ exp(−ε·loss_i/(2Δ))."""
+    loss = np.array([0.0, 1.0, 2.0])
+    want = np.exp(-2.0 * loss / 2.0)
+    want /= want.sum()
+    rng = np.random.default_rng(0)
+    got = np.bincount(
+        [D.exponential_select(loss, 2.0, 1.0, rng) for _ in range(20000)], minlength=3
+    )
+    assert np.allclose(got / 20000, want, atol=0.01)
