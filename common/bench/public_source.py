@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from dpda.dp.discrepancy import RIDGE, SMOOTHING
 from dpda.service.output import add_json_option, write_json
 
 TARGET_RADIUS = 1.0
-SMOOTHING = 20.0  # μ: F̃ ≤ ‖M‖₂ + log(2d)/μ ≈ ‖M‖₂ + 0.15
-RIDGE = 1e-3  # λ, both stages
 LAMBDA_W = 2.0  # Λ, the single-stage predictor's ball
 METHODS = ("noisy-fw", "noisy-md", "single-stage", "public-only", "oracle")
 
@@ -115,84 +114,25 @@ def run_once(
     return out
 
 
-CLASSIFICATION_DIM = 20  # the public source's top principal directions the discrepancy uses
-
-
-def classification_pair(
-    data_dir: str, src: str, tgt: str, epsilon: float, seed: int, steps: int = 300
-) -> dict[str, Any]:
-    """The source (features and labels) public, the target's rows private: weights q on the
-    source rows from the private discrepancy minimisation, then a q-weighted logistic
-    regression on the public rows; accuracy on the target's labels (evaluation only).
-
-    Everything but the target's second moment is public: the per-row transform, the source's
-    column scaling (the project's default for the dataset), its top principal directions, the
-    clipping radius (the 90% quantile of the source's projected norms). Compared: the source
-    alone (uniform q), the private weights at ε, and the same minimisation without noise
-    (ε = 10⁶)."""
-    from sklearn.linear_model import LogisticRegression
-
+def classification_pair(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> dict:
+    """One benchmark pair in the reverse setting (``simulation.simulate_public_source``)."""
     from dpda.data.loaders import load_domain
-    from dpda.data.preprocessing import (
-        DEFAULT_REPRESENTATION,
-        DEFAULT_SCALING,
-        Scaling,
-        per_row,
-    )
-    from dpda.dp import discrepancy as D
+    from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
+    from dpda.simulation import simulate_public_source
 
     ds = "mnist-usps" if src in "MU" else "office-caltech"
     s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
-    xs, xt = per_row(s.x, DEFAULT_REPRESENTATION[ds]), per_row(t.x, DEFAULT_REPRESENTATION[ds])
-    scaling = Scaling.of(xs, DEFAULT_SCALING[ds])  # the public source's own column scaling
-    xs, xt = scaling.apply(xs), scaling.apply(xt)
-    _, _, vt = np.linalg.svd(xs - xs.mean(axis=0), full_matrices=False)
-    basis = vt[:CLASSIFICATION_DIM].T
-    ps, pt = xs @ basis, xt @ basis
-    r = float(np.quantile(np.linalg.norm(ps, axis=1), 0.9))
-    ps, pt = ps / r, D.clip_rows_to(pt / r, 1.0)  # the holder clips its rows to radius 1
-    moment = D.second_moment(pt)
-    radius = float(np.max(np.linalg.norm(ps, axis=1)))
-    n = pt.shape[0]
-    delta = 1.0 / (10 * n)
-    sens = D.gradient_sensitivity(SMOOTHING, radius, 1.0, n)
-    rng = np.random.default_rng(seed)
-
-    def weights(eps: float) -> D.PrivateWeights:
-        return D.noisy_frank_wolfe(
-            ps,
-            moment,
-            epsilon=eps,
-            delta=delta,
-            steps=steps,
-            mu=SMOOTHING,
-            ridge=RIDGE,
-            sensitivity=sens,
-            rng=rng,
-        )
-
-    def acc(q: np.ndarray) -> float:
-        clf = LogisticRegression(max_iter=500)
-        clf.fit(xs, s.y, sample_weight=q * q.size)
-        return float(100.0 * np.mean(clf.predict(xt) == t.y))
-
-    uniform = np.full(xs.shape[0], 1.0 / xs.shape[0])
-    private, exact = weights(epsilon), weights(1e6)
+    out = simulate_public_source(
+        s, t, DEFAULT_REPRESENTATION[ds], DEFAULT_SCALING[ds], epsilon, 1.0 / (10 * len(t.x)), seed
+    )
+    rename = {"dpda": "private_reweighting"}
     return {
         "pair": f"{src}→{tgt}",
         "epsilon": epsilon,
         "seed": seed,
-        "epsilon_spent": private.epsilon,
-        "accuracy": {
-            "source_only": acc(uniform),
-            "private_reweighting": acc(private.q),
-            "non_private_reweighting": acc(exact.q),
-        },
-        "discrepancy": {
-            "source_only": D.discrepancy(uniform, ps, moment),
-            "private_reweighting": D.discrepancy(private.q, ps, moment),
-            "non_private_reweighting": D.discrepancy(exact.q, ps, moment),
-        },
+        "epsilon_spent": out["epsilon_spent"],
+        "accuracy": {rename.get(k, k): v for k, v in out["accuracy"].items()},
+        "discrepancy": {rename.get(k, k): v for k, v in out["discrepancy"].items()},
     }
 
 

@@ -8,7 +8,7 @@ import sys
 from enum import Enum
 from typing import Any, Literal, get_args, get_origin
 
-from dpda.errors import DpdaError
+from dpda.errors import ConfigError, DpdaError
 from dpda.service.output import add_json_option, json_to_stdout, write_json
 
 
@@ -187,6 +187,43 @@ def _pct(v: float | None) -> str:
     return "n/a (no target labels)" if v is None else f"{v:.2f}"
 
 
+def _simulate_public_source(
+    args: argparse.Namespace, src: Any, tgt: Any, rep: str, scaling: str, names: dict
+) -> int:
+    """``--setting public-source``: the source public, the target's rows the private data."""
+    from pathlib import Path
+
+    from dpda.data.tables import write_predictions
+    from dpda.simulation import simulate_public_source
+
+    delta = args.delta if args.delta is not None else 1.0 / (10.0 * tgt.domain.x.shape[0])
+    if not (0 < delta < 1):
+        raise ConfigError(f"--delta {delta:g}: must lie strictly between 0 and 1")
+    out = simulate_public_source(src, tgt.domain, rep, scaling, args.epsilon, delta, args.seed)
+    pred = out.pop("predictions_array")
+    preds_path = args.predictions or (
+        Path(args.json).with_suffix(".predictions.csv")
+        if args.json not in (None, "-")
+        else Path("predictions.csv")
+    )
+    written = write_predictions(preds_path, tgt.ids, pred)
+    data = {**out, **names, "seed": args.seed, "predictions": str(written.resolve())}
+    write_json(args, data)
+    a = data["accuracy"]
+    where = f"{args.source}→{args.target}" if not args.source_file else "rehearsal"
+    print(
+        f"{where} (public source, private target)  source-only {_pct(a['source_only'])}  "
+        f"private reweighting {_pct(a['dpda'])}  without privacy "
+        f"{_pct(a['non_private_reweighting'])}"
+    )
+    print(
+        f"  the target's real job would charge ε {data['epsilon_spent']:.3f} of {args.epsilon} "
+        f"(δ={delta:.3g}) on its own rows; nothing was charged: this runs in memory"
+    )
+    print(f"  predictions: {data['predictions']}")
+    return 0
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -199,6 +236,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     src, tgt, rep, scaling, names = _simulate_data(args)
     check_representation(src.x, rep, "--representation")
     check_representation(tgt.x, rep, "--representation")
+    if args.setting == "public-source":
+        return _simulate_public_source(args, src, tgt, rep, scaling, names)
     delta = args.delta if args.delta is not None else 1.0 / (10.0 * src.x.shape[0])
     label = "source" if args.source_file else f"{args.dataset}:{args.source}"
     terms = _terms(args, label, delta)
@@ -455,6 +494,14 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--dataset", choices=["office-caltech", "mnist-usps"])
     sm.add_argument("--source", help="benchmark domain letter (A C D W / M U)")
     sm.add_argument("--target", help="benchmark domain letter (A C D W / M U)")
+    sm.add_argument(
+        "--setting",
+        choices=["private-source", "public-source"],
+        default="private-source",
+        help="private-source (default): the labeled source is private (DPDA); public-source: "
+        "the source is public and the target's rows are private (seed 001: private "
+        "reweighting; takes --epsilon, --delta (default 1/(10·nt)) and --seed only)",
+    )
     _add_terms_args(sm)
     add_json_option(sm)
     sm.set_defaults(func=_cmd_simulate)

@@ -153,3 +153,38 @@ def test_exponential_select_is_the_exponential_mechanism() -> None:
         [D.exponential_select(loss, 2.0, 1.0, rng) for _ in range(20000)], minlength=3
     )
     assert np.allclose(got / 20000, want, atol=0.01)
+
+
+def test_simulate_public_source_setting(tmp_path, data_dir) -> None:
+    """``dpda simulate --setting public-source``: the contract's keys, ε spent ≤ ε, predictions
+    written; on your own files the unlabeled target gets predictions and no accuracy."""
+    from dpda.cli.main import main
+    from dpda.data.synthetic import two_domains
+
+    out = tmp_path / "pub.json"
+    argv = ["simulate", "--dataset", "office-caltech", "--source", "D", "--target", "W"]
+    argv += ["--setting", "public-source", "--epsilon", "2", "--seed", "0", "--json", str(out)]
+    assert main([*argv, "--data-dir", str(data_dir)]) == 0
+    data = json.loads(out.read_text())
+    assert data["setting"] == "public-source" and 0 < data["epsilon_spent"] <= 2.0
+    assert set(data["accuracy"]) == {"source_only", "dpda", "non_private_reweighting"}
+    assert all(0 <= v <= 100 for v in data["accuracy"].values())
+    assert len((tmp_path / "pub.predictions.csv").read_text().splitlines()) == 295 + 1
+
+    src, tgt = two_domains(n_source=200, n_target=150, k=8)
+    header = ",".join(f"f{i}" for i in range(8))
+    np.savetxt(
+        tmp_path / "s.csv",
+        np.column_stack([src.x, src.y]),
+        delimiter=",",
+        header=header + ",label",
+        comments="",
+    )
+    np.savetxt(tmp_path / "t.csv", tgt.x, delimiter=",", header=header, comments="")
+    own = tmp_path / "own.json"
+    argv = ["simulate", "--source-file", str(tmp_path / "s.csv"), "--target-file"]
+    argv += [str(tmp_path / "t.csv"), "--label-column", "label", "--setting", "public-source"]
+    assert main([*argv, "--json", str(own)]) == 0
+    mine = json.loads(own.read_text())
+    assert mine["accuracy"]["dpda"] is None  # no target labels: nothing to score
+    assert len((tmp_path / "own.predictions.csv").read_text().splitlines()) == 150 + 1
