@@ -152,7 +152,6 @@ def simulate(
     return SimulationOutcome(so, ot_acc, runs, ledgers, preds)
 
 
-PUBLIC_SOURCE_DIM = 20  # the public source's top principal directions the discrepancy uses
 PUBLIC_SOURCE_STEPS = 300  # noisy Frank–Wolfe steps
 
 
@@ -176,17 +175,14 @@ def simulate_public_source(
     without noise (exact Frank–Wolfe steps), for comparison only."""
     from sklearn.linear_model import LogisticRegression
 
-    from dpda.data.preprocessing import Scaling, per_row
+    from dpda.data.preprocessing import PublicSpace, per_row
     from dpda.dp import discrepancy as D
 
-    xs, xt = per_row(source.x, representation), per_row(target.x, representation)
-    scaling = Scaling.of(xs, scaling_mode)
-    xs, xt = scaling.apply(xs), scaling.apply(xt)
-    _, _, vt = np.linalg.svd(xs - xs.mean(axis=0), full_matrices=False)
-    basis = vt[:PUBLIC_SOURCE_DIM].T
-    ps, pt = xs @ basis, xt @ basis
-    r = float(np.quantile(np.linalg.norm(ps, axis=1), 0.9))
-    ps, pt = ps / r, D.clip_rows_to(pt / r, 1.0)  # the holder clips its rows to radius 1
+    space = PublicSpace.of(source.x, representation, scaling_mode)
+    xs = space.scaling.apply(per_row(source.x, representation))
+    xt = space.scaling.apply(per_row(target.x, representation))
+    ps = space.map(source.x)
+    pt = D.holder_rows(target.x, space.map, 1.0)  # the holder clips its rows to radius 1
     moment = D.second_moment(pt)
     radius = float(np.max(np.linalg.norm(ps, axis=1)))
     sens = D.gradient_sensitivity(D.SMOOTHING, radius, 1.0, pt.shape[0])

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from dpda.dp.discrepancy import PREDICTOR_RADIUS as LAMBDA_W
 from dpda.dp.discrepancy import RIDGE, SMOOTHING
 from dpda.service.output import add_json_option, write_json
 
 TARGET_RADIUS = 1.0
-LAMBDA_W = 2.0  # Λ, the single-stage predictor's ball
-METHODS = ("noisy-fw", "noisy-md", "single-stage", "public-only", "oracle")
+METHODS = ("noisy-fw", "noisy-md", "single-stage", "public-only", "oracle")  # the JSON's rows
 
 
 def _single_stage(
@@ -40,29 +40,15 @@ def _single_stage(
     sens: float,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """Alternating Frank–Wolfe steps: a private one on q for Σ q_i (w·x_i − y_i)² + 4Λ²·F̃(q)
-    (only the F̃ part reads private data: sensitivity 4Λ²·Δ∞) and a public one on w over the
-    ball ‖w‖ ≤ Λ. Returns (q, w, ε spent)."""
+    """Alternating Frank–Wolfe steps on q (private) and w (public), ``discrepancy.Reweighter``.
+    Returns (q, w, ε spent)."""
     from dpda.dp import discrepancy as D
 
-    m, d = xs.shape
-    eps0 = D.frank_wolfe_step_epsilon(epsilon, delta, steps)
-    scale = 4 * LAMBDA_W**2
-    q, w = np.full(m, 1.0 / m), np.zeros(d)
-    for t in range(steps):
-        step = 2.0 / (t + 2)
-        resid = xs @ w - ys
-        _, g = D.smooth_discrepancy_grad(q, xs, moment, SMOOTHING)
-        grad_q = resid**2 + scale * g
-        vertex = D.exponential_select(grad_q, eps0, scale * sens, rng)
-        q = (1 - step) * q
-        q[vertex] += step
-        grad_w = 2 * (xs * (q * resid)[:, None]).sum(0)
-        norm = float(np.linalg.norm(grad_w))
-        target = -LAMBDA_W * grad_w / norm if norm > 0 else w
-        w = (1 - step) * w + step * target
-    spent = D.epsilon_of_event(D.frank_wolfe_event(eps0, steps), delta)
-    return q, w, spent
+    opt = D.Reweighter(xs, "single-stage", y=ys, predictor_radius=LAMBDA_W)
+    res = D.run_private(
+        opt, moment, epsilon=epsilon, delta=delta, steps=steps, sensitivity=sens, rng=rng
+    )
+    return res.q, opt.w, res.epsilon
 
 
 def run_once(

@@ -101,3 +101,38 @@ def default_attribute_bound(representation: str, n_features: int) -> float:
     if representation in ("sqrt", "l2", "rownorm"):
         return 1.0 / float(np.sqrt(n_features))
     return 1.0
+
+
+PUBLIC_SPACE_DIM = 20  # the public source's top principal directions the discrepancy uses
+PUBLIC_SPACE_QUANTILE = 0.9  # the scale: this quantile of the public rows' norms becomes 1
+
+
+@dataclass(frozen=True)
+class PublicSpace:
+    """The reverse setting's shared space (seed 001), computed from the *public* labeled rows
+    alone: per-row representation, their column scaling, their top principal directions, and a
+    scale that puts the ``PUBLIC_SPACE_QUANTILE`` of their norms at 1. The data holder maps its
+    private rows with the same ``map`` and clips them to norm 1."""
+
+    representation: str
+    scaling: Scaling
+    basis: np.ndarray  # (k, ℓ)
+    scale: float
+
+    @classmethod
+    def of(
+        cls, x: np.ndarray, representation: str, scaling_mode: str, dim: int = PUBLIC_SPACE_DIM
+    ) -> PublicSpace:
+        xs = per_row(x, representation)
+        scaling = Scaling.of(xs, scaling_mode)
+        xs = scaling.apply(xs)
+        _, _, vt = np.linalg.svd(xs - xs.mean(axis=0), full_matrices=False)
+        basis = np.ascontiguousarray(vt[: min(dim, vt.shape[0])].T)
+        norms = np.linalg.norm(xs @ basis, axis=1)
+        scale = float(np.quantile(norms, PUBLIC_SPACE_QUANTILE))
+        return cls(representation, scaling, basis, scale if scale > 0 else 1.0)
+
+    def map(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(
+            self.scaling.apply(per_row(x, self.representation)) @ self.basis / self.scale
+        )

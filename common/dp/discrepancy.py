@@ -21,7 +21,8 @@ replaced target row,
     |∂F̃/∂q_i(T) − ∂F̃/∂q_i(T′)| = |x_iᵀ (G − G′) x_i| ≤ ‖x_i‖²·‖G − G′‖₂ ≤ R²·μ·r²/n
 
 for every i (``R`` bounds the public source rows). So the gradient moves by at most
-``Δ∞ = μR²r²/n`` in every coordinate (ℓ∞), and by at most ``√m·Δ∞`` in ℓ2.
+``μR²r²/n`` in every coordinate; and since G has nuclear norm ≤ 1, ``|x_iᵀ G x_i| ≤ R²`` on
+either side, so by at most ``2R²`` too: ``Δ∞ = R²·min(μr²/n, 2)`` in ℓ∞, ``√m·Δ∞`` in ℓ2.
 
 Mechanisms.
 
@@ -41,6 +42,7 @@ stage's weighted ridge regression on the public source) is post-processing.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,8 +90,11 @@ def smooth_discrepancy_grad(
 
 
 def gradient_sensitivity(mu: float, source_radius: float, target_radius: float, n: int) -> float:
-    """Δ∞ = μ·R²·r²/n: the most one replaced target row moves any coordinate of ∇_q F̃."""
-    return mu * source_radius**2 * target_radius**2 / n
+    """Δ∞ = R²·min(μr²/n, 2): the most one replaced target row moves any coordinate of ∇_q F̃.
+    The first term is the smoothness bound (module docstring); the second holds whatever the
+    data, because G has nuclear norm ≤ 1, so ``|x_iᵀ G x_i| ≤ R²`` on either side (it binds
+    only for n < μr²/2: 10 rows at the default μ = 20, r = 1)."""
+    return source_radius**2 * min(mu * target_radius**2 / n, 2.0)
 
 
 def frank_wolfe_event(epsilon_step: float, steps: int) -> dp_event.DpEvent:
@@ -148,6 +153,161 @@ class PrivateWeights:
     event: dp_event.DpEvent
 
 
+METHODS = ("noisy-fw", "noisy-md", "single-stage")
+PREDICTOR_RADIUS = 2.0  # Λ, the single-stage predictor's ball
+MD_LEARNING_RATE = 0.5
+
+
+class Reweighter:
+    """The optimiser's state and every public step of it; the one place both parties of the
+    reverse deployment (and the in-process runs) advance it.
+
+    The data holder calls ``private_gradient`` (the only read of its rows, through their second
+    moment) and turns it into a DP output: a vertex (``select``) or a noisy gradient
+    (``noisy_gradient``). Both parties then ``advance`` with that output: the update is a
+    function of public data (the source rows, their labels for ``single-stage``) and of the DP
+    outputs alone, so the driver replays exactly the holder's state.
+
+    ``single-stage`` (seed 001, Algorithm 2): a Frank–Wolfe step on q for
+    ``Σ q_i (w·x_i − y_i)² + 4Λ²·F̃(q)`` (only the F̃ part reads private data: its sensitivity is
+    ``4Λ²·Δ∞``), then a public Frank–Wolfe step on w over the ball ``‖w‖ ≤ Λ``.
+    """
+
+    def __init__(
+        self,
+        x: np.ndarray,
+        method: str,
+        *,
+        mu: float = SMOOTHING,
+        ridge: float = RIDGE,
+        y: np.ndarray | None = None,
+        learning_rate: float = MD_LEARNING_RATE,
+        predictor_radius: float = PREDICTOR_RADIUS,
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"method: one of {METHODS}")
+        if method == "single-stage" and y is None:
+            raise ValueError("single-stage needs the source's labels")
+        self.x, self.y, self.method = x, y, method
+        self.mu, self.ridge, self.lr = mu, ridge, learning_rate
+        self.radius = predictor_radius
+        m = x.shape[0]
+        self.t = 0
+        self.q = np.full(m, 1.0 / m)
+        self.w = np.zeros(x.shape[1])
+        self._logq = np.full(m, -math.log(m))
+        self._avg = np.zeros(m)
+
+    @property
+    def private_scale(self) -> float:
+        """The factor on F̃ in the objective: the private gradient's sensitivity is this × Δ∞."""
+        return 4 * self.radius**2 if self.method == "single-stage" else 1.0
+
+    def private_gradient(self, target_moment: np.ndarray) -> np.ndarray:
+        """∇_q of the private part (``private_scale``·F̃) at the current iterate."""
+        _, g = smooth_discrepancy_grad(self.q, self.x, target_moment, self.mu)
+        return self.private_scale * g
+
+    def public_gradient(self) -> np.ndarray:
+        if self.method == "single-stage":
+            assert self.y is not None
+            return np.asarray((self.x @ self.w - self.y) ** 2)
+        return 2 * self.ridge * self.q
+
+    def select(
+        self,
+        target_moment: np.ndarray,
+        epsilon_step: float,
+        sensitivity: float,
+        rng: np.random.Generator,
+    ) -> int:
+        """The holder's DP output of a Frank–Wolfe step (``sensitivity`` = Δ∞)."""
+        g = self.private_gradient(target_moment) + self.public_gradient()
+        return exponential_select(g, epsilon_step, self.private_scale * sensitivity, rng)
+
+    def exact_vertex(self, target_moment: np.ndarray) -> int:
+        """The same step without privacy (for comparison only)."""
+        return int(np.argmin(self.private_gradient(target_moment) + self.public_gradient()))
+
+    def noisy_gradient(
+        self, target_moment: np.ndarray, sigma: float, sensitivity: float, rng: np.random.Generator
+    ) -> np.ndarray:
+        """The holder's DP output of a mirror-descent step: the gradient plus Gaussian noise at
+        its ℓ2 sensitivity √m·Δ∞ times ``sigma``."""
+        g = self.private_gradient(target_moment)
+        l2 = math.sqrt(g.size) * sensitivity
+        return np.asarray(g + gaussian_noise(g.shape, sigma * l2, rng))
+
+    def advance(self, output: int | np.ndarray) -> None:
+        """One step with the holder's DP output (a vertex, or a noisy gradient for noisy-md)."""
+        if self.method == "noisy-md":
+            self._avg += self.q
+            noisy = np.asarray(output, dtype=np.float64) + self.public_gradient()
+            self._logq = self._logq - self.lr * noisy
+            q = np.exp(self._logq - self._logq.max())
+            self.q = q / q.sum()
+        else:
+            vertex = int(output)
+            step = 2.0 / (self.t + 2)
+            if self.method == "single-stage":
+                assert self.y is not None
+                resid = self.x @ self.w - self.y
+            self.q = (1 - step) * self.q
+            self.q[vertex] += step
+            if self.method == "single-stage":
+                grad_w = 2 * (self.x * (self.q * resid)[:, None]).sum(0)
+                norm = float(np.linalg.norm(grad_w))
+                target = -self.radius * grad_w / norm if norm > 0 else self.w
+                self.w = (1 - step) * self.w + step * target
+        self.t += 1
+
+    def weights(self) -> np.ndarray:
+        """The result: the last iterate (Frank–Wolfe) or the average iterate (mirror descent)."""
+        if self.method == "noisy-md":
+            return self._avg / max(self.t, 1)
+        return self.q
+
+
+def step_event(method: str, step_parameter: float, steps: int) -> dp_event.DpEvent:
+    """``steps`` steps of a method: ε₀ for the Frank–Wolfe methods, σ for mirror descent."""
+    if method == "noisy-md":
+        return mirror_descent_event(step_parameter, steps)
+    return frank_wolfe_event(step_parameter, steps)
+
+
+def step_parameter(method: str, epsilon: float, delta: float, steps: int) -> float:
+    """ε₀ (Frank–Wolfe methods) or σ (mirror descent) whose ``steps`` steps spend ε at δ."""
+    if method == "noisy-md":
+        return mirror_descent_sigma(epsilon, delta, steps)
+    return frank_wolfe_step_epsilon(epsilon, delta, steps)
+
+
+def run_private(
+    opt: Reweighter,
+    target_moment: np.ndarray,
+    *,
+    epsilon: float | None,
+    delta: float,
+    steps: int,
+    sensitivity: float,
+    rng: np.random.Generator,
+) -> PrivateWeights:
+    """The whole optimisation in one process (simulation, benchmark); ``epsilon=None``: exact
+    Frank–Wolfe steps, for comparison only (not private)."""
+    if epsilon is None:
+        for _ in range(steps):
+            opt.advance(opt.exact_vertex(target_moment))
+        return PrivateWeights(opt.weights(), math.inf, dp_event.NonPrivateDpEvent())
+    p = step_parameter(opt.method, epsilon, delta, steps)
+    for _ in range(steps):
+        if opt.method == "noisy-md":
+            opt.advance(opt.noisy_gradient(target_moment, p, sensitivity, rng))
+        else:
+            opt.advance(opt.select(target_moment, p, sensitivity, rng))
+    event = step_event(opt.method, p, steps)
+    return PrivateWeights(opt.weights(), epsilon_of_event(event, delta), event)
+
+
 def noisy_frank_wolfe(
     x: np.ndarray,
     target_moment: np.ndarray,
@@ -159,28 +319,18 @@ def noisy_frank_wolfe(
     ridge: float,
     sensitivity: float,
     rng: np.random.Generator,
-    extra_grad: np.ndarray | None = None,
 ) -> PrivateWeights:
-    """Private Frank–Wolfe on F̃(q) + ridge·‖q‖² over the simplex (module docstring).
-    ``epsilon=None``: the same iterations without privacy (exact argmin; for comparison only,
-    charged as not private)."""
-    m = x.shape[0]
-    eps0 = None if epsilon is None else frank_wolfe_step_epsilon(epsilon, delta, steps)
-    q = np.full(m, 1.0 / m)
-    for t in range(steps):
-        _, g = smooth_discrepancy_grad(q, x, target_moment, mu)
-        g = g + 2 * ridge * q + (0.0 if extra_grad is None else extra_grad)
-        if eps0 is None:
-            vertex = int(np.argmin(g))
-        else:
-            vertex = exponential_select(g, eps0, sensitivity, rng)
-        step = 2.0 / (t + 2)
-        q = (1 - step) * q
-        q[vertex] += step
-    if eps0 is None:
-        return PrivateWeights(q, math.inf, dp_event.NonPrivateDpEvent())
-    event = frank_wolfe_event(eps0, steps)
-    return PrivateWeights(q, epsilon_of_event(event, delta), event)
+    """Private Frank–Wolfe on F̃(q) + ridge·‖q‖² over the simplex (module docstring)."""
+    opt = Reweighter(x, "noisy-fw", mu=mu, ridge=ridge)
+    return run_private(
+        opt,
+        target_moment,
+        epsilon=epsilon,
+        delta=delta,
+        steps=steps,
+        sensitivity=sensitivity,
+        rng=rng,
+    )
 
 
 def noisy_mirror_descent(
@@ -194,24 +344,33 @@ def noisy_mirror_descent(
     ridge: float,
     sensitivity: float,
     rng: np.random.Generator,
-    learning_rate: float,
+    learning_rate: float = MD_LEARNING_RATE,
 ) -> PrivateWeights:
     """Private mirror descent (exponentiated gradient) on the simplex, Gaussian noise at ℓ2
     sensitivity √m·Δ∞; the average iterate is returned."""
-    m = x.shape[0]
-    sigma = mirror_descent_sigma(epsilon, delta, steps)
-    l2 = math.sqrt(m) * sensitivity
-    logq = np.full(m, -math.log(m))
-    avg = np.zeros(m)
-    for _ in range(steps):
-        q = np.exp(logq - logq.max())
-        q /= q.sum()
-        avg += q
-        _, g = smooth_discrepancy_grad(q, x, target_moment, mu)
-        noisy = g + gaussian_noise((m,), sigma * l2, rng) + 2 * ridge * q
-        logq = logq - learning_rate * noisy
-    event = mirror_descent_event(sigma, steps)
-    return PrivateWeights(avg / steps, epsilon_of_event(event, delta), event)
+    opt = Reweighter(x, "noisy-md", mu=mu, ridge=ridge, learning_rate=learning_rate)
+    return run_private(
+        opt,
+        target_moment,
+        epsilon=epsilon,
+        delta=delta,
+        steps=steps,
+        sensitivity=sensitivity,
+        rng=rng,
+    )
+
+
+def holder_rows(
+    x: np.ndarray, transform: Callable[[np.ndarray], np.ndarray], radius: float = 1.0
+) -> np.ndarray:
+    """The data holder's rows as the objective reads them: through the (peer-chosen, public)
+    ``transform``, then clipped to ``radius``; a row the transform sends to a non-finite value
+    becomes 0. Per row and bounded whatever the transform, so Δ∞ (``gradient_sensitivity``)
+    holds for any map a peer asks for (DESIGN.md §2a: the sensitivity of the whole map)."""
+    with np.errstate(all="ignore"):
+        t = np.asarray(transform(x), dtype=np.float64)
+        t = np.where(np.all(np.isfinite(t), axis=1, keepdims=True), t, 0.0)
+        return clip_rows_to(t, radius)
 
 
 def weighted_ridge(x: np.ndarray, y: np.ndarray, q: np.ndarray, lam: float) -> np.ndarray:

@@ -143,3 +143,35 @@ def test_calibrated_minibatch_noise_needs_batches_and_steps() -> None:
             batch_size=10,
             privacy_unit="attribute",
         )
+
+
+def test_the_ledger_takes_the_bounded_range_of_exponential_mechanism_steps() -> None:
+    """An exponential-mechanism step is ε₀-DP with bounded range (ε₀²/8-zCDP). The ledger's
+    PLD accountant sees only generic ε₀-DP; its RDP accountant knows the bounded range. Both
+    bound ε at δ for the same events, so the ledger takes the smaller (measured: 1,000 steps
+    that RDP calibrates to ε = 1 are ε = 2.49 to PLD alone); ledgers without such steps keep the
+    PLD figure exactly."""
+    from dp_accounting import dp_event
+
+    from dpda.dp import discrepancy as D
+    from dpda.dp.ledger import spend_of
+
+    delta = 1e-4
+    eps0 = D.frank_wolfe_step_epsilon(1.0, delta, 1000)
+    steps = D.frank_wolfe_event(eps0, 1000)
+    pld_only = epsilon_of([steps], delta, "pld")
+    rdp = epsilon_of([steps], delta, "rdp")
+    assert rdp <= 1.0 + 1e-9 and pld_only > 2.0
+    assert spend_of([steps], delta) == pytest.approx(rdp, rel=1e-9)
+    # blocks of the same steps are the same composition
+    assert spend_of([D.frank_wolfe_event(eps0, 400), D.frank_wolfe_event(eps0, 600)], delta) == (
+        pytest.approx(rdp, rel=1e-6)
+    )
+    # a few steps: pure composition (PLD) is the tighter one, and it is kept
+    few = D.frank_wolfe_event(0.5, 2)
+    tight = min(epsilon_of([few], delta, "pld"), epsilon_of([few], delta, "rdp"))
+    assert tight < epsilon_of([few], delta, "rdp")
+    assert spend_of([few], delta) == pytest.approx(tight, rel=1e-3)
+    # no exponential step: the PLD figure, unchanged
+    g = dp_event.GaussianDpEvent(2.0)
+    assert spend_of([g], delta) == pytest.approx(epsilon_of([g], delta, "pld", 1e-4), rel=1e-3)
