@@ -83,6 +83,11 @@ class PrivacyPolicy(BaseModel):
     # must not be able to ask for minutes of it (measured at the bound: 0.18–0.37 s over five
     # shapes from ℓ = 1, 100 points to 20k rows, ℓ = 50; the default terms ask about 5e7)
     max_synthetic_work: float = Field(default=4e8, gt=0)
+    # the reverse deployment (seed 001): this daemon's rows are the private target of a peer's
+    # reweighting; every step reads them through their clipped second moment only
+    allow_reweighting: bool = True
+    # one ReweightSteps request's work, in multiply-adds (``reweighting_work``)
+    max_reweighting_work: float = Field(default=4e8, gt=0)
 
     @model_validator(mode="after")
     def _opt_in(self) -> PrivacyPolicy:
@@ -228,3 +233,9 @@ def check_plan(policy: PrivacyPolicy, plan: Any, terms: Any) -> None:
             )
         if terms.pate_aggregator == "lnmax" and plan.pate_scale > policy.max_pate_gamma:
             _refuse(f"the LNMax γ {plan.pate_scale:.4g} is above the cap {policy.max_pate_gamma:g}")
+
+
+def reweighting_work(steps: int, rows: int, dim: int) -> float:
+    """Multiply-adds of ``steps`` reweighting steps on ``rows`` public rows of ``dim``: per step
+    M(q) and the gradient (2·m·d²) and the eigendecomposition (≈ 10·d³)."""
+    return float(steps) * (2.0 * rows * dim * dim + 10.0 * dim**3)

@@ -17,7 +17,7 @@ import numpy as np
 
 from dpda.data.preprocessing import Scaling
 from dpda.dp.events import BatchSpec
-from dpda.terms import ReleasePlan, SessionTerms
+from dpda.terms import ReleasePlan, ReweightingPlan, SessionTerms
 
 
 def payload_digest(*parts: bytes) -> str:
@@ -62,6 +62,16 @@ class BatchRelease:
 
     def sha256(self) -> str:
         return payload_digest(self.payload_bytes())
+
+
+@dataclass(frozen=True)
+class ReweightingInfo:
+    """An open reweighting session (the reverse deployment), as the driving party holds it."""
+
+    session_id: str
+    n_rows: int  # the holder's row count (public: DescribeDataset gives it too)
+    plan: ReweightingPlan
+    n_public: int  # the driver's public rows the weights are over
 
 
 @dataclass(frozen=True)

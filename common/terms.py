@@ -427,3 +427,53 @@ def method_terms(
             }
         )
     raise ValueError(f"unknown method {method!r} (choose from {', '.join(METHODS)}, all)")
+
+
+# ------------------------------------------------------------------ the reverse setting (seed 001)
+class ReweightingTerms(BaseModel):
+    """Terms of a reweighting session (the reverse deployment): the party with public labeled
+    rows asks the data holder — the serving daemon, whose rows are private — for the DP steps of
+    a private discrepancy minimisation (``dpda.dp.discrepancy``). Public; the holder's policy and
+    ledger decide, and the guarantee reads nothing here but ε, δ and the step count (Δ∞ comes
+    from the holder's own clip and row count and from the rows it actually received)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    dataset: str = Field(min_length=1, max_length=128)
+    method: Literal["noisy-fw", "noisy-md", "single-stage"] = "noisy-fw"
+    epsilon: float = Field(gt=0, le=100, description="budget of this session (ε)")
+    delta: float = Field(gt=0, lt=1)
+    steps: int = Field(default=1000, ge=1, le=100_000, description="optimisation steps")
+    smoothing: float = Field(
+        default=20.0, ge=0.01, le=1e4, description="μ of the smooth discrepancy F̃"
+    )
+    ridge: float = Field(default=1e-3, ge=0, le=1e3, description="λ on ‖q‖²")
+    learning_rate: float = Field(default=0.5, gt=0, le=100, description="noisy-md: η")
+    predictor_radius: float = Field(default=2.0, gt=0, le=1e3, description="single-stage: Λ")
+    representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
+
+
+class ReweightingPlan(BaseModel):
+    """What each step costs, from public terms only: ε₀ of one exponential-mechanism step
+    (Frank–Wolfe methods) or σ of one Gaussian step (mirror descent). Both parties compute it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: str
+    steps: int
+    step_parameter: float
+
+    def event(self, count: int) -> Any:
+        from dpda.dp.discrepancy import step_event
+
+        return step_event(self.method, self.step_parameter, count)
+
+
+@functools.lru_cache(maxsize=64)
+def plan_reweighting(terms: ReweightingTerms) -> ReweightingPlan:
+    """The per-step parameter whose ``steps`` steps spend at most ε at δ under the ledger's
+    accounting (``ledger.spend_of``: the smaller of PLD and RDP for exponential-mechanism steps)."""
+    from dpda.dp.discrepancy import step_parameter
+
+    p = step_parameter(terms.method, terms.epsilon, terms.delta, terms.steps)
+    return ReweightingPlan(method=terms.method, steps=terms.steps, step_parameter=p)

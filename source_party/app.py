@@ -45,11 +45,11 @@ def dataset_delta(ds: SourceDataset, domain: Domain) -> float:
 
 def load_dataset(ds: SourceDataset) -> Domain:
     if ds.kind == "synthetic":
-        return two_domains(*ds.synthetic_rows)[0]
+        return two_domains(*ds.synthetic_rows)[1 if ds.domain == "target" else 0]
     if ds.path is None:
         raise ConfigError(f"datasets.{ds.name}.path: required for kind {ds.kind}")
     if ds.kind == "table":
-        d = load_table(ds.path, ds.label_column, ds.id_column)
+        d = load_table(ds.path, ds.label_column if ds.labeled else None, ds.id_column)
     else:
         d = load_domain(ds.path, ds.kind, ds.domain)
     check_representation(d.x, ds.representation, f"datasets.{ds.name}.representation")

@@ -38,12 +38,20 @@ from dpda.errors import (
     PolicyRefused,
     TermsInvalid,
 )
-from dpda.protocol import BatchRelease, PateAnswer, SessionInfo, TargetDisclosure, queries_digest
+from dpda.protocol import (
+    BatchRelease,
+    PateAnswer,
+    SessionInfo,
+    TargetDisclosure,
+    payload_digest,
+    queries_digest,
+)
 from dpda.service import signing
 from dpda.service.config import Peer, SourceLimits
 from dpda.service.crashpoints import crash_point
+from dpda.source_party import reweighting as RW
 from dpda.source_party.releases import PreparedSession, SourceReleaser
-from dpda.terms import SessionTerms, terms_error
+from dpda.terms import ReweightingTerms, SessionTerms, terms_error
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -54,6 +62,10 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE TABLE IF NOT EXISTS pate_answers (
     dataset TEXT NOT NULL, seq INTEGER NOT NULL, request_id TEXT NOT NULL UNIQUE,
     labels BLOB NOT NULL, PRIMARY KEY (dataset, seq)
+);
+CREATE TABLE IF NOT EXISTS reweight_answers (
+    dataset TEXT NOT NULL, seq INTEGER NOT NULL, request_id TEXT NOT NULL UNIQUE,
+    outputs BLOB NOT NULL, PRIMARY KEY (dataset, seq)
 );
 CREATE TABLE IF NOT EXISTS payloads (
     dataset TEXT NOT NULL, seq INTEGER NOT NULL, request_id TEXT NOT NULL UNIQUE,
@@ -103,6 +115,9 @@ class SourceHandlers:
         # plans (calibrations) run outside the lock, a few at a time, each under a time limit
         self.planning = threading.BoundedSemaphore(max(1, self.limits.workers // 4))
         self.last_used: dict[str, float] = {}  # session → monotonic time of its last use
+        # reverse-deployment sessions (seed 001): in memory; after a restart the peer opens a
+        # new one (the charges already made stay in the ledger and keep counting)
+        self.reweighting: dict[str, RW.ReweightingSession] = {}
 
     # ------------------------------------------------------------------------- preflight
     def describe(self, peer: str, dataset: str) -> dict[str, Any]:
@@ -261,6 +276,11 @@ class SourceHandlers:
     def close_session(self, peer: str, session_id: str) -> list[int]:
         """Close; returns the seqs of the peer's releases (of the session's dataset) that lack
         its countersignature, so the last one of a job is reconciled before the job ends."""
+        rs = self.reweighting.get(session_id)
+        if rs is not None and rs.peer == peer:
+            with self.lock:
+                self.reweighting.pop(session_id, None)
+                return self._uncountersigned(rs.dataset, self.peers[peer].name)
         releaser, _ = self._session(peer, session_id)
         with self.lock:
             self.conn.execute("UPDATE sessions SET closed=1 WHERE session_id=?", (session_id,))
@@ -485,6 +505,156 @@ class SourceHandlers:
             crash_point("source.pate.stored")
             gap = tuple(entries[known : ans.ledger_seq]) if known is not None else ()
             return ans, self._sign(ds, ans.ledger_seq), gap
+
+    # ------------------------------------------------------- reweighting (the reverse shape)
+    def open_reweighting(
+        self,
+        peer: str,
+        terms_json: str,
+        rows: np.ndarray,
+        labels: np.ndarray | None,
+        scaling: Scaling,
+        basis: np.ndarray,
+        scale: float,
+        session_id: str = "",
+        target_sig: str = "",
+    ) -> tuple[RW.ReweightingSession, str, str]:
+        """A reweighting session on this daemon's rows (``source_party.reweighting``): checks
+        and the plan; nothing charged. Returns (session, plan JSON, our signature)."""
+        pub = signing.load_public(self.peers[peer].signing_public_key)
+        if not signing.verify(pub, terms_json.encode(), target_sig):
+            raise PeerMisbehaved("the session terms are not signed by the peer's key")
+        try:
+            terms = ReweightingTerms.model_validate_json(terms_json)
+        except ValidationError as exc:
+            raise TermsInvalid(terms_error(exc)) from None
+        releaser = self.releasers.get(terms.dataset)
+        if releaser is None:
+            raise InvalidInput("unknown dataset")
+        existing = self.reweighting.get(session_id) if session_id else None
+        if session_id and (existing is None or existing.peer != peer):
+            raise InvalidInput("unknown or closed session")
+        if existing is not None:
+            if existing.terms != terms or existing.rows_sha256 != RW.rows_digest(rows, labels):
+                raise InvalidInput("a resumed session must keep its terms and rows")
+            rs = existing
+        else:
+            with self.lock:
+                mine = sum(1 for s in self.reweighting.values() if s.peer == peer)
+                if mine >= self.limits.sessions_per_peer:
+                    raise PolicyRefused(
+                        f"this peer has {mine} open reweighting sessions, the limit: close one"
+                    )
+            if not self.planning.acquire(blocking=False):
+                raise Overloaded("every planning slot is busy")
+            try:
+                rs = RW.prepare(
+                    releaser, uuid.uuid4().hex, peer, terms, rows, labels, scaling, basis, scale
+                )
+            finally:
+                self.planning.release()
+            with self.lock:
+                self.reweighting[rs.session_id] = rs
+        plan_json = rs.plan.model_dump_json()
+        sig = signing.sign(self.key, (terms.model_dump_json() + plan_json).encode())
+        return rs, plan_json, sig
+
+    def reweight_steps(
+        self,
+        peer: str,
+        session_id: str,
+        start: int,
+        count: int,
+        ledger_head: str,
+        ledger_length: int = -1,
+    ) -> tuple[np.ndarray, LedgerEntry, tuple[LedgerEntry, ...]]:
+        """Steps ``start … start+count−1`` of a reweighting session, as PATE answers are: a
+        retried request gets the stored outputs back; a new one is charged (dataset, peer and
+        session caps) before the holder's rows are read, and its outputs stored, hashed and
+        signed before they leave."""
+        rs = self.reweighting.get(session_id)
+        if rs is None or rs.peer != peer:
+            raise InvalidInput("unknown or closed session")
+        releaser = self.releasers[rs.dataset]
+        RW.check_block(rs, releaser.policy.max_reweighting_work, start, count)
+        with rs.lock, self.lock:
+            ds = rs.dataset
+            entries = self.ledger.store.entries(ds)
+            rid = f"{session_id}/reweight/{start}"
+            existing = next((e for e in entries if e.request_id == rid), None)
+            known: int | None = None
+            if existing is not None:
+                if existing.params.get("count") != count:
+                    raise InvalidInput("a replayed request id with altered content")
+                row = self.conn.execute(
+                    "SELECT outputs FROM reweight_answers WHERE dataset=? AND seq=?",
+                    (ds, existing.seq),
+                ).fetchone()
+                if row is not None:
+                    return (
+                        self._reweight_outputs(rs, row[0], count),
+                        self._sign(ds, existing.seq),
+                        (),
+                    )
+                if existing.source_sig or rs.opt.t != start:
+                    raise LedgerCorrupt(
+                        "these steps were charged and their outputs are lost: they cannot be "
+                        "sent again",
+                        public=True,
+                    )
+                entry = existing
+            else:
+                if rs.opt.t != start:
+                    raise InvalidInput(
+                        f"start: the session has taken {rs.opt.t} steps", public=True
+                    )
+                known = self._known_prefix(ds, ledger_head, ledger_length)
+                name = self.peers[peer].name
+                self._require_countersigned(ds, name, set())
+                prior_peer = [event_from_json(e.dp_event) for e in entries if e.peer == name]
+                prior_session = [
+                    event_from_json(e.dp_event) for e in entries if e.session == session_id
+                ]
+                entry = self.ledger.charge(
+                    dataset=ds,
+                    events=[rs.plan.event(count)],
+                    session=session_id,
+                    peer=name,
+                    request_id=rid,
+                    privacy_unit="record",
+                    neighbouring="replace-one",
+                    params={
+                        "kind": "reweighting",
+                        "method": rs.terms.method,
+                        "start": start,
+                        "count": count,
+                        "step_parameter": rs.plan.step_parameter,
+                        "sensitivity": rs.sensitivity,
+                        "rows_sha256": rs.rows_sha256,
+                        "delta": self.ledger.budgets[ds].delta,
+                        **({"insecure_seed": True} if releaser.insecure_seed else {}),
+                    },
+                    extra_caps=[
+                        ("session", rs.terms.epsilon, prior_session),
+                        ("peer", self.peers[peer].epsilon_cap, prior_peer),
+                    ],
+                )
+            crash_point("source.reweight.charged")
+            out = RW.draw(rs, count)
+            blob = np.ascontiguousarray(out).tobytes()
+            self.conn.execute(
+                "INSERT INTO reweight_answers VALUES (?, ?, ?, ?)", (ds, entry.seq, rid, blob)
+            )
+            self.ledger.store.update_signatures(ds, entry.seq, payload_digest(blob), "", "")
+            crash_point("source.reweight.stored")
+            gap = tuple(entries[known : entry.seq]) if known is not None else ()
+            return out, self._sign(ds, entry.seq), gap
+
+    @staticmethod
+    def _reweight_outputs(rs: RW.ReweightingSession, blob: bytes, count: int) -> np.ndarray:
+        if rs.terms.method == "noisy-md":
+            return np.frombuffer(blob, "<f8").reshape(count, rs.opt.x.shape[0])
+        return np.frombuffer(blob, "<i8")
 
     # ------------------------------------------------------------------------ ledger sync
     def countersign(self, peer: str, dataset: str, seq: int, target_sig: str) -> None:

@@ -179,6 +179,8 @@ class SourceReleaser:
         restores a stored session's matrix instead of drawing a new one."""
         if terms.dataset != self.dataset:
             raise InvalidInput("unknown dataset")
+        if self.domain.y is None:
+            raise PolicyRefused("this dataset has no labels: it serves reweighting sessions only")
         budget = self.ledger.budgets.get(self.dataset)
         if budget is None or terms.delta != budget.delta:
             raise PolicyRefused(

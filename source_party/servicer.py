@@ -181,3 +181,60 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
     ) -> pb.CloseSessionResponse:
         pending = self.h.close_session(self._peer(context), request.session_id)
         return pb.CloseSessionResponse(uncountersigned=pending)
+
+    @_guard
+    def OpenReweighting(
+        self, request: pb.OpenReweightingRequest, context: Any
+    ) -> pb.OpenReweightingResponse:
+        rows = serde.from_pb(request.rows, dtype="<f8", ndim=2)
+        labels = (
+            serde.from_pb(request.labels, dtype="<f8", ndim=1)
+            if request.HasField("labels")
+            else None
+        )
+        scaling = Scaling(
+            serde.from_pb(request.scaling_mean, dtype="<f8", ndim=1),
+            serde.from_pb(request.scaling_std, dtype="<f8", ndim=1),
+        )
+        basis = serde.from_pb(request.basis, dtype="<f8", ndim=2)
+        rs, plan_json, sig = self.h.open_reweighting(
+            self._peer(context),
+            request.terms_json,
+            rows,
+            labels,
+            scaling,
+            basis,
+            float(request.scale),
+            request.session_id,
+            request.target_sig,
+        )
+        return pb.OpenReweightingResponse(
+            session_id=rs.session_id,
+            n_rows=int(self.h.releasers[rs.dataset].domain.x.shape[0]),
+            plan_json=plan_json,
+            source_sig=sig,
+        )
+
+    @_guard
+    def ReweightSteps(
+        self, request: pb.ReweightStepsRequest, context: Any
+    ) -> pb.ReweightStepsResponse:
+        out, entry, catch_up = self.h.reweight_steps(
+            self._peer(context),
+            request.session_id,
+            request.start,
+            request.count,
+            request.ledger_head,
+            request.ledger_length if request.HasField("ledger_length") else -1,
+        )
+        resp = pb.ReweightStepsResponse(
+            entry_json=entry.to_json(),
+            payload_sha256=entry.payload_sha256,
+            source_sig=entry.source_sig,
+            catch_up_json=[e.to_json() for e in catch_up],
+        )
+        if out.dtype.kind == "i":
+            resp.vertices.CopyFrom(serde.to_pb(out))
+        else:
+            resp.gradients.CopyFrom(serde.to_pb(out))
+        return resp

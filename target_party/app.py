@@ -37,7 +37,8 @@ def load_target_data(cfg: TargetConfig) -> Table:
     ids its predictions are written with."""
     job = cfg.job
     if job.data_kind == "synthetic":
-        d = two_domains(*job.synthetic_rows)[1]
+        # the reverse deployment's driver holds the (public, labeled) synthetic source
+        d = two_domains(*job.synthetic_rows)[0 if job.setting == "public-source" else 1]
     elif job.data_path is None:
         raise ConfigError("job.data_path: required for this data_kind")
     elif job.data_kind == "table":
@@ -86,6 +87,8 @@ def run_job(
     seed: int = 0,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One job: (the results written to ``results.json``, the arrays the report plots)."""
+    if cfg.job.setting == "public-source":
+        return run_public_source_job(cfg, progress), {}
     ledger, audit = open_state(cfg)
     table = load_target_data(cfg)
     check_representation(table.x, cfg.job.representation, "job.representation")
@@ -133,6 +136,34 @@ def run_job(
     }
     (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))
     return out, figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
+
+
+def run_public_source_job(
+    cfg: TargetConfig, progress: Callable[[int, int], None] | None = None
+) -> dict[str, Any]:
+    """The reverse deployment (seed 001): this job's labeled rows are public, the serving
+    daemon's rows private (``target_party.reweighting``). Writes the weights, the model on raw
+    rows (class labels) and ``results.json``; its charges are in this side's ledger too."""
+    from dpda.target_party.reweighting import run_reweighting_job
+
+    ledger, audit = open_state(cfg)
+    table = load_target_data(cfg)
+    check_representation(table.x, cfg.job.representation, "job.representation")
+    source = GrpcReleaseSource(cfg, ledger, audit)
+    try:
+        source.preflight(table.x.shape[1], cfg.job.delta, labeled=False)
+        out, model = run_reweighting_job(cfg, source, table, progress)
+        spent = source.spent()
+    finally:
+        source.close()
+    own = [e for e in ledger.store.entries(cfg.job.dataset) if e.session == out["session_id"]]
+    out["epsilon_job"] = spend_of([event_from_json(e.dp_event) for e in own], cfg.job.delta)
+    out["epsilon_spent"] = spent  # the holder's dataset, every peer, as this side recomputed it
+    out["protected"] = "the serving daemon's rows (this job's rows are public)"
+    if model is not None:
+        out["model"] = str(save_model(model, cfg.state_dir / "model.skops"))
+    (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))
+    return out
 
 
 def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, Any]:

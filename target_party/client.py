@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from dpda.data.preprocessing import PublicSpace
 from dpda.dp.events import event_from_json, event_to_json
 from dpda.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
 from dpda.dp.pate import answers_event
@@ -36,13 +37,26 @@ from dpda.errors import (
 )
 from dpda.pb import dpda_pb2 as pb
 from dpda.pb import dpda_pb2_grpc as pb_grpc
-from dpda.protocol import BatchRelease, SessionInfo, TargetDisclosure, payload_digest
+from dpda.protocol import (
+    BatchRelease,
+    ReweightingInfo,
+    SessionInfo,
+    TargetDisclosure,
+    payload_digest,
+)
 from dpda.service import serde, signing
 from dpda.service.audit import AuditLog, ClientAuditInterceptor
 from dpda.service.config import TargetConfig
 from dpda.service.crashpoints import crash_point
 from dpda.service.tls import channel_credentials
-from dpda.terms import ReleasePlan, SessionTerms, plan_batches
+from dpda.terms import (
+    ReleasePlan,
+    ReweightingPlan,
+    ReweightingTerms,
+    SessionTerms,
+    plan_batches,
+    plan_reweighting,
+)
 
 log = logging.getLogger("dpda.target")
 
@@ -233,17 +247,25 @@ class GrpcReleaseSource:
             resp.epsilon_remaining,
         )
         if (
-            min(resp.n_rows, resp.n_features, resp.n_classes) < 1
+            min(resp.n_rows, resp.n_features) < 1
+            or resp.n_classes < 0
             or not 0 < resp.delta < 1
             or not all(math.isfinite(v) and v >= 0 for v in budget)
         ):
             raise PeerMisbehaved("the source's description of its dataset is out of range")
         return resp
 
-    def preflight(self, n_features: int, delta: float) -> pb.DescribeDatasetResponse:
+    def preflight(
+        self, n_features: int, delta: float, labeled: bool = True
+    ) -> pb.DescribeDatasetResponse:
         """What the target can check before it asks for anything: the source's public facts
         against its own rows and terms; a mismatch is a ``ConfigError`` naming the field."""
         facts = self.describe()
+        if labeled and facts.n_classes < 1:
+            raise ConfigError(
+                f"job.setting: the source's dataset {self.dataset!r} has no labels; it serves "
+                "the public-source setting only"
+            )
         if facts.n_features != n_features:
             raise ConfigError(
                 f"job.data_path: the target's rows have {n_features} features, the source's "
@@ -613,3 +635,79 @@ class GrpcReleaseSource:
             entry, digest, msg.payload_sha256, rid, spec.dp_event(), known, more, catch_up
         )
         return BatchRelease(index, z, counts, spec, entry.seq)
+
+    # ---------------------------------------------------- reweighting (the reverse shape)
+    def open_reweighting(
+        self,
+        terms: ReweightingTerms,
+        rows: np.ndarray,
+        labels: np.ndarray | None,
+        space: PublicSpace,
+    ) -> ReweightingInfo:
+        """Open a reweighting session on the serving daemon's private rows: our public rows and
+        the map of its rows into their space go out; the plan it signs must be ours."""
+        self.sync_ledger()
+        terms_json = terms.model_dump_json()
+        req = pb.OpenReweightingRequest(
+            terms_json=terms_json,
+            rows=serde.to_pb(rows),
+            scaling_mean=serde.to_pb(space.scaling.mean),
+            scaling_std=serde.to_pb(space.scaling.std),
+            basis=serde.to_pb(space.basis),
+            scale=space.scale,
+            target_sig=signing.sign(self.key, terms_json.encode()),
+        )
+        if labels is not None:
+            req.labels.CopyFrom(serde.to_pb(np.asarray(labels, dtype=np.float64)))
+        try:
+            resp = self.stub.OpenReweighting(req, timeout=self.cfg.timeout_s)
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+        if not signing.verify(
+            self.source_pub, (terms_json + resp.plan_json).encode(), resp.source_sig
+        ):
+            raise PeerMisbehaved("session terms are not signed by the pinned source key")
+        plan = ReweightingPlan.model_validate_json(resp.plan_json)
+        if plan != plan_reweighting(terms):
+            raise PeerMisbehaved("the source's reweighting plan differs from the recomputed one")
+        if resp.n_rows < 1:
+            raise PeerMisbehaved("the source's row count is out of range")
+        return ReweightingInfo(resp.session_id, int(resp.n_rows), plan, rows.shape[0])
+
+    def reweight_steps(self, info: ReweightingInfo, start: int, count: int) -> np.ndarray:
+        """Steps ``start … start+count−1``: the holder's DP outputs, verified and countersigned
+        like any release (vertices, or noisy gradients for noisy-md)."""
+        return self._synced(self._reweight_steps, info, start, count)
+
+    def _reweight_steps(self, info: ReweightingInfo, start: int, count: int) -> np.ndarray:
+        self.settle()
+        event = info.plan.event(count)
+        rid = f"{info.session_id}/reweight/{start}"
+        mine = self.ledger.store.entries(self.dataset)
+        known = next((e for e in mine if e.request_id == rid), None)
+        if known is None:
+            self.ledger.check(self.dataset, [event])  # do not ask beyond the target's budget
+        req = pb.ReweightStepsRequest(
+            session_id=info.session_id,
+            start=start,
+            count=count,
+            ledger_head=head_hash(mine),
+            ledger_length=len(mine),
+        )
+        try:
+            resp = self.stub.ReweightSteps(req, timeout=self.cfg.timeout_s)
+        except grpc.RpcError as exc:
+            raise _translate(exc) from None
+        if info.plan.method == "noisy-md":
+            out = serde.from_pb(resp.gradients, dtype="<f8", ndim=2, shape=(count, info.n_public))
+            digest = payload_digest(resp.gradients.data)
+        else:
+            out = serde.from_pb(resp.vertices, dtype="<i8", ndim=1, shape=(count,))
+            digest = payload_digest(resp.vertices.data)
+            if out.min() < 0 or out.max() >= info.n_public:
+                raise PeerMisbehaved("a selected row is out of range")
+        entry = LedgerEntry.from_json(resp.entry_json)
+        catch_up = [LedgerEntry.from_json(t) for t in resp.catch_up_json]
+        more = start + count < info.plan.steps
+        self._verify_entry(entry, digest, resp.payload_sha256, rid, event, known, more, catch_up)
+        return out

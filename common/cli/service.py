@@ -53,6 +53,16 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
     cfg = load_target(args.config)
     out = run(cfg, progress=not args.quiet)
+    if out.get("setting") == "public-source":
+        print(
+            f"{out['method']}: {out['steps']} private steps by the data holder; ε this job "
+            f"{out['epsilon_job']:.4f}, the holder's dataset in all {out['epsilon_spent']:.4f}  "
+            f"weights keep ≈{out['weights_effective_rows']:.0f} rows  → {cfg.state_dir}"
+        )
+        print(f"  weights: {out['weights']}  model: {out.get('model', 'linear predictor')}")
+        print(f"  note: protected are {out['protected']}")
+        write_json(args, out)
+        return 0
     acc = "n/a" if out["accuracy"] is None else f"{out['accuracy']:.2f}%"
     print(
         f"accuracy {acc}  ε this job {out['epsilon_job']:.4f}, the dataset's total "

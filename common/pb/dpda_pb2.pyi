@@ -591,3 +591,174 @@ class DescribeDatasetResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeDatasetResponse: _TypeAlias = DescribeDatasetResponse  # noqa: Y015
+
+@_typing.final
+class OpenReweightingRequest(_message.Message):
+    """The reverse deployment (seed 001): the serving daemon holds the private (unlabeled) rows; the
+    caller holds public labeled rows and drives a private discrepancy minimisation. Everything in
+    the request is public and untrusted: the serving side clips what it reads.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TERMS_JSON_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    SCALING_MEAN_FIELD_NUMBER: _builtins.int
+    SCALING_STD_FIELD_NUMBER: _builtins.int
+    BASIS_FIELD_NUMBER: _builtins.int
+    SCALE_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TARGET_SIG_FIELD_NUMBER: _builtins.int
+    terms_json: _builtins.str
+    """canonical JSON of ReweightingTerms"""
+    scale: _builtins.float
+    session_id: _builtins.str
+    """set to resume a session this caller opened"""
+    target_sig: _builtins.str
+    """the caller's Ed25519 signature over terms_json"""
+    @_builtins.property
+    def rows(self) -> Global___NDArray:
+        """(m, l) the caller's public rows in the shared space"""
+
+    @_builtins.property
+    def labels(self) -> Global___NDArray:
+        """(m,) their labels (single-stage only)"""
+
+    @_builtins.property
+    def scaling_mean(self) -> Global___NDArray:
+        """the map of the holder's raw rows into the shared space:"""
+
+    @_builtins.property
+    def scaling_std(self) -> Global___NDArray:
+        """  ((per_row(x) - mean) / std) @ basis / scale, then clipped"""
+
+    @_builtins.property
+    def basis(self) -> Global___NDArray:
+        """  (k, l)"""
+
+    def __init__(
+        self,
+        *,
+        terms_json: _builtins.str = ...,
+        rows: Global___NDArray | None = ...,
+        labels: Global___NDArray | None = ...,
+        scaling_mean: Global___NDArray | None = ...,
+        scaling_std: Global___NDArray | None = ...,
+        basis: Global___NDArray | None = ...,
+        scale: _builtins.float = ...,
+        session_id: _builtins.str = ...,
+        target_sig: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["basis", b"basis", "labels", b"labels", "rows", b"rows", "scaling_mean", b"scaling_mean", "scaling_std", b"scaling_std"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["basis", b"basis", "labels", b"labels", "rows", b"rows", "scale", b"scale", "scaling_mean", b"scaling_mean", "scaling_std", b"scaling_std", "session_id", b"session_id", "target_sig", b"target_sig", "terms_json", b"terms_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenReweightingRequest: _TypeAlias = OpenReweightingRequest  # noqa: Y015
+
+@_typing.final
+class OpenReweightingResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    N_ROWS_FIELD_NUMBER: _builtins.int
+    PLAN_JSON_FIELD_NUMBER: _builtins.int
+    SOURCE_SIG_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    n_rows: _builtins.int
+    plan_json: _builtins.str
+    """ReweightingPlan, recomputed by the caller"""
+    source_sig: _builtins.str
+    """the holder's signature over terms_json + plan_json"""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        n_rows: _builtins.int = ...,
+        plan_json: _builtins.str = ...,
+        source_sig: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["n_rows", b"n_rows", "plan_json", b"plan_json", "session_id", b"session_id", "source_sig", b"source_sig"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenReweightingResponse: _TypeAlias = OpenReweightingResponse  # noqa: Y015
+
+@_typing.final
+class ReweightStepsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    LEDGER_HEAD_FIELD_NUMBER: _builtins.int
+    LEDGER_LENGTH_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    start: _builtins.int
+    """steps already taken; the request id is session_id/reweight/start"""
+    count: _builtins.int
+    ledger_head: _builtins.str
+    ledger_length: _builtins.int
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        start: _builtins.int = ...,
+        count: _builtins.int = ...,
+        ledger_head: _builtins.str = ...,
+        ledger_length: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ledger_length", b"_ledger_length", "ledger_length", b"ledger_length"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ledger_length", b"_ledger_length", "count", b"count", "ledger_head", b"ledger_head", "ledger_length", b"ledger_length", "session_id", b"session_id", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__ledger_length: _TypeAlias = _typing.Literal["ledger_length"]  # noqa: Y015
+    _WhichOneofArgType__ledger_length: _TypeAlias = _typing.Literal["_ledger_length", b"_ledger_length"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ledger_length) -> _WhichOneofReturnType__ledger_length | None: ...
+
+Global___ReweightStepsRequest: _TypeAlias = ReweightStepsRequest  # noqa: Y015
+
+@_typing.final
+class ReweightStepsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERTICES_FIELD_NUMBER: _builtins.int
+    GRADIENTS_FIELD_NUMBER: _builtins.int
+    ENTRY_JSON_FIELD_NUMBER: _builtins.int
+    PAYLOAD_SHA256_FIELD_NUMBER: _builtins.int
+    SOURCE_SIG_FIELD_NUMBER: _builtins.int
+    CATCH_UP_JSON_FIELD_NUMBER: _builtins.int
+    entry_json: _builtins.str
+    payload_sha256: _builtins.str
+    source_sig: _builtins.str
+    @_builtins.property
+    def vertices(self) -> Global___NDArray:
+        """(count,) Frank-Wolfe methods: the selected source rows"""
+
+    @_builtins.property
+    def gradients(self) -> Global___NDArray:
+        """(count, m) noisy-md: the noisy gradients"""
+
+    @_builtins.property
+    def catch_up_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        vertices: Global___NDArray | None = ...,
+        gradients: Global___NDArray | None = ...,
+        entry_json: _builtins.str = ...,
+        payload_sha256: _builtins.str = ...,
+        source_sig: _builtins.str = ...,
+        catch_up_json: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gradients", b"gradients", "vertices", b"vertices"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catch_up_json", b"catch_up_json", "entry_json", b"entry_json", "gradients", b"gradients", "payload_sha256", b"payload_sha256", "source_sig", b"source_sig", "vertices", b"vertices"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReweightStepsResponse: _TypeAlias = ReweightStepsResponse  # noqa: Y015

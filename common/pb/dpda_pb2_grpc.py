@@ -79,6 +79,16 @@ class SourceServiceStub:
                 request_serializer=common_dot_pb_dot_dpda__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=common_dot_pb_dot_dpda__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.OpenReweighting = channel.unary_unary(
+                '/dpda.v1.SourceService/OpenReweighting',
+                request_serializer=common_dot_pb_dot_dpda__pb2.OpenReweightingRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.OpenReweightingResponse.FromString,
+                _registered_method=True)
+        self.ReweightSteps = channel.unary_unary(
+                '/dpda.v1.SourceService/ReweightSteps',
+                request_serializer=common_dot_pb_dot_dpda__pb2.ReweightStepsRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.ReweightStepsResponse.FromString,
+                _registered_method=True)
 
 
 class SourceServiceServicer:
@@ -138,6 +148,18 @@ class SourceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenReweighting(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReweightSteps(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SourceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +207,16 @@ def add_SourceServiceServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=common_dot_pb_dot_dpda__pb2.CloseSessionRequest.FromString,
                     response_serializer=common_dot_pb_dot_dpda__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'OpenReweighting': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenReweighting,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.OpenReweightingRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.OpenReweightingResponse.SerializeToString,
+            ),
+            'ReweightSteps': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReweightSteps,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.ReweightStepsRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.ReweightStepsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +462,60 @@ class SourceService:
             '/dpda.v1.SourceService/CloseSession',
             common_dot_pb_dot_dpda__pb2.CloseSessionRequest.SerializeToString,
             common_dot_pb_dot_dpda__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenReweighting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpda.v1.SourceService/OpenReweighting',
+            common_dot_pb_dot_dpda__pb2.OpenReweightingRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.OpenReweightingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReweightSteps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpda.v1.SourceService/ReweightSteps',
+            common_dot_pb_dot_dpda__pb2.ReweightStepsRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.ReweightStepsResponse.FromString,
             options,
             channel_credentials,
             insecure,

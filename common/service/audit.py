@@ -126,7 +126,11 @@ class AuditLog:
 
 
 # the mechanism family per RPC (the ledger entry's spec says which release: rows or aggregates)
-RELEASE_METHODS = {"ReleaseBatches": "gaussian-features+counts", "QueryTeachers": "pate-votes"}
+RELEASE_METHODS = {
+    "ReleaseBatches": "gaussian-features+counts",
+    "QueryTeachers": "pate-votes",
+    "ReweightSteps": "reweighting-steps",
+}
 
 
 def _release_fields(msg: Any) -> dict[str, Any]:

@@ -40,6 +40,8 @@ POLICY: dict[str, frozenset[str]] = {
     f"/{SERVICE}/GetLedger": frozenset({"target"}),
     f"/{SERVICE}/RestoreLedger": frozenset({"target"}),
     f"/{SERVICE}/CloseSession": frozenset({"target"}),
+    f"/{SERVICE}/OpenReweighting": frozenset({"target"}),
+    f"/{SERVICE}/ReweightSteps": frozenset({"target"}),
     "/grpc.health.v1.Health/Check": frozenset({"target", "anonymous"}),
     # a Watch stream holds a server thread for as long as the caller likes: pinned peers only
     "/grpc.health.v1.Health/Watch": frozenset({"target"}),
@@ -67,6 +69,7 @@ def method_limits(max_features: int, max_message: int) -> dict[str, int]:
     limits[f"/{SERVICE}/OpenSession"] = min(max_message, SMALL_MESSAGE + 8 * (k * k + 2 * k) + 256)
     limits[f"/{SERVICE}/QueryTeachers"] = max_message
     limits[f"/{SERVICE}/RestoreLedger"] = max_message
+    limits[f"/{SERVICE}/OpenReweighting"] = max_message  # the caller's public rows
     return limits
 
 

@@ -18,12 +18,12 @@ from dpda.dp.accounting import CalibrationMethod
 from dpda.dp.mechanisms import Neighbouring, PrivacyUnit, ReleaseKind
 from dpda.errors import ConfigError
 from dpda.policy import PrivacyPolicy
-from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE, SessionTerms
+from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE, ReweightingTerms, SessionTerms
 
 
-def _term(name: str) -> Any:
-    """A [job] field that is a session term as SessionTerms declares it (a copy of its field)."""
-    return copy.copy(SessionTerms.model_fields[name])
+def _term(name: str, terms: type[BaseModel] = SessionTerms) -> Any:
+    """A [job] field that is a session term as the terms declare it (a copy of its field)."""
+    return copy.copy(terms.model_fields[name])
 
 
 class _Strict(BaseModel):
@@ -49,7 +49,16 @@ class SourceDataset(_Strict):
     id_column: str | None = Field(
         default=None, description="kind table: a column naming rows, not a feature (dropped)"
     )
-    domain: str = ""
+    domain: str = Field(
+        default="",
+        description="office-caltech / mnist-usps: the domain; synthetic: 'target' serves the "
+        "synthetic target's rows (the reverse deployment), else the source's",
+    )
+    labeled: bool = Field(
+        default=True,
+        description="kind table: false for rows without labels (a reverse-deployment data "
+        "holder: only reweighting sessions read them)",
+    )
     representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
     epsilon: float = Field(gt=0, le=100, description="dataset cap, all peers and sessions")
     delta: float | None = Field(
@@ -257,6 +266,24 @@ class TargetJob(_Strict):
     pate_teachers: int = Field(default=50, ge=1, le=10_000)
     pate_aggregator: Literal["lnmax", "gnmax"] = "gnmax"
     pate_space: Literal["projected", "raw"] = "projected"
+    # the reverse deployment (seed 001): this job's rows are public and labeled, the serving
+    # daemon's rows private; the job drives a private reweighting of its own rows
+    setting: Literal["forward", "public-source"] = Field(
+        default="forward",
+        description="forward: the serving daemon's labeled rows are private (DPDA); "
+        "public-source: this job's labeled rows are public and the serving daemon's unlabeled "
+        "rows private (seed 001)",
+    )
+    reweighting_method: Literal["noisy-fw", "noisy-md", "single-stage"] = _term(
+        "method", ReweightingTerms
+    )
+    reweighting_steps: int = _term("steps", ReweightingTerms)
+    reweighting_block: int = Field(
+        default=100, ge=1, le=100_000, description="public-source: steps per request"
+    )
+    reweighting_dim: int = Field(
+        default=20, ge=1, le=512, description="public-source: the shared space's dimension"
+    )
 
 
 class TargetConfig(_Strict):

@@ -83,6 +83,9 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
     if has_payloads:
         for ds, seq, z, c in conn.execute("SELECT dataset, seq, z, counts FROM payloads"):
             payloads[(ds, seq)] = hashlib.sha256(z + c).hexdigest()
+    if conn.execute("SELECT name FROM sqlite_master WHERE name='reweight_answers'").fetchone():
+        for ds, seq, out in conn.execute("SELECT dataset, seq, outputs FROM reweight_answers"):
+            payloads[(ds, seq)] = hashlib.sha256(out).hexdigest()
     for ds in store.datasets():
         entries = store.entries(ds)
         n += len(entries)

@@ -111,6 +111,7 @@ class Live:
     terms: dict[str, str] = field(default_factory=dict)  # session id → its terms JSON
     ell: dict[str, int] = field(default_factory=dict)  # session id → projection dim
     steps: dict[str, int] = field(default_factory=dict)  # session id → planned steps
+    reweight_taken: int = 0  # steps the honest reweighting session has taken
     victims: list[str] = field(default_factory=list)  # open sessions CloseSession may close
     closed: list[str] = field(default_factory=list)
     heads: list[str] = field(default_factory=lambda: [GENESIS])  # current head first
@@ -176,6 +177,8 @@ class Generator:
     def presence(self, message: str, name: str, msg: Message) -> float:
         """How often a field is set. The target's disclosures in OpenSession are optional: set
         each of them every time and hardly any request would reach the terms behind them."""
+        if message == "OpenReweightingRequest":  # mostly fresh sessions, labels rarely
+            return {"session_id": 0.1, "labels": 0.15}.get(name, 0.9)
         if message != "OpenSessionRequest":
             return 0.85
         if name == "scaling_mean":
@@ -197,6 +200,8 @@ class Generator:
             return self.r.choice([0, 1, -1, 2**31 - 1, -(2**31), self.r.randint(-9, 9)])
         if f.type == FD.TYPE_BOOL:
             return self.r.random() < 0.5
+        if f.type == FD.TYPE_DOUBLE:
+            return self.r.choice([*SPECIAL_FLOATS, 1.0, 0.5, self.r.uniform(0, 10)])
         raise AssertionError(f"no generator for field type {f.type} ({f.full_name})")
 
     def length(self) -> int:
@@ -519,6 +524,97 @@ class Generator:
             a = self.np.normal(size=(n, ell))
             return pb.NDArray(dtype="<f8", shape=[n, ell], data=a.astype("<f8").tobytes())
         return self.ndarray((r.choice([1, 1, 2, 3, 401]), ell))
+
+    # ------------------------------------------------------- reweighting (reverse shape)
+    def f_OpenReweightingRequest_terms_json(self, msg: Message) -> str:
+        r, live = self.r, self.live
+        if r.random() < 0.15:
+            return r.choice(BROKEN_JSON)
+        t: dict[str, Any] = {"dataset": live.dataset, "epsilon": 1.0, "delta": live.delta}
+        if r.random() < 0.4:
+            return json.dumps({**t, "steps": r.choice([1, 10, 100])})
+        for name, values in (
+            ("method", ["noisy-fw", "noisy-md", "single-stage", "oracle", ""]),
+            ("steps", [1, 10, 1000, 100_000, 100_001, 0, -1, 2**63 - 1]),
+            ("epsilon", [1e-300, 100.0, 100.1, math.nan, math.inf, 0.0]),
+            ("smoothing", [0.01, 1e4, 1e5, 1e-300, math.inf]),
+            ("learning_rate", [1e-300, 100.0, 1e308]),
+            ("predictor_radius", [1e-300, 1e3, 1e308]),
+            ("delta", [live.delta * 2, 0.0, 1.0]),
+            ("representation", ["raw", "sqrt", "l2", "log"]),
+            ("dataset", ["", "other", live.dataset + "\x00"]),
+            ("privacy_unit", ["attribute"]),  # not a term here
+        ):
+            if r.random() < 0.2:
+                t[name] = r.choice(values)
+        try:
+            return json.dumps(t)
+        except ValueError:
+            return "{}"
+
+    def f_OpenReweightingRequest_target_sig(self, msg: Message) -> str:
+        return self.f_OpenSessionRequest_target_sig(msg)
+
+    def _honest(self, a: np.ndarray) -> pb.NDArray:
+        return pb.NDArray(dtype="<f8", shape=list(a.shape), data=a.astype("<f8").tobytes())
+
+    def f_OpenReweightingRequest_scaling_mean(self, msg: Message) -> pb.NDArray:
+        k = self.live.k
+        return self._honest(np.zeros(k)) if self.r.random() < 0.6 else self.ndarray((k,))
+
+    def f_OpenReweightingRequest_scaling_std(self, msg: Message) -> pb.NDArray:
+        k = self.live.k
+        if self.r.random() < 0.6:
+            return self._honest(np.ones(k))
+        return self.ndarray((k,), positive=True)
+
+    def f_rows(self, msg: Message) -> pb.NDArray:
+        r = self.r
+        if r.random() < 0.5:  # an honest shape, perhaps with one hostile value
+            a = self.np.normal(size=(r.choice([2, 10, 50]), 3))
+            if r.random() < 0.3:
+                a[0, 0] = r.choice([1e3, 1001.0, 1e308, -1e308, 1e-300])
+            return self._honest(a)
+        m = r.choice([2, 3, 10, 50, 1, 0, 20_001])
+        ell = r.choice([1, 2, self.live.k, self.live.k + 1, 0])
+        if m * max(ell, 1) > 200_000:
+            return self.ndarray((m, 1)) if m <= 200_000 else self.ndarray((2, 2))
+        return self.ndarray((m, ell))
+
+    def f_labels(self, msg: Message) -> pb.NDArray:
+        m = int(msg.rows.shape[0]) if msg.HasField("rows") and msg.rows.shape else 3
+        m = m if 0 <= m <= 100_000 else 3  # the rows' own hostile shape is theirs to carry
+        return self.ndarray((m if self.r.random() < 0.8 else m + 1,))
+
+    def f_OpenReweightingRequest_basis(self, msg: Message) -> pb.NDArray:
+        r, k = self.r, self.live.k
+        ell = int(msg.rows.shape[1]) if msg.HasField("rows") and len(msg.rows.shape) == 2 else 2
+        if not 0 < ell <= k:
+            return self.ndarray((k, r.randint(1, k)))
+        if r.random() < 0.5:
+            q, _ = np.linalg.qr(self.np.normal(size=(k, ell)))
+            q = q * r.choice([1.0, 1e300, 0.0, -1.0, 1e-300])
+            return pb.NDArray(dtype="<f8", shape=list(q.shape), data=q.astype("<f8").tobytes())
+        return self.ndarray((k, ell))
+
+    def f_scale(self, msg: Message) -> float:
+        return self.r.choice([1.0, 1.0, 1.0, 0.5, 2.0, *SPECIAL_FLOATS])
+
+    def f_ReweightStepsRequest_start(self, msg: Message) -> int:
+        r = self.r
+        x = r.random()
+        if x < 0.6:
+            return self.live.reweight_taken
+        if x < 0.8:
+            return r.randint(0, self.live.reweight_taken + 2)
+        return self.int64()
+
+    def f_ReweightStepsRequest_count(self, msg: Message) -> int:
+        r = self.r
+        x = r.random()
+        if x < 0.6:
+            return r.randint(1, 3)
+        return r.choice([0, -1, 1000, 10**6, 2**31, 2**63 - 1, -(2**63)])
 
     # ---------------------------------------------------------------- ledger sync
     def f_dataset(self, msg: Message) -> str:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from google.protobuf import message_factory
 from grpc_health.v1 import health_pb2
@@ -50,12 +51,12 @@ from dpda.dp.ledger import LedgerEntry, head_hash
 from dpda.errors import PUBLIC_CATALOG
 from dpda.pb import dpda_pb2 as pb
 from dpda.pb import dpda_pb2_grpc as pb_grpc
-from dpda.service import signing
+from dpda.service import serde, signing
 from dpda.service.config import SourceLimits, load_source
 from dpda.service.tls import channel_credentials, init_party
 from dpda.source_party.app import run_server
 from dpda.source_party.servicer import STATUS
-from dpda.terms import SessionTerms
+from dpda.terms import ReweightingTerms, SessionTerms
 
 from .fuzz_requests import METHODS, SERVICE, Generator, Live
 from .helpers import DELTA, SignedStub, synthetic_deployment
@@ -90,6 +91,19 @@ PUBLIC_REASONS = [
         r"INVALID_ARGUMENT: scaling: \d+ and \d+ columns, the source has \d+ features",
         r"INVALID_ARGUMENT: target-pca needs the target's basis",
         r"LEDGER_CORRUPT: this (release|answer) was sent before and its stored copy is lost: .*",
+        # the reverse shape's holder (source_party.reweighting): shapes, bounds and counts
+        r"INVALID_ARGUMENT: rows: need 2 to \d+ rows",
+        r"INVALID_ARGUMENT: rows: \d+ columns, need 1 to \d+",
+        r"INVALID_ARGUMENT: (rows|labels|basis): shape \(\d+(, \d+)*,?\), expected "
+        r"\(\d+(, \d+)*,?\)",
+        r"INVALID_ARGUMENT: (rows|labels|basis): every entry must be finite",
+        r"INVALID_ARGUMENT: rows: every row's norm must be ≤ 1000",
+        r"INVALID_ARGUMENT: labels: (single-stage needs the public rows' labels|every \|label\| "
+        r"must be ≤ 1e\+06|only single-stage reads labels, not noisy-(fw|md))",
+        r"INVALID_ARGUMENT: scale: must lie in \[1e-06, 1e\+06\]",
+        r"INVALID_ARGUMENT: steps -?\d+\.\.-?\d+: the session has \d+ steps",
+        r"INVALID_ARGUMENT: start: the session has taken \d+ steps",
+        r"LEDGER_CORRUPT: these steps were charged and their outputs are lost: .*",
     )
 ]
 
@@ -156,6 +170,8 @@ class Daemon:
             self.stub.Countersign(req, timeout=TIMEOUT)
 
     def refresh(self) -> None:
+        rw = self.rs.handlers.reweighting.get(self.live.honest.get("reweighting", ""))
+        self.live.reweight_taken = rw.opt.t if rw is not None else 0
         entries = self.entries()
         self.live.entries = [e.to_json() for e in entries]
         head = head_hash(entries)
@@ -236,6 +252,25 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
                         live.terms[sid] = terms
                         live.ell[sid] = int(json.loads(terms)["projection_dim"])
                         live.steps[sid] = int(json.loads(resp.plan_json)["steps"])
+                    # the reverse shape: an honest reweighting session on the same rows
+                    rw_terms = ReweightingTerms(
+                        dataset=DS, epsilon=1.0, delta=DELTA, steps=100_000
+                    ).model_dump_json()
+                    rows = np.random.default_rng(0).normal(size=(20, 3))
+                    rw = stub.OpenReweighting(
+                        pb.OpenReweightingRequest(
+                            terms_json=rw_terms,
+                            rows=serde.to_pb(rows),
+                            scaling_mean=serde.to_pb(np.zeros(live.k)),
+                            scaling_std=serde.to_pb(np.ones(live.k)),
+                            basis=serde.to_pb(np.eye(live.k)[:, :3]),
+                            scale=1.0,
+                            target_sig=signing.sign(stub._key, rw_terms.encode()),
+                        ),
+                        timeout=TIMEOUT,
+                    )
+                    live.honest["reweighting"] = rw.session_id
+                    live.steps[rw.session_id] = 100_000
                     d.honest_release()  # the ledger has an entry, countersigned, from the start
                     d.refresh()
                     yield d
@@ -324,6 +359,9 @@ def _explained(method: str, data: bytes, out: Outcome) -> tuple[set[int], int, i
     elif method == "RestoreLedger":
         for text in pb.RestoreLedgerRequest.FromString(data).entries_json:
             seqs.add(int(json.loads(text)["seq"]))
+    elif method == "ReweightSteps":
+        entry_json = pb.ReweightStepsResponse.FromString(out.responses[0]).entry_json
+        seqs.add(int(json.loads(entry_json)["seq"]))
     elif method == "OpenSession":
         return seqs, 1, 0  # at most one session (a resumed one adds none)
     elif method == "CloseSession":

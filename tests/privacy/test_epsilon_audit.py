@@ -664,3 +664,70 @@ def test_public_source_frank_wolfe_selection() -> None:
     _report("public-source Frank–Wolfe selection", claimed, lb, weak, n)
     assert lb.epsilon < claimed, "the selection leaks more than its charge"
     assert weak.epsilon > claimed, "the audit cannot tell 30% less noise apart"
+
+
+def test_public_source_holder_whole_map() -> None:
+    """The data holder's whole path (``source_party.reweighting``): the peer's map of its raw
+    rows, its own clip to norm 1, the second moment, the smooth-discrepancy gradient, the
+    exponential mechanism at the planned ε₀ and the holder's own Δ∞ (here the data-free bound
+    2R², since n = 4 < μ/2) — run on a neighbouring pair: four rows at 0, and one of them
+    replaced by a far-away row that the clip must tame. Outcome: the draw lands in the set of
+    vertices the replacement makes least likely (from the exact probabilities). Claim: the
+    plan's one-step event (ε = 1). The exact log-ratio on this pair is 0.13, far below ε₀, so
+    the power variant understates Δ∞ tenfold: the mistake the audit must catch on the whole
+    map."""
+    from dpda.source_party import reweighting as RW
+    from dpda.terms import ReweightingTerms, plan_reweighting
+
+    from ..support import memory_releaser
+
+    ang = np.linspace(0, np.pi, 8, endpoint=False)
+    public = np.column_stack([np.cos(ang), np.sin(ang)])
+    terms = ReweightingTerms(dataset=DATASET, epsilon=1.0, delta=DELTA, steps=1)
+    base = np.zeros((4, 2))
+    far = base.copy()
+    far[0] = [0.0, 1e6]  # clipped to (0, 1) by the holder
+
+    def session(x: np.ndarray, seed: int) -> RW.ReweightingSession:
+        rel, _ = memory_releaser(
+            Domain(DATASET, x, None, 0),
+            DATASET,
+            Budget(100.0, DELTA),
+            np.random.default_rng(seed),
+            insecure_seed=True,
+        )
+        scaling = Scaling(np.zeros(2), np.ones(2))
+        return RW.prepare(rel, "s", "peer", terms, public, None, scaling, np.eye(2), 1.0)
+
+    a, b = session(base, 1), session(far, 2)
+    assert a.sensitivity == b.sensitivity == 2.0
+
+    def probs(s: RW.ReweightingSession) -> np.ndarray:
+        g = s.opt.private_gradient(s.moment) + s.opt.public_gradient()
+        sc = -s.plan.step_parameter * g / (2 * s.sensitivity)
+        p = np.exp(sc - sc.max())
+        return p / p.sum()
+
+    def event() -> np.ndarray:
+        """The vertex set S maximising P_a(S)/P_b(S) among the sets of top log-ratios."""
+        pa, pb = probs(a), probs(b)
+        order = np.argsort(-np.log(pa / pb))
+        best = max(range(1, len(order)), key=lambda k: pa[order[:k]].sum() / pb[order[:k]].sum())
+        return order[:best]
+
+    n = 40_000
+    delta_a = 1e-9
+    claimed = _claim(plan_reweighting(terms).event(1), delta_a)
+
+    def draws(s: RW.ReweightingSession, where: np.ndarray) -> np.ndarray:
+        return np.array([float(RW.step_output(s) in where) for _ in range(n)])
+
+    honest = event()
+    lb = audit_scores(draws(a, honest), draws(b, honest), delta_a, ALPHA)
+    for s in (a, b):
+        s.sensitivity /= 10  # the broken holder: ten times too little noise
+    broken = event()
+    weak = audit_scores(draws(a, broken), draws(b, broken), delta_a, ALPHA)
+    _report("public-source holder, whole map", claimed, lb, weak, n)
+    assert lb.epsilon < claimed, "the holder's step leaks more than its charge"
+    assert weak.epsilon > claimed, "the audit cannot see a holder with 10× too little noise"
