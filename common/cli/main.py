@@ -516,6 +516,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the daemons and run the pipeline in one process",
     )
+    dm.add_argument(
+        "--setting",
+        choices=["private-source", "public-source"],
+        default="private-source",
+        help="public-source: the reverse deployment (the daemon holds private unlabeled rows, "
+        "the job public labeled ones; seed 001)",
+    )
     dm.set_defaults(func=_cmd_demo)
 
     from dpda.bench import service as bench

@@ -140,3 +140,11 @@ def test_a_policys_attribute_bound_is_finite_and_bounded(bound: float) -> None:
 
     with pytest.raises(ValidationError, match="attribute_bound"):
         PrivacyPolicy(attribute_bound=bound)
+
+
+def test_reverse_deployment_example_configs_validate() -> None:
+    holder = load_source(DEPLOY / "holder.example.toml")
+    driver = load_target(DEPLOY / "driver.example.toml")
+    assert holder.datasets[0].labeled is False and holder.datasets[0].policy.allow_reweighting
+    assert driver.job.setting == "public-source" and driver.job.dataset == holder.datasets[0].name
+    assert driver.job.delta == holder.datasets[0].delta
