@@ -80,6 +80,9 @@ class SimulationOutcome:
     runs: dict[str, DPDAResult]
     ledgers: dict[str, list[LedgerEntry]] = field(default_factory=dict)  # per method, in-memory
     baseline_predictions: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    # the target's own disclosures under DP (issue 19): ε they spend at its δ; None: exact
+    target_epsilon_spent: float | None = None
+    target_delta: float | None = None
 
     @property
     def dpda(self) -> DPDAResult:
@@ -98,6 +101,9 @@ class SimulationOutcome:
             "epsilon_by_method": {m: r.epsilon_spent for m, r in self.runs.items()},
             "epsilon_budget": terms.epsilon,
             "pate_queries": max(r.pate_queries for r in self.runs.values()),
+            "target_disclosures": "dp" if self.target_epsilon_spent is not None else "exact",
+            "target_epsilon_spent": self.target_epsilon_spent,
+            "target_delta": self.target_delta,
         }
 
 
@@ -115,14 +121,38 @@ def simulate(
     pate_queries: int = 100,
     pate_share: float = PATE_SHARE,
     attribute_bound: float = 1.0,
+    target_epsilon: float | None = None,
+    target_delta: float | None = None,
+    target_row_clip: float | None = None,
 ) -> SimulationOutcome:
     """Each method runs as its own session on a fresh ledger at the same total ε.
 
     The in-process source runs the rehearsal policy (``PrivacyPolicy.rehearsal``): it allows the
     unit and release the user asked for, with every other rule of the default policy (replace-one,
     floors, bounds). A fixed ``seed`` is recorded in every ledger entry as an insecure seed.
+    ``target_epsilon``: the target's scaling and basis are released under its own DP
+    (``dpda.dp.target_disclosure``) at δ = ``target_delta`` (default 1/(10·nt)).
     """
-    view = target_view(target, representation, scaling_mode=scaling_mode)
+    privacy = None
+    t_spent = None
+    if target_epsilon is not None:
+        from dpda.dp.ledger import spend_of
+        from dpda.dp.target_disclosure import plan_disclosure
+
+        t_delta = target_delta if target_delta is not None else 1.0 / (10.0 * target.x.shape[0])
+        plan = plan_disclosure(
+            target_epsilon,
+            t_delta,
+            target.x.shape[1],
+            representation,
+            target_row_clip,
+            with_basis=terms.projection == "target-pca",
+        )
+        t_rng = np.random.default_rng([seed, 19]) if seed is not None else secure_rng()
+        privacy = (plan, terms.projection_dim, t_rng)
+        t_spent = spend_of(plan.events(), t_delta)
+        target_delta = t_delta
+    view = target_view(target, representation, scaling_mode=scaling_mode, privacy=privacy)
     runs: dict[str, DPDAResult] = {}
     ledgers: dict[str, list[LedgerEntry]] = {}
     for method in methods:
@@ -149,7 +179,7 @@ def simulate(
         preds["otda"] = otda_predictions(source, view, representation, cfg)
     so = _scored(preds["source_only"], view) if baselines else None
     ot_acc = _scored(preds["otda"], view) if baselines else None
-    return SimulationOutcome(so, ot_acc, runs, ledgers, preds)
+    return SimulationOutcome(so, ot_acc, runs, ledgers, preds, t_spent, target_delta)
 
 
 PUBLIC_SOURCE_STEPS = 300  # noisy Frank–Wolfe steps

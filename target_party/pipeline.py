@@ -20,6 +20,7 @@ from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling, per_row
 from dpda.dp.mechanisms import counts_to_labels
 from dpda.dp.sinkhorn_synthetic import SinkhornSyntheticParams, synthetic_labels
+from dpda.dp.target_disclosure import Disclosure, DisclosurePlan, disclose
 from dpda.errors import ConfigError
 from dpda.ot.costs import dpot_cost, label_mask
 from dpda.ot.mapping import barycentric_map
@@ -68,6 +69,9 @@ class TargetView:
     scaling: Scaling
     labels: np.ndarray | None  # evaluation labels, if any
     known: np.ndarray  # (m,) −1 or a label the target knows (semi-supervised)
+    # the target's statistics released under its own DP (issue 19): scaling, basis, clip norm;
+    # None: the exact ones are disclosed (the target's opt-in)
+    disclosure: Disclosure | None = None
 
 
 def target_view(
@@ -75,10 +79,18 @@ def target_view(
     representation: str,
     known: np.ndarray | None = None,
     scaling_mode: str = "zscore",
+    privacy: tuple[DisclosurePlan, int, np.random.Generator] | None = None,
 ) -> TargetView:
+    """The target's rows in its representation and scaling. ``privacy = (plan, ℓ, rng)``: the
+    scaling (and the target-pca basis of ℓ directions) are the DP ones of
+    ``dpda.dp.target_disclosure``, computed here once; else the exact ones."""
     rep = per_row(target.x, representation)
-    scaling = Scaling.of(rep, scaling_mode)
     kn = np.full(rep.shape[0], -1, dtype=np.int64) if known is None else known
+    if privacy is not None:
+        plan, ell, rng = privacy
+        d = disclose(target.x, representation, scaling_mode, ell, plan, rng)
+        return TargetView(d.scaling.apply(rep), d.scaling, target.y, kn, d)
+    scaling = Scaling.of(rep, scaling_mode)
     return TargetView(scaling.apply(rep), scaling, target.y, kn)
 
 
@@ -354,6 +366,14 @@ def session_terms(
             most,
         )
         terms = terms.model_copy(update={"projection_dim": most})
+    d = view.disclosure
+    if d is not None:  # the DP basis and clip norm (post-processing of the noisy covariance)
+        basis = None
+        if terms.projection == "target-pca":
+            basis = d.basis[:, : terms.projection_dim]
+            if terms.privacy_unit == "record" and cfg.clip_quantile > 0:
+                terms = terms.model_copy(update={"clip_norm": d.clip_norm})
+        return terms, basis
     basis = (
         target_pca_basis(view.x, terms.projection_dim) if terms.projection == "target-pca" else None
     )

@@ -246,6 +246,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from dpda.bench.releases import register_releases
     from dpda.bench.selection import register_selection
     from dpda.bench.speed import register_speed
+    from dpda.bench.target_privacy import register_target_privacy
 
     register_speed(bsub)
     register_accuracy(bsub)
@@ -255,3 +256,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_load(bsub)
     register_releases(bsub)
     register_public_source(bsub)
+    register_target_privacy(bsub)

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 from enum import Enum
 from typing import Any, Literal, get_args, get_origin
 
 from dpda.errors import ConfigError, DpdaError
 from dpda.service.output import add_json_option, json_to_stdout, write_json
+
+
+def _positive(text: str) -> float:
+    """A finite number > 0, or argparse's own error naming the flag."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: need a finite number > 0")
+    return v
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
@@ -264,6 +276,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         attribute_bound=args.attribute_bound
         if args.attribute_bound is not None
         else default_attribute_bound(rep, src.x.shape[1]),
+        target_epsilon=args.target_epsilon,
+        target_row_clip=args.target_row_clip,
     )
     data = out.to_json(terms)
     preds_path = args.predictions or (
@@ -285,6 +299,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         f"(δ={delta:.3g}); σ/w={data['sigma']:.4f}  ℓ={data['projection_dim']} "
         f"({terms.projection}); nothing was charged: the ledger here is in memory"
     )
+    if data["target_epsilon_spent"] is not None:
+        print(
+            f"  the target's own scaling{' and basis' if terms.projection == 'target-pca' else ''}"
+            f" under DP: ε {data['target_epsilon_spent']:.3f} at δ={data['target_delta']:.3g} "
+            "of its rows"
+        )
+    else:
+        print("  the target's scaling and basis are exact here (--target-epsilon E: under DP)")
     print(f"  predictions: {data['predictions']}")
     print(f"  note: {data['caveat']}")
     return 0
@@ -501,6 +523,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="private-source (default): the labeled source is private (DPDA); public-source: "
         "the source is public and the target's rows are private (seed 001: private "
         "reweighting; takes --epsilon, --delta (default 1/(10·nt)) and --seed only)",
+    )
+    sm.add_argument(
+        "--target-epsilon",
+        type=_positive,
+        default=None,
+        help="release the target's own column scaling and target-pca basis under DP at this ε "
+        "(its rows, δ = 1/(10·nt)); the JSON gains target_epsilon_spent. Default: exact",
+    )
+    sm.add_argument(
+        "--target-row-clip",
+        type=_positive,
+        default=None,
+        help="with --target-epsilon: the target rows' norm bound in the per-row representation "
+        "(default 1 for sqrt, l2, rownorm; required for raw)",
     )
     _add_terms_args(sm)
     add_json_option(sm)

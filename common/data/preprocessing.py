@@ -39,14 +39,21 @@ class Scaling:
         constant there). ``uniform``: one scale for all columns, the root mean square of the
         column stds — better when features share units (pixels: the empty MNIST borders).
         """
-        std = x.std(axis=0)
+        return cls.from_moments(x.mean(axis=0), x.std(axis=0), mode, floor)
+
+    @classmethod
+    def from_moments(
+        cls, mean: np.ndarray, std: np.ndarray, mode: str = "zscore", floor: float = 0.1
+    ) -> Scaling:
+        """The scaling of columns with these means and standard deviations (exact, or the DP
+        ones of ``dpda.dp.target_disclosure``): the rule of ``of``."""
         if mode == "uniform":
             rms = float(np.sqrt(np.mean(std**2))) if std.size else 1.0
-            return cls(x.mean(axis=0), np.full_like(std, rms if rms > 0 else 1.0))
+            return cls(mean, np.full_like(std, rms if rms > 0 else 1.0))
         if mode != "zscore":
             raise ValueError(f"unknown scaling mode {mode!r}")
         lo = floor * float(std.mean()) if std.size and std.mean() > 0 else 1.0
-        return cls(x.mean(axis=0), np.maximum(std, lo))
+        return cls(mean, np.maximum(std, lo))
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         return (x - self.mean) / self.std

@@ -1,0 +1,127 @@
+"""``dpda bench target-privacy``: what the target's own DP costs in accuracy (issue 19).
+
+Per pair (the 12 Office-Caltech pairs and M↔U), seed and target budget: one DPDA session at the
+source's ε (default 8, the default policy: record unit, noisy class prototypes, one
+whole-dataset release, δ = 1/(10·ns)), with the target's column scaling, its target-pca basis
+and the record unit's clipping norm either exact (``exact``, today's disclosure) or released
+under the target's own DP at ``ε_t`` (``dpda.dp.target_disclosure``, δ_t = 1/(10·nt)). Also
+the target-PCA basis replaced by a JL matrix (no basis to disclose; the scaling alone under DP).
+Pairs run in worker processes, one BLAS thread each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from dpda.bench.accuracy import DIGITS, OFFICE, _worker_init, dataset_of, gather
+from dpda.service.output import add_json_option, write_json
+
+
+def one(
+    data_dir: str, src: str, tgt: str, seed: int, target_epsilon: float | None, projection: str,
+    epsilon: float,
+) -> dict[str, Any]:  # fmt: skip
+    from dpda.data.loaders import load_domain
+    from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
+    from dpda.simulation import simulate
+    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.terms import SessionTerms
+
+    ds = dataset_of(src)
+    s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
+    terms = SessionTerms(
+        dataset=f"{ds}:{src}",
+        epsilon=epsilon,
+        delta=1 / (10 * s.x.shape[0]),
+        projection=projection,  # type: ignore[arg-type]
+    )
+    t0 = time.perf_counter()
+    out = simulate(
+        s,
+        t,
+        terms,
+        DEFAULT_REPRESENTATION[ds],
+        AdaptConfig(seed=seed),
+        seed,
+        baselines=False,
+        scaling_mode=DEFAULT_SCALING[ds],
+        target_epsilon=target_epsilon,
+    )
+    return {
+        "pair": f"{src}→{tgt}",
+        "seed": seed,
+        "target_epsilon": target_epsilon,
+        "projection": projection,
+        "accuracy": out.dpda.accuracy,
+        "epsilon_spent": out.dpda.epsilon_spent,
+        "target_epsilon_spent": out.target_epsilon_spent,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _label(r: dict[str, Any]) -> str:
+    t = "exact" if r["target_epsilon"] is None else f"ε_t={r['target_epsilon']:g}"
+    return t if r["projection"] == "target-pca" else f"{t}, jl"
+
+
+def run_bench_target_privacy(args: argparse.Namespace) -> int:
+    from dpda.data.loaders import default_data_dir
+
+    data_dir = args.data_dir or str(default_data_dir())
+    pairs = [tuple(p.split(":")) for p in args.pairs] if args.pairs else [*OFFICE, *DIGITS]
+    arms: list[tuple[float | None, str]] = [(None, "target-pca")]
+    arms += [(e, "target-pca") for e in args.target_epsilon]
+    if args.jl:
+        arms += [(e, "jl") for e in args.target_epsilon]
+    jobs = args.jobs or None
+    with ProcessPoolExecutor(jobs, initializer=_worker_init) as pool:
+        tasks = [
+            pool.submit(one, data_dir, s, t, seed, e, proj, args.epsilon)
+            for s, t in pairs
+            for seed in range(args.seeds)
+            for e, proj in arms
+        ]
+        rows = gather(tasks, "sessions")
+    labels = list(dict.fromkeys(_label(r) for r in rows))
+    table: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        table.setdefault(r["pair"], {}).setdefault(_label(r), []).append(r["accuracy"])
+    means = {p: {k: float(np.mean(v)) for k, v in cols.items()} for p, cols in table.items()}
+    print(f"{'pair':6s}" + "".join(f"{k:>16s}" for k in labels))
+    for p, cols in means.items():
+        print(f"{p:6s}" + "".join(f"{cols.get(k, float('nan')):16.2f}" for k in labels))
+    office = [p for p in means if p[0] in "CADW"]
+    summary = {k: float(np.mean([means[p][k] for p in office])) for k in labels if office}
+    print(f"{'mean OC':6s}" + "".join(f"{summary.get(k, float('nan')):16.2f}" for k in labels))
+    write_json(
+        args,
+        {
+            "epsilon": args.epsilon,
+            "seeds": args.seeds,
+            "rows": rows,
+            "means": means,
+            "office_caltech_mean": summary,
+        },
+    )
+    return 0
+
+
+def register_target_privacy(bsub: argparse._SubParsersAction) -> None:
+    s = bsub.add_parser(
+        "target-privacy",
+        help="DPDA accuracy with the target's scaling and basis exact vs under its own DP",
+    )
+    s.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
+    s.add_argument("--pairs", nargs="*", default=None, help="pairs like C:A M:U (default: all 14)")
+    s.add_argument("--target-epsilon", type=float, nargs="+", default=[1.0, 4.0])
+    s.add_argument("--epsilon", type=float, default=8.0, help="the source's session ε")
+    s.add_argument("--seeds", type=int, default=3)
+    s.add_argument("--jl", action="store_true", help="also: a JL projection (no basis sent)")
+    s.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
+    add_json_option(s)
+    s.set_defaults(func=run_bench_target_privacy)

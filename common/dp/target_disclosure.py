@@ -1,0 +1,168 @@
+"""The target's own disclosures under DP (issue 19): its column scaling and its projection basis.
+
+In the forward deployment the target sends the source two statistics of its whole dataset: its
+column means and scales (``Scaling``) and its top-ℓ principal directions (the target-pca basis);
+it also picks the record unit's clipping norm from its projected rows. Exact, each of them is a
+function of every target row. This module releases them under the target's own (ε, δ), for the
+replace-one relation on the target's rows (the row count n is public under it, as for the
+source).
+
+The whole map, in the target's per-row representation (``per_row``, a per-row function):
+
+1. ``r_i = clip(per_row(x_i), C)``: each row clipped to L2 norm C (public: ``row_clip``);
+2. column sums ``S = Σ r_i`` + N(0, (σ_s·2C)²) per column: replacing one row moves S by at most
+   2C in L2 (two vectors of norm ≤ C);
+3. column sums of squares ``Q = Σ r_i∘r_i`` + N(0, (σ_q·√2·C²)²): a row's squares form a
+   non-negative vector of norm ≤ Σ_j r_j² ≤ C², and two non-negative vectors a, b of norm ≤ C²
+   are at most √(‖a‖² + ‖b‖²) ≤ √2·C² apart;
+4. mean = S/n, std = √max(Q/n − mean², 0), floored and shaped exactly as ``Scaling.of`` does
+   (``zscore`` or ``uniform``) — post-processing of S and Q;
+5. ``z_i = clip((r_i − mean)/std, C_z)`` with ``C_z = √k`` (public: k features, so an average
+   z-scored row is at the clip), a map built from released values only;
+6. "Analyze Gauss" (Dwork, Talwar, Thakurta & Zhang 2014): ``A = Σ z_i z_iᵀ + E``, E symmetric
+   with its upper triangle (diagonal included) i.i.d. N(0, (σ_c·√2·C_z²)²): one replaced row
+   moves A by ``z zᵀ − z′z′ᵀ``, of Frobenius norm ≤ √2·C_z² by the argument of step 3 (the
+   Frobenius norm of z zᵀ is ‖z‖²), and the upper triangle of a symmetric matrix has at most
+   its Frobenius norm;
+7. the basis: the top-ℓ eigenvectors of A; the clipping norm for the source's record unit:
+   ``√(Σ_{i≤ℓ} max(λ_i, 0)/n)``, the root-mean-square norm of the projected rows as A says —
+   post-processing.
+
+The three Gaussians are charged as ``Gaussian(σ_s), Gaussian(σ_q), Gaussian(σ_c)``; composed they
+are exactly one Gaussian of multiplier ``(Σ σ⁻²)^(-1/2)`` (the ledger merges them). The shares
+``w`` give ``σ_i = σ/√w_i`` with σ the analytic Gaussian multiplier for (ε, δ), so that the three
+compose to exactly σ.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from dp_accounting import dp_event
+
+from dpda.data.preprocessing import Scaling, per_row
+from dpda.dp.accounting import calibrate_sigma
+from dpda.dp.mechanisms import gaussian_noise
+
+# ε shares (column sums, sums of squares, covariance), chosen from measurements (README)
+DEFAULT_SHARES = (0.15, 0.15, 0.7)
+# below this many features per row the representation's natural bound is used as C
+NATURAL_CLIP = {"sqrt": 1.0, "l2": 1.0, "rownorm": 1.0}
+
+
+@dataclass(frozen=True)
+class DisclosurePlan:
+    """Public: everything the noise and the charge depend on."""
+
+    epsilon: float
+    delta: float
+    row_clip: float  # C, in the per-row representation
+    z_clip: float  # C_z = √k
+    sigmas: tuple[float, float, float]  # noise multipliers (sums, squares, covariance)
+
+    @property
+    def with_basis(self) -> bool:
+        return math.isfinite(self.sigmas[2])
+
+    def events(self) -> list[dp_event.DpEvent]:
+        return [dp_event.GaussianDpEvent(s) for s in self.sigmas if math.isfinite(s)]
+
+    def noise_stds(self) -> tuple[float, float, float]:
+        s, q, c = self.sigmas
+        return (
+            s * 2 * self.row_clip,
+            q * math.sqrt(2) * self.row_clip**2,
+            c * math.sqrt(2) * self.z_clip**2,
+        )
+
+
+def row_clip_for(representation: str, row_clip: float | None) -> float:
+    """C: the configured value, else the representation's natural bound (norm-1 rows)."""
+    if row_clip is not None:
+        return float(row_clip)
+    if representation in NATURAL_CLIP:
+        return NATURAL_CLIP[representation]
+    raise ValueError(
+        f"row_clip: the {representation!r} representation has no natural row bound; set one"
+    )
+
+
+def plan_disclosure(
+    epsilon: float,
+    delta: float,
+    n_features: int,
+    representation: str,
+    row_clip: float | None = None,
+    shares: tuple[float, float, float] = DEFAULT_SHARES,
+    with_basis: bool = True,
+) -> DisclosurePlan:
+    """``with_basis=False`` (a JL projection needs no basis): the scaling alone, at all of ε."""
+    if not (len(shares) == 3 and all(w > 0 for w in shares)):
+        raise ValueError("shares: three positive weights")
+    used = shares if with_basis else (shares[0], shares[1], 0.0)
+    total = sum(used)
+    sigma = calibrate_sigma(epsilon, delta, "analytic")
+    sigmas = tuple(sigma / math.sqrt(w / total) if w > 0 else math.inf for w in used)
+    return DisclosurePlan(
+        epsilon,
+        delta,
+        row_clip_for(representation, row_clip),
+        math.sqrt(n_features),
+        sigmas,  # type: ignore[arg-type]
+    )
+
+
+@dataclass(frozen=True)
+class Disclosure:
+    scaling: Scaling
+    basis: np.ndarray  # (k, ℓ) orthonormal
+    clip_norm: float  # RMS norm of the projected rows, from the noisy covariance
+    plan: DisclosurePlan
+
+
+def _clip(x: np.ndarray, c: float) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.asarray(x * np.minimum(1.0, c / np.maximum(norms, 1e-300)))
+
+
+def dp_scaling(r: np.ndarray, plan: DisclosurePlan, mode: str, rng: np.random.Generator) -> Scaling:
+    """Steps 2–4: DP column statistics of rows ``r`` already clipped to ``plan.row_clip``."""
+    n, k = r.shape
+    std_s, std_q, _ = plan.noise_stds()
+    mean = (r.sum(axis=0) + gaussian_noise((k,), std_s, rng)) / n
+    sq = ((r * r).sum(axis=0) + gaussian_noise((k,), std_q, rng)) / n
+    return Scaling.from_moments(mean, np.sqrt(np.maximum(sq - mean * mean, 0.0)), mode)
+
+
+def dp_covariance(z: np.ndarray, plan: DisclosurePlan, rng: np.random.Generator) -> np.ndarray:
+    """Step 6: Σ z zᵀ plus symmetric Gaussian noise (rows already clipped to ``plan.z_clip``)."""
+    k = z.shape[1]
+    _, _, std_c = plan.noise_stds()
+    upper = np.triu(gaussian_noise((k, k), std_c, rng))
+    noise = upper + np.triu(upper, 1).T
+    return np.asarray(z.T @ z + noise)
+
+
+def disclose(
+    x: np.ndarray,
+    representation: str,
+    scaling_mode: str,
+    ell: int,
+    plan: DisclosurePlan,
+    rng: np.random.Generator,
+) -> Disclosure:
+    """The whole map (module docstring) on the target's raw rows ``x``."""
+    n = x.shape[0]
+    r = _clip(per_row(x, representation), plan.row_clip)
+    scaling = dp_scaling(r, plan, scaling_mode, rng)
+    if not plan.with_basis:
+        return Disclosure(scaling, np.zeros((x.shape[1], 0)), math.nan, plan)
+    z = _clip(scaling.apply(r), plan.z_clip)
+    a = dp_covariance(z, plan, rng)
+    lam, vec = np.linalg.eigh(a)
+    top = np.argsort(lam)[::-1][:ell]
+    basis = np.ascontiguousarray(vec[:, top])
+    clip = math.sqrt(max(float(np.sum(np.maximum(lam[top], 0.0))) / n, 1e-12))
+    return Disclosure(scaling, basis, clip, plan)

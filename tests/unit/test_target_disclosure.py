@@ -1,0 +1,95 @@
+"""The target's own disclosures under DP (issue 19, ``dpda.dp.target_disclosure``): the noise
+drawn is the plan's, the sensitivities hold on the whole map, the charge is the plan's ε."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dpda.data.synthetic import two_domains
+from dpda.dp import target_disclosure as T
+from dpda.dp.ledger import spend_of
+
+
+def test_the_plan_spends_its_epsilon_and_splits_it_by_the_shares() -> None:
+    for eps in (0.5, 1.0, 4.0):
+        plan = T.plan_disclosure(eps, 1e-5, 40, "sqrt")
+        assert spend_of(plan.events(), 1e-5) == pytest.approx(eps, rel=1e-3)
+        s, q, c = plan.sigmas
+        assert s == q and c < s  # the covariance gets the largest share
+        jl = T.plan_disclosure(eps, 1e-5, 40, "sqrt", with_basis=False)
+        assert not jl.with_basis and len(jl.events()) == 2
+        assert spend_of(jl.events(), 1e-5) == pytest.approx(eps, rel=1e-3)
+    with pytest.raises(ValueError, match="row_clip"):
+        T.plan_disclosure(1.0, 1e-5, 40, "raw")
+
+
+def test_the_noise_drawn_is_the_plans() -> None:
+    """On all-zero rows every released value is pure noise: its spread is the plan's std."""
+    plan = T.plan_disclosure(2.0, 1e-5, 6, "l2")
+    std_s, std_q, std_c = plan.noise_stds()
+    assert std_s == pytest.approx(plan.sigmas[0] * 2 * plan.row_clip)
+    assert std_c == pytest.approx(plan.sigmas[2] * math.sqrt(2) * 6.0)
+    rng = np.random.default_rng(0)
+    r = np.zeros((50, 6))
+    means = np.array([T.dp_scaling(r, plan, "zscore", rng).mean for _ in range(4000)])
+    assert np.std(means * 50) == pytest.approx(std_s, rel=0.03)
+    covs = np.array([T.dp_covariance(r, plan, rng) for _ in range(2000)])
+    assert np.allclose(covs, covs.transpose(0, 2, 1))  # symmetric noise
+    assert np.std(covs[:, 1, 4]) == pytest.approx(std_c, rel=0.05)
+    assert np.std(covs[:, 2, 2]) == pytest.approx(std_c, rel=0.05)
+
+
+def test_replacing_one_row_moves_each_statistic_by_at_most_its_sensitivity() -> None:
+    """Sums ≤ 2C, sums of squares ≤ √2·C², Σ z zᵀ (Frobenius) ≤ √2·C_z², on random rows and on
+    adversarial ones (a row at the clip in another orthant, a row of 10⁶)."""
+    rng = np.random.default_rng(1)
+    k, c = 8, 1.0
+    cz = math.sqrt(k)
+    worst = np.zeros(3)
+    for trial in range(400):
+        a = rng.normal(size=k) * rng.choice([0.1, 1.0, 1e6])
+        b = -a if trial % 3 == 0 else rng.normal(size=k) * rng.choice([0.1, 1.0, 1e6])
+        ra, rb = T._clip(a[None], c)[0], T._clip(b[None], c)[0]
+        worst[0] = max(worst[0], np.linalg.norm(ra - rb) / (2 * c))
+        worst[1] = max(worst[1], np.linalg.norm(ra * ra - rb * rb) / (math.sqrt(2) * c * c))
+        za, zb = T._clip(a[None] * 10, cz)[0], T._clip(b[None] * 10, cz)[0]
+        diff = np.outer(za, za) - np.outer(zb, zb)
+        worst[2] = max(worst[2], np.linalg.norm(np.triu(diff)) / (math.sqrt(2) * cz * cz))
+    assert np.all(worst <= 1 + 1e-12), worst
+    assert worst[0] > 0.99  # the bound is reached (antipodal rows at the clip)
+
+
+def test_the_disclosure_is_not_the_exact_statistic_and_the_basis_is_orthonormal() -> None:
+    from dpda.data.preprocessing import Scaling, per_row
+    from dpda.target_party.pipeline import target_pca_basis
+
+    _, t = two_domains()
+    plan = T.plan_disclosure(4.0, 1e-4, t.x.shape[1], "raw", row_clip=20.0)
+    d = T.disclose(t.x, "raw", "zscore", 5, plan, np.random.default_rng(2))
+    exact = Scaling.of(per_row(t.x, "raw"), "zscore")
+    assert not np.allclose(d.scaling.mean, exact.mean)
+    assert np.allclose(d.basis.T @ d.basis, np.eye(5), atol=1e-10)
+    assert not np.allclose(np.abs(d.basis), np.abs(target_pca_basis(exact.apply(t.x), 5)))
+    assert d.clip_norm > 0 and math.isfinite(d.clip_norm)
+
+
+def test_simulate_reports_the_targets_own_charge() -> None:
+    from dpda.simulation import simulate
+    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.terms import SessionTerms
+
+    src, tgt = two_domains(300, 250)
+    terms = SessionTerms(dataset="s", epsilon=4.0, delta=1e-3, projection_dim=5)
+    out = simulate(
+        src, tgt, terms, "raw", AdaptConfig(select="none"), 0, baselines=False,
+        target_epsilon=2.0, target_row_clip=20.0,
+    )  # fmt: skip
+    data = out.to_json(terms)
+    assert data["target_disclosures"] == "dp"
+    assert data["target_epsilon_spent"] == pytest.approx(2.0, rel=1e-3)
+    assert data["target_delta"] == pytest.approx(1 / 2500)
+    exact = simulate(src, tgt, terms, "raw", AdaptConfig(select="none"), 0, baselines=False)
+    assert exact.to_json(terms)["target_epsilon_spent"] is None
