@@ -63,6 +63,7 @@ def make_deployment(
     target_budget: float = 100.0,
     address: str = "",
     source_host: str = "127.0.0.1",
+    target_privacy: dict[str, Any] | None = None,
 ) -> Deployment:
     """Keys for both parties (one throw-away CA), and ``source.toml`` / ``target.toml``."""
     workdir = workdir.resolve()
@@ -101,6 +102,8 @@ def make_deployment(
     text = "".join(f"{k} = {_toml_value(v)}\n" for k, v in tgt.items()) + "\n"
     text += _table("tls", {"cert": tk.cert, "key": tk.key, "peer_ca": tk.ca})
     text += _table("job", job)
+    if target_privacy:  # else the target's default policy: DP disclosures
+        text += _table("privacy", target_privacy)
     target_cfg = workdir / "target.toml"
     target_cfg.write_text(text)
     return Deployment(workdir, sk, tk, source_cfg, target_cfg)

@@ -137,7 +137,7 @@ def simulate(
     t_spent = None
     if target_epsilon is not None:
         from dpda.dp.ledger import spend_of
-        from dpda.dp.target_disclosure import plan_disclosure
+        from dpda.dp.target_disclosure import disclose, plan_disclosure
 
         t_delta = target_delta if target_delta is not None else 1.0 / (10.0 * target.x.shape[0])
         plan = plan_disclosure(
@@ -149,10 +149,12 @@ def simulate(
             with_basis=terms.projection == "target-pca",
         )
         t_rng = np.random.default_rng([seed, 19]) if seed is not None else secure_rng()
-        privacy = (plan, terms.projection_dim, t_rng)
+        privacy = disclose(
+            target.x, representation, scaling_mode, terms.projection_dim, plan, t_rng
+        )
         t_spent = spend_of(plan.events(), t_delta)
         target_delta = t_delta
-    view = target_view(target, representation, scaling_mode=scaling_mode, privacy=privacy)
+    view = target_view(target, representation, scaling_mode=scaling_mode, disclosure=privacy)
     runs: dict[str, DPDAResult] = {}
     ledgers: dict[str, list[LedgerEntry]] = {}
     for method in methods:

@@ -474,6 +474,13 @@ def plan_reweighting(terms: ReweightingTerms) -> ReweightingPlan:
     """The per-step parameter whose ``steps`` steps spend at most ε at δ under the ledger's
     accounting (``ledger.spend_of``: the smaller of PLD and RDP for exponential-mechanism steps)."""
     from dpda.dp.discrepancy import step_parameter
+    from dpda.dp.ledger import spend_of
 
     p = step_parameter(terms.method, terms.epsilon, terms.delta, terms.steps)
-    return ReweightingPlan(method=terms.method, steps=terms.steps, step_parameter=p)
+    plan = ReweightingPlan(method=terms.method, steps=terms.steps, step_parameter=p)
+    if spend_of([plan.event(terms.steps)], terms.delta) > terms.epsilon * (1 + 1e-9):
+        raise PlanRefused(
+            f"steps: {terms.steps} steps cannot spend as little as ε {terms.epsilon:g} "
+            "(the noise search ends at its bound)"
+        )
+    return plan

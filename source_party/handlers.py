@@ -92,6 +92,40 @@ class SignedRelease:
         return self.entry.source_sig
 
 
+def check_target_claim(
+    pub: Any, claim: str, scaling: Scaling | None, basis: np.ndarray | None, terms: SessionTerms
+) -> None:
+    """The target's own ledger entry for the scaling and basis it sends under its own DP
+    (issue 19): signed by the target, over exactly these arrays, and charging what its events
+    recompute to. The source's guarantee does not rest on it (the target's privacy is the
+    target's); checking it lets the source's log say what the target spent, truthfully."""
+    try:
+        entry = LedgerEntry.from_json(claim)
+        events = event_from_json(entry.dp_event)
+        delta = float(entry.params["delta"])
+        claimed = float(entry.params["epsilon"])
+    except (ValueError, TypeError, KeyError):
+        raise PeerMisbehaved("the target's disclosure claim is malformed") from None
+    if entry.params.get("kind") != "target-disclosure" or scaling is None:
+        raise PeerMisbehaved("the target's disclosure claim is not for this session")
+    if not signing.verify(pub, entry.signed_message(), entry.target_sig):
+        raise PeerMisbehaved("the target's disclosure claim is not signed by the peer's key")
+    k = scaling.mean.shape[0]
+    b = basis if basis is not None else np.zeros((k, 0))
+    parts = (scaling.mean, scaling.std, b)
+    digest = payload_digest(*(np.ascontiguousarray(a, dtype="<f8").tobytes() for a in parts))
+    if digest != entry.payload_sha256:
+        raise PeerMisbehaved("the target's disclosure claim is for other arrays")
+    if not (0 < delta < 1) or abs(spend_of([events], delta) - claimed) > 1e-9:
+        raise PeerMisbehaved("the target's disclosure claim does not recompute")
+    logging.getLogger("dpda.source").info(
+        "the target released its scaling%s under its own DP: ε %.4g at δ %.3g",
+        " and basis" if basis is not None else "",
+        claimed,
+        delta,
+    )
+
+
 class SourceHandlers:
     def __init__(
         self,
@@ -174,6 +208,7 @@ class SourceHandlers:
         basis: np.ndarray | None,
         session_id: str = "",
         target_sig: str = "",
+        target_claim: str = "",
     ) -> tuple[SessionInfo, str, str]:
         pub = signing.load_public(self.peers[peer].signing_public_key)
         if not signing.verify(pub, terms_json.encode(), target_sig):
@@ -182,6 +217,8 @@ class SourceHandlers:
             terms = SessionTerms.model_validate_json(terms_json)
         except ValidationError as exc:
             raise TermsInvalid(terms_error(exc)) from None
+        if target_claim:
+            check_target_claim(pub, target_claim, scaling, basis, terms)
         releaser = self.releasers.get(terms.dataset)
         if releaser is None:
             raise InvalidInput("unknown dataset")
@@ -540,11 +577,7 @@ class SourceHandlers:
             rs = existing
         else:
             with self.lock:
-                mine = sum(1 for s in self.reweighting.values() if s.peer == peer)
-                if mine >= self.limits.sessions_per_peer:
-                    raise PolicyRefused(
-                        f"this peer has {mine} open reweighting sessions, the limit: close one"
-                    )
+                self._reweighting_limit(peer)
             if not self.planning.acquire(blocking=False):
                 raise Overloaded("every planning slot is busy")
             try:
@@ -554,10 +587,22 @@ class SourceHandlers:
             finally:
                 self.planning.release()
             with self.lock:
+                self._reweighting_limit(peer)  # again: another open may have won meanwhile
                 self.reweighting[rs.session_id] = rs
         plan_json = rs.plan.model_dump_json()
         sig = signing.sign(self.key, (terms.model_dump_json() + plan_json).encode())
         return rs, plan_json, sig
+
+    def _reweighting_limit(self, peer: str) -> None:
+        """Expire idle reweighting sessions, then refuse past ``sessions_per_peer`` (under the
+        lock)."""
+        now = time.monotonic()
+        for sid, s in list(self.reweighting.items()):
+            if now - s.last_used > self.limits.session_idle_s:
+                self.reweighting.pop(sid, None)
+        mine = sum(1 for s in self.reweighting.values() if s.peer == peer)
+        if mine >= self.limits.sessions_per_peer:
+            raise PolicyRefused(f"this peer has {mine} open reweighting sessions, the limit")
 
     def reweight_steps(
         self,
@@ -577,78 +622,92 @@ class SourceHandlers:
             raise InvalidInput("unknown or closed session")
         releaser = self.releasers[rs.dataset]
         RW.check_block(rs, releaser.policy.max_reweighting_work, start, count)
-        with rs.lock, self.lock:
+        with rs.lock:  # one block of a session at a time; the draw holds no global lock
+            rs.last_used = time.monotonic()
             ds = rs.dataset
-            entries = self.ledger.store.entries(ds)
             rid = f"{session_id}/reweight/{start}"
-            existing = next((e for e in entries if e.request_id == rid), None)
             known: int | None = None
-            if existing is not None:
-                if existing.params.get("count") != count:
-                    raise InvalidInput("a replayed request id with altered content")
-                row = self.conn.execute(
-                    "SELECT outputs FROM reweight_answers WHERE dataset=? AND seq=?",
-                    (ds, existing.seq),
-                ).fetchone()
-                if row is not None:
-                    return (
-                        self._reweight_outputs(rs, row[0], count),
-                        self._sign(ds, existing.seq),
-                        (),
-                    )
-                if existing.source_sig or rs.opt.t != start:
-                    raise LedgerCorrupt(
-                        "these steps were charged and their outputs are lost: they cannot be "
-                        "sent again",
-                        public=True,
-                    )
-                entry = existing
-            else:
-                if rs.opt.t != start:
-                    raise InvalidInput(
-                        f"start: the session has taken {rs.opt.t} steps", public=True
-                    )
-                known = self._known_prefix(ds, ledger_head, ledger_length)
-                name = self.peers[peer].name
-                self._require_countersigned(ds, name, set())
-                prior_peer = [event_from_json(e.dp_event) for e in entries if e.peer == name]
-                prior_session = [
-                    event_from_json(e.dp_event) for e in entries if e.session == session_id
-                ]
-                entry = self.ledger.charge(
-                    dataset=ds,
-                    events=[rs.plan.event(count)],
-                    session=session_id,
-                    peer=name,
-                    request_id=rid,
-                    privacy_unit="record",
-                    neighbouring="replace-one",
-                    params={
-                        "kind": "reweighting",
-                        "method": rs.terms.method,
-                        "start": start,
-                        "count": count,
-                        "step_parameter": rs.plan.step_parameter,
-                        "sensitivity": rs.sensitivity,
-                        "rows_sha256": rs.rows_sha256,
-                        "delta": self.ledger.budgets[ds].delta,
-                        **({"insecure_seed": True} if releaser.insecure_seed else {}),
-                    },
-                    extra_caps=[
-                        ("session", rs.terms.epsilon, prior_session),
-                        ("peer", self.peers[peer].epsilon_cap, prior_peer),
-                    ],
-                )
+            with self.lock:
+                entries = self.ledger.store.entries(ds)
+                existing = next((e for e in entries if e.request_id == rid), None)
+                if existing is not None:
+                    if existing.params.get("count") != count:
+                        raise InvalidInput("a replayed request id with altered content")
+                    row = self.conn.execute(
+                        "SELECT outputs FROM reweight_answers WHERE dataset=? AND seq=?",
+                        (ds, existing.seq),
+                    ).fetchone()
+                    if row is not None:
+                        out = self._reweight_outputs(rs, row[0], count)
+                        return out, self._sign(ds, existing.seq), ()
+                    if existing.source_sig or rs.opt.t != start:
+                        raise LedgerCorrupt(
+                            "these steps were charged and their outputs are lost: they cannot "
+                            "be sent again",
+                            public=True,
+                        )
+                    entry = existing
+                else:
+                    entry, known = self._charge_reweighting(rs, peer, rid, start, count, entries,
+                                                            ledger_head, ledger_length)  # fmt: skip
             crash_point("source.reweight.charged")
-            out = RW.draw(rs, count)
+            out = RW.draw(rs, count)  # after the charge is durable; other sessions go on
             blob = np.ascontiguousarray(out).tobytes()
-            self.conn.execute(
-                "INSERT INTO reweight_answers VALUES (?, ?, ?, ?)", (ds, entry.seq, rid, blob)
-            )
-            self.ledger.store.update_signatures(ds, entry.seq, payload_digest(blob), "", "")
-            crash_point("source.reweight.stored")
-            gap = tuple(entries[known : entry.seq]) if known is not None else ()
-            return out, self._sign(ds, entry.seq), gap
+            with self.lock:
+                self.conn.execute(
+                    "INSERT INTO reweight_answers VALUES (?, ?, ?, ?)", (ds, entry.seq, rid, blob)
+                )
+                self.ledger.store.update_signatures(ds, entry.seq, payload_digest(blob), "", "")
+                crash_point("source.reweight.stored")
+                now = self.ledger.store.entries(ds)
+                gap = tuple(now[known : entry.seq]) if known is not None else ()
+                return out, self._sign(ds, entry.seq), gap
+
+    def _charge_reweighting(
+        self,
+        rs: RW.ReweightingSession,
+        peer: str,
+        rid: str,
+        start: int,
+        count: int,
+        entries: list[LedgerEntry],
+        ledger_head: str,
+        ledger_length: int,
+    ) -> tuple[LedgerEntry, int]:
+        """Charge a new block (under the lock): dataset, peer and session caps."""
+        if rs.opt.t != start:
+            raise InvalidInput(f"start: the session has taken {rs.opt.t} steps", public=True)
+        ds = rs.dataset
+        known = self._known_prefix(ds, ledger_head, ledger_length)
+        name = self.peers[peer].name
+        self._require_countersigned(ds, name, set())
+        prior_peer = [event_from_json(e.dp_event) for e in entries if e.peer == name]
+        prior_session = [event_from_json(e.dp_event) for e in entries if e.session == rs.session_id]
+        entry = self.ledger.charge(
+            dataset=ds,
+            events=[rs.plan.event(count)],
+            session=rs.session_id,
+            peer=name,
+            request_id=rid,
+            privacy_unit="record",
+            neighbouring="replace-one",
+            params={
+                "kind": "reweighting",
+                "method": rs.terms.method,
+                "start": start,
+                "count": count,
+                "step_parameter": rs.plan.step_parameter,
+                "sensitivity": rs.sensitivity,
+                "rows_sha256": rs.rows_sha256,
+                "delta": self.ledger.budgets[ds].delta,
+                **({"insecure_seed": True} if self.releasers[ds].insecure_seed else {}),
+            },
+            extra_caps=[
+                ("session", rs.terms.epsilon, prior_session),
+                ("peer", self.peers[peer].epsilon_cap, prior_peer),
+            ],
+        )
+        return entry, known
 
     @staticmethod
     def _reweight_outputs(rs: RW.ReweightingSession, blob: bytes, count: int) -> np.ndarray:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,15 +33,21 @@ import numpy as np
 
 from dpda.data.preprocessing import PublicSpace, Scaling
 from dpda.dp import discrepancy as D
+from dpda.dp.mechanisms import MIN_GAUSSIAN_STD
 from dpda.dp.rng import is_cryptographic, secure_rng
 from dpda.errors import InvalidInput, PolicyRefused
 from dpda.policy import reweighting_work
 from dpda.source_party.releases import SourceReleaser, check_scaling
-from dpda.terms import ReweightingPlan, ReweightingTerms, plan_reweighting
+from dpda.terms import PlanRefused, ReweightingPlan, ReweightingTerms, plan_reweighting
 
 MAX_SOURCE_ROWS = 20_000
 MAX_DIM = 512
 MAX_SOURCE_NORM = 1e3  # R ≤ this: Δ∞ = μR²/n stays far from overflow
+# R ≥ this: Δ∞ = R²·min(μ/n, 2) stays a normal positive float (rows of 1e-159 made it 0, and
+# with it the noise: the adversarial review of issue 16)
+MIN_SOURCE_NORM = 1e-3
+MAX_BLOCK_BYTES = 64 * 1024 * 1024  # one request's outputs (noisy-md: count × m × 8)
+MAX_SESSION_BYTES = 1024 * 1024 * 1024  # all of a session's stored outputs
 MAX_LABEL = 1e6
 SCALE_RANGE = (1e-6, 1e6)
 
@@ -61,10 +68,11 @@ class ReweightingSession:
     plan: ReweightingPlan
     opt: D.Reweighter
     moment: np.ndarray  # (1/n) Σ t tᵀ of the holder's clipped rows: private
-    sensitivity: float  # Δ∞ = μR²r²/n (r = 1)
+    sensitivity: float  # Δ∞ = R²·min(μr²/n, 2) (r = 1)
     rows_sha256: str
     rng: np.random.Generator
     lock: threading.Lock = field(default_factory=threading.Lock)
+    last_used: float = field(default_factory=time.monotonic)
 
 
 def _check_array(name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -114,6 +122,8 @@ def prepare(
     norm = float(np.max(np.linalg.norm(rows, axis=1)))
     if not norm <= MAX_SOURCE_NORM:
         raise InvalidInput(f"rows: every row's norm must be ≤ {MAX_SOURCE_NORM:g}", public=True)
+    if not norm >= MIN_SOURCE_NORM:
+        raise InvalidInput(f"rows: the largest row norm must be ≥ {MIN_SOURCE_NORM:g}", public=True)
     if terms.method == "single-stage":
         if labels is None:
             raise InvalidInput("labels: single-stage needs the public rows' labels", public=True)
@@ -136,7 +146,23 @@ def prepare(
             f"rows: one step on {m} rows of {ell} columns is {work:.3g} multiply-adds, above "
             f"this source's max_reweighting_work {policy.max_reweighting_work:.3g}"
         )
-    plan = plan_reweighting(terms)
+    try:
+        plan = plan_reweighting(terms)
+    except PlanRefused as exc:
+        raise PolicyRefused(str(exc)) from None
+    width = m if terms.method == "noisy-md" else 1
+    if terms.steps * width * 8 > MAX_SESSION_BYTES:
+        raise PolicyRefused(
+            f"steps: {terms.steps} steps of {width} values each exceed the "
+            f"{MAX_SESSION_BYTES // 2**20} MiB a session may store"
+        )
+    sensitivity = D.gradient_sensitivity(terms.smoothing, norm, 1.0, n)
+    scale = D.Reweighter.scale_of(terms.method, terms.predictor_radius)
+    noise = plan.step_parameter * math.sqrt(m) * scale * sensitivity
+    if not (math.isfinite(sensitivity) and sensitivity > 1e-300):
+        raise PolicyRefused("rows: the sensitivity at these rows is not a normal number")
+    if terms.method == "noisy-md" and not noise >= MIN_GAUSSIAN_STD:
+        raise PolicyRefused("rows: the noise at these rows would fall below the sampler's floor")
 
     space = PublicSpace(terms.representation, scaling, basis, scale)
     mapped = D.holder_rows(x, space.map, 1.0)
@@ -157,7 +183,7 @@ def prepare(
         plan=plan,
         opt=opt,
         moment=D.second_moment(mapped),
-        sensitivity=D.gradient_sensitivity(terms.smoothing, norm, 1.0, n),
+        sensitivity=sensitivity,
         rows_sha256=rows_digest(rows, labels),
         # a fresh CSPRNG stream per session; a seeded (testing) releaser keeps its one stream
         rng=secure_rng() if is_cryptographic(releaser.rng) else releaser.rng,
@@ -169,6 +195,10 @@ def check_block(s: ReweightingSession, policy_work: float, start: int, count: in
         raise InvalidInput(
             f"steps {start}..{start + count}: the session has {s.plan.steps} steps", public=True
         )
+    width = s.opt.x.shape[0] if s.terms.method == "noisy-md" else 1
+    if count * width * 8 > MAX_BLOCK_BYTES:
+        most = max(1, MAX_BLOCK_BYTES // (width * 8))
+        raise PolicyRefused(f"count: at most {most} steps per request at these shapes")
     work = reweighting_work(count, *s.opt.x.shape)
     if work > policy_work:
         most = max(1, int(policy_work // reweighting_work(1, *s.opt.x.shape)))

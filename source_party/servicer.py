@@ -90,6 +90,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
             basis,
             request.session_id,
             request.target_sig,
+            request.target_claim_json,
         )
         return pb.OpenSessionResponse(
             session_id=info.session_id,

@@ -7,17 +7,23 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from dpda.data.loaders import load_domain
-from dpda.data.preprocessing import check_representation
+from dpda.data.preprocessing import Scaling, check_representation
 from dpda.data.synthetic import two_domains
 from dpda.data.tables import Table, read_table, write_predictions
 from dpda.dp.events import event_from_json
-from dpda.dp.ledger import Budget, PrivacyLedger, spend_of
+from dpda.dp.ledger import Budget, LedgerEntry, PrivacyLedger, spend_of
+from dpda.dp.rng import secure_rng
+from dpda.dp.target_disclosure import Disclosure, disclose, plan_disclosure
 from dpda.errors import ConfigError
+from dpda.protocol import payload_digest
 from dpda.service import signing
 from dpda.service.audit import AuditLog
 from dpda.service.config import TargetConfig
@@ -71,6 +77,97 @@ def job_terms(cfg: TargetConfig) -> SessionTerms:
     return method_terms(base, j.method, j.pate_queries, j.pate_share)
 
 
+OWN_ROWS = "own-rows"  # the target's own ledger dataset: what it disclosed about its rows
+
+
+def own_delta(cfg: TargetConfig, n_rows: int) -> float:
+    return cfg.privacy.delta if cfg.privacy.delta is not None else 1.0 / (10.0 * n_rows)
+
+
+def check_row_queries(cfg: TargetConfig, terms: SessionTerms) -> None:
+    """PATE sends each queried target row (projected) exactly: only under the opt-in."""
+    if terms.pate_queries > 0 and not cfg.privacy.allow_exact_row_queries:
+        raise ConfigError(
+            f"job.method: {cfg.job.method} sends each queried target row to the source exactly; "
+            "the target's [privacy] policy does not allow that (allow_exact_row_queries = true "
+            "accepts it)"
+        )
+
+
+def disclosure_digest(d: Disclosure) -> str:
+    """What the target's own ledger entry binds: the released scaling and basis, as sent."""
+    parts = (d.scaling.mean, d.scaling.std, d.basis)
+    return payload_digest(*(np.ascontiguousarray(a, dtype="<f8").tobytes() for a in parts))
+
+
+def own_disclosure(
+    cfg: TargetConfig, table: Table, terms: SessionTerms, ledger: PrivacyLedger
+) -> tuple[Disclosure, LedgerEntry] | None:
+    """Under the default ``[privacy]`` (``disclosures = "dp"``): the target's scaling, basis
+    and clip norm under its own DP, charged to its own ledger (``own-rows``: every job's
+    disclosures of these rows compose against ``epsilon_cap``) before anything is computed or
+    sent, signed by the target. A rerun of the same job reuses the stored release, uncharged.
+    None under the ``exact`` opt-in."""
+    pol = cfg.privacy
+    if pol.disclosures == "exact":
+        return None
+    n, k = table.x.shape
+    delta = own_delta(cfg, n)
+    ledger.budgets[OWN_ROWS] = Budget(pol.epsilon_cap, delta)
+    try:
+        plan = plan_disclosure(
+            pol.epsilon,
+            delta,
+            k,
+            cfg.job.representation,
+            pol.row_clip,
+            with_basis=terms.projection == "target-pca",
+        )
+    except ValueError as exc:
+        raise ConfigError(f"privacy.{exc}") from None
+    key = json.dumps([terms.model_dump_json(), pol.model_dump_json(), table.where, n, k])
+    rid = "disclosure/" + hashlib.sha256(key.encode()).hexdigest()[:32]
+    stored = cfg.state_dir / f"{rid.replace('/', '-')}.npz"
+    entry = next((e for e in ledger.store.entries(OWN_ROWS) if e.request_id == rid), None)
+    if entry is not None and stored.is_file():
+        with np.load(stored) as z:
+            d = Disclosure(Scaling(z["mean"], z["std"]), z["basis"], float(z["clip"]), plan)
+        return d, entry
+    if entry is None:
+        events = plan.events()
+        entry = ledger.charge(
+            dataset=OWN_ROWS,
+            events=events,
+            session="",
+            peer="self",
+            request_id=rid,
+            privacy_unit="record",
+            neighbouring="replace-one",
+            params={
+                "kind": "target-disclosure",
+                "mechanism": "gaussian column sums and squares"
+                + (" + analyze-gauss covariance" if plan.with_basis else ""),
+                "epsilon": spend_of(events, delta),
+                "delta": delta,
+                "sigmas": [s for s in plan.sigmas if math.isfinite(s)],
+                "row_clip": plan.row_clip,
+                "z_clip": plan.z_clip,
+                "n_rows": n,
+            },
+        )
+    # drawn only after the charge is durable; nothing was sent before (a crash here redraws)
+    ell = min(terms.projection_dim, n, k)  # as session_terms lowers it
+    d = disclose(table.x, cfg.job.representation, cfg.job.scaling, ell, plan, secure_rng())
+    np.savez(stored, mean=d.scaling.mean, std=d.scaling.std, basis=d.basis, clip=d.clip_norm)
+    key_ = signing.load_private(cfg.signing_key)
+    digest = disclosure_digest(d)
+    signed = LedgerEntry(**{**entry.__dict__, "payload_sha256": digest})
+    ledger.store.update_signatures(
+        OWN_ROWS, entry.seq, digest, "", signing.sign(key_, signed.signed_message())
+    )
+    return d, ledger.store.entries(OWN_ROWS)[entry.seq]
+
+
 def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     conn = connect(cfg.state_dir / "state.sqlite")
@@ -92,8 +189,15 @@ def run_job(
     ledger, audit = open_state(cfg)
     table = load_target_data(cfg)
     check_representation(table.x, cfg.job.representation, "job.representation")
-    view = target_view(table.domain, cfg.job.representation, scaling_mode=cfg.job.scaling)
     terms = job_terms(cfg)
+    check_row_queries(cfg, terms)
+    own = own_disclosure(cfg, table, terms, ledger)
+    view = target_view(
+        table.domain,
+        cfg.job.representation,
+        scaling_mode=cfg.job.scaling,
+        disclosure=own[0] if own else None,
+    )
     acfg = AdaptConfig(
         reg_e=cfg.job.reg_e,
         reg_g=cfg.job.reg_g,
@@ -102,6 +206,7 @@ def run_job(
         select=cfg.job.select,
     )
     source = GrpcReleaseSource(cfg, ledger, audit)
+    source.target_claim = own[1].to_json() if own else ""
     try:
         source.preflight(view.x.shape[1], terms.delta)  # clear errors before anything is asked
     except BaseException:
@@ -123,16 +228,20 @@ def run_job(
         cfg.job.predictions or cfg.state_dir / "predictions.csv", table.ids, res.predictions
     )
     # ε of this job alone (its session's entries composed) next to the dataset's total
-    own = [e for e in ledger.store.entries(terms.dataset) if e.session == res.session_id]
+    mine = [e for e in ledger.store.entries(terms.dataset) if e.session == res.session_id]
     out = {
         **res.summary(terms),
-        "epsilon_job": spend_of([event_from_json(e.dp_event) for e in own], terms.delta),
+        "epsilon_job": spend_of([event_from_json(e.dp_event) for e in mine], terms.delta),
         "epsilon_dataset_total": res.epsilon_spent,
         "job_seconds": job_seconds,
         "method": cfg.job.method,
         "predictions": str(preds),
         "model": str(model),
         "predictions_sha256": hashlib.sha256(res.predictions.tobytes()).hexdigest(),
+        # each party's privacy side by side: the source's records, the target's own rows
+        "target_disclosures": cfg.privacy.disclosures,
+        "target_epsilon_spent": own[1].params["epsilon"] if own else None,
+        "target_epsilon_total": ledger.spent(OWN_ROWS) if own else None,
     }
     (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))
     return out, figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)

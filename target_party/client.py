@@ -181,6 +181,9 @@ class GrpcReleaseSource:
         self.job_file = cfg.state_dir / "job.json"
         # the charge check, append and countersignature of a received release run here, while
         # the job adapts to the release; every next request (and ``spent``) waits for them
+        # the target's own signed ledger entry for its DP disclosures (issue 19), sent with the
+        # session so the source can check the claim; "" under the exact opt-in
+        self.target_claim = ""
         self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpda-verify")
         self._pending: Future[None] | None = None
 
@@ -419,6 +422,7 @@ class GrpcReleaseSource:
             terms_json=terms.model_dump_json(),
             session_id=session_id or self._saved_session(terms),
             target_sig=signing.sign(self.key, terms.model_dump_json().encode()),
+            target_claim_json=self.target_claim,
         )
         if disclosure.scaling is not None:
             req.scaling_mean.CopyFrom(serde.to_pb(disclosure.scaling.mean))

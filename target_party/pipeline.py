@@ -20,7 +20,7 @@ from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling, per_row
 from dpda.dp.mechanisms import counts_to_labels
 from dpda.dp.sinkhorn_synthetic import SinkhornSyntheticParams, synthetic_labels
-from dpda.dp.target_disclosure import Disclosure, DisclosurePlan, disclose
+from dpda.dp.target_disclosure import Disclosure
 from dpda.errors import ConfigError
 from dpda.ot.costs import dpot_cost, label_mask
 from dpda.ot.mapping import barycentric_map
@@ -79,16 +79,14 @@ def target_view(
     representation: str,
     known: np.ndarray | None = None,
     scaling_mode: str = "zscore",
-    privacy: tuple[DisclosurePlan, int, np.random.Generator] | None = None,
+    disclosure: Disclosure | None = None,
 ) -> TargetView:
-    """The target's rows in its representation and scaling. ``privacy = (plan, ℓ, rng)``: the
-    scaling (and the target-pca basis of ℓ directions) are the DP ones of
-    ``dpda.dp.target_disclosure``, computed here once; else the exact ones."""
+    """The target's rows in its representation and scaling: the DP scaling (and basis) of a
+    ``disclosure`` (``dpda.dp.target_disclosure``), else the exact ones."""
     rep = per_row(target.x, representation)
     kn = np.full(rep.shape[0], -1, dtype=np.int64) if known is None else known
-    if privacy is not None:
-        plan, ell, rng = privacy
-        d = disclose(target.x, representation, scaling_mode, ell, plan, rng)
+    if disclosure is not None:
+        d = disclosure
         return TargetView(d.scaling.apply(rep), d.scaling, target.y, kn, d)
     scaling = Scaling.of(rep, scaling_mode)
     return TargetView(scaling.apply(rep), scaling, target.y, kn)

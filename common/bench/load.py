@@ -180,7 +180,13 @@ def _deploy(workdir: Path, n_peers: int) -> tuple[Any, list[Peer]]:
         "policy": POLICY,
     }
     job = {"dataset": DATASET, "data_kind": "synthetic", "epsilon": 1.0, "delta": DELTA}
-    dep = make_deployment(workdir, dataset=dataset, job=job, peer_cap=PEER_CAP)
+    dep = make_deployment(
+        workdir,
+        dataset=dataset,
+        job=job,
+        peer_cap=PEER_CAP,
+        target_privacy={"disclosures": "exact"},
+    )
     peers = [Peer("target-org", dep.target_keys)]
     extra = ""
     for i in range(2, n_peers + 1):

@@ -46,7 +46,11 @@ def _service(workdir: Path, dataset: dict, job: dict, seed: int) -> dict[str, An
     from dpda.service.ledger_store import connect
 
     dep = make_deployment(
-        workdir, dataset=dataset, job=job, source_extra={"seed": seed, "insecure_testing": True}
+        workdir,
+        dataset=dataset,
+        job=job,
+        source_extra={"seed": seed, "insecure_testing": True},
+        target_privacy={"disclosures": "exact"},  # as the in-process arm discloses
     )
     src = SourceProcess(dep)
     t0 = time.perf_counter()

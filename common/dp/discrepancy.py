@@ -11,7 +11,7 @@ replacing one row moves the second term by ``(t tᵀ − t′t′ᵀ)/n``, of sp
 
 Smooth approximation. ``F̃(q) = (1/μ)·log Σ_k (e^{μλ_k} + e^{−μλ_k})`` over the eigenvalues λ_k
 of M(q): ``‖M‖₂ ≤ F̃ ≤ ‖M‖₂ + log(2d)/μ``. Its gradient in M is
-``G = U·diag((e^{μλ} − e^{−μλ})/Z)·Uᵀ`` (nuclear norm 1), and in q, ``∂F̃/∂q_i = x_iᵀ G x_i``.
+``G = U·diag((e^{μλ} − e^{−μλ})/Z)·Uᵀ`` (nuclear norm ≤ 1), and in q, ``∂F̃/∂q_i = x_iᵀ G x_i``.
 
 Sensitivity (the derivation the README restates). F̃ is the log-sum-exp of the eigenvalues of
 the block matrix diag(M, −M), a spectral function that is μ-smooth with respect to the spectral
@@ -198,10 +198,14 @@ class Reweighter:
         self._logq = np.full(m, -math.log(m))
         self._avg = np.zeros(m)
 
+    @staticmethod
+    def scale_of(method: str, predictor_radius: float) -> float:
+        """The factor on F̃ in the objective: the private gradient's sensitivity is this × Δ∞."""
+        return 4 * predictor_radius**2 if method == "single-stage" else 1.0
+
     @property
     def private_scale(self) -> float:
-        """The factor on F̃ in the objective: the private gradient's sensitivity is this × Δ∞."""
-        return 4 * self.radius**2 if self.method == "single-stage" else 1.0
+        return self.scale_of(self.method, self.radius)
 
     def private_gradient(self, target_moment: np.ndarray) -> np.ndarray:
         """∇_q of the private part (``private_scale``·F̃) at the current iterate."""
@@ -235,7 +239,7 @@ class Reweighter:
         """The holder's DP output of a mirror-descent step: the gradient plus Gaussian noise at
         its ℓ2 sensitivity √m·Δ∞ times ``sigma``."""
         g = self.private_gradient(target_moment)
-        l2 = math.sqrt(g.size) * sensitivity
+        l2 = math.sqrt(g.size) * self.private_scale * sensitivity
         return np.asarray(g + gaussian_noise(g.shape, sigma * l2, rng))
 
     def advance(self, output: int | np.ndarray) -> None:

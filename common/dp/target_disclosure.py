@@ -48,7 +48,9 @@ from dpda.dp.mechanisms import gaussian_noise
 
 # ε shares (column sums, sums of squares, covariance), chosen from measurements (README)
 DEFAULT_SHARES = (0.15, 0.15, 0.7)
-# below this many features per row the representation's natural bound is used as C
+# C_z = Z_CLIP·√k (the noise grows with C_z²; rows past it are clipped)
+Z_CLIP = 1.0
+# the representation's natural row bound, used as C when none is configured
 NATURAL_CLIP = {"sqrt": 1.0, "l2": 1.0, "rownorm": 1.0}
 
 
@@ -109,7 +111,7 @@ def plan_disclosure(
         epsilon,
         delta,
         row_clip_for(representation, row_clip),
-        math.sqrt(n_features),
+        Z_CLIP * math.sqrt(n_features),
         sigmas,  # type: ignore[arg-type]
     )
 
@@ -133,7 +135,19 @@ def dp_scaling(r: np.ndarray, plan: DisclosurePlan, mode: str, rng: np.random.Ge
     std_s, std_q, _ = plan.noise_stds()
     mean = (r.sum(axis=0) + gaussian_noise((k,), std_s, rng)) / n
     sq = ((r * r).sum(axis=0) + gaussian_noise((k,), std_q, rng)) / n
-    return Scaling.from_moments(mean, np.sqrt(np.maximum(sq - mean * mean, 0.0)), mode)
+    return Scaling.from_moments(mean, np.sqrt(shrunk_variances(sq - mean * mean, std_q / n)), mode)
+
+
+def shrunk_variances(v: np.ndarray, noise_std: float) -> np.ndarray:
+    """Noisy per-column variances pulled toward their mean by how much of their spread the
+    noise explains (empirical Bayes; post-processing of DP values and the public noise std):
+    all the way to one common scale when the noise dominates, untouched when it is negligible."""
+    if v.size < 2:
+        return np.asarray(np.maximum(v, 0.0))
+    centre = float(np.mean(v))
+    spread = max(float(np.var(v)) - noise_std**2, 0.0)
+    keep = spread / (spread + noise_std**2) if spread + noise_std**2 > 0 else 1.0
+    return np.asarray(np.maximum(centre + keep * (v - centre), 0.0))
 
 
 def dp_covariance(z: np.ndarray, plan: DisclosurePlan, rng: np.random.Generator) -> np.ndarray:

@@ -62,6 +62,7 @@ class OpenSessionRequest(_message.Message):
     BASIS_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     TARGET_SIG_FIELD_NUMBER: _builtins.int
+    TARGET_CLAIM_JSON_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     terms_json: _builtins.str
     """canonical JSON of SessionTerms (public metadata)"""
@@ -69,6 +70,10 @@ class OpenSessionRequest(_message.Message):
     """set to resume a session the target already opened"""
     target_sig: _builtins.str
     """Ed25519 signature over terms_json"""
+    target_claim_json: _builtins.str
+    """the target's own ledger entry for the scaling and basis above when it released them under
+    its own DP (issue 19), signed by the target; empty: they are exact (the target's opt-in)
+    """
     @_builtins.property
     def scaling_mean(self) -> Global___NDArray:
         """the target's column statistics (its disclosure)"""
@@ -89,10 +94,11 @@ class OpenSessionRequest(_message.Message):
         basis: Global___NDArray | None = ...,
         session_id: _builtins.str = ...,
         target_sig: _builtins.str = ...,
+        target_claim_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["basis", b"basis", "scaling_mean", b"scaling_mean", "scaling_std", b"scaling_std"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["basis", b"basis", "request_id", b"request_id", "scaling_mean", b"scaling_mean", "scaling_std", b"scaling_std", "session_id", b"session_id", "target_sig", b"target_sig", "terms_json", b"terms_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["basis", b"basis", "request_id", b"request_id", "scaling_mean", b"scaling_mean", "scaling_std", b"scaling_std", "session_id", b"session_id", "target_claim_json", b"target_claim_json", "target_sig", b"target_sig", "terms_json", b"terms_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from dpda.dp.accounting import CalibrationMethod
 from dpda.dp.mechanisms import Neighbouring, PrivacyUnit, ReleaseKind
 from dpda.errors import ConfigError
-from dpda.policy import PrivacyPolicy
+from dpda.policy import PrivacyPolicy, TargetPrivacyPolicy
 from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE, ReweightingTerms, SessionTerms
 
 
@@ -301,6 +301,11 @@ class TargetConfig(_Strict):
         default=60.0, ge=0, description="keep retrying an unavailable source this long"
     )
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    privacy: TargetPrivacyPolicy = Field(
+        default_factory=TargetPrivacyPolicy,
+        description="the target's own policy for its rows (issue 19); the default sends no "
+        "exact statistic or row",
+    )
 
 
 def _resolve(data: object, base: Path) -> object:

@@ -29,9 +29,15 @@ def synthetic_deployment(
     seed: int | None = None,
     retain: bool = False,
     attribute_unit: bool = False,
+    reweighting: bool = False,
+    target_privacy: dict[str, Any] | None = None,
 ) -> Deployment:
     """``attribute_unit``: the source opts into the attribute unit and row releases, and the job
-    asks for it (per-row minibatches need it; the default policy releases record aggregates)."""
+    asks for it (per-row minibatches need it; the default policy releases record aggregates).
+    ``reweighting``: the source also opts into reweighting sessions (the reverse shape).
+    ``target_privacy``: the target's ``[privacy]``; by default its exact-disclosure opt-in, so
+    that these tests compare with the in-process runs (which disclose exactly by default);
+    ``{}`` is the target's default policy (DP disclosures)."""
     extra: dict[str, Any] = {"retain_payloads": retain}
     if seed is not None:
         extra["seed"] = seed
@@ -52,7 +58,9 @@ def synthetic_deployment(
     if attribute_unit:
         # σ calibrated to the steps: under the attribute relation sampling amplifies δ, not ε
         base_job.update({"privacy_unit": "attribute", "noise_multiplier": 0.0})
-        dataset["policy"] = ATTRIBUTE_POLICY
+        dataset["policy"] = dict(ATTRIBUTE_POLICY)
+    if reweighting:
+        dataset["policy"] = {**dataset.get("policy", {}), "allow_reweighting": True}
     base_job.update(job or {})
     return make_deployment(
         tmp,
@@ -61,6 +69,7 @@ def synthetic_deployment(
         source_extra=extra,
         peer_cap=peer_cap,
         target_budget=target_budget,
+        target_privacy={"disclosures": "exact"} if target_privacy is None else target_privacy,
     )
 
 

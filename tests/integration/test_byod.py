@@ -70,6 +70,7 @@ def test_two_csv_files_to_predictions_and_a_model(tmp_path: Path) -> None:
         job={"dataset": "mine", "data_kind": "table", "data_path": str(tmp_path / "T.csv"),
              "label_column": "label", "id_column": "row_id", "epsilon": EPSILON,
              "delta": DELTA},
+        target_privacy={"disclosures": "exact"},  # compared with the in-process runs above
     )  # fmt: skip
     source = SourceProcess(dep)
     try:

@@ -222,7 +222,7 @@ def _state_root(factory: pytest.TempPathFactory) -> tuple[Path, bool]:
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     root, remove = _state_root(tmp_path_factory)
     try:
-        dep = synthetic_deployment(root, attribute_unit=True)
+        dep = synthetic_deployment(root, attribute_unit=True, reweighting=True)
         cfg = load_source(dep.source_config)
         # The pinned peer's rate limit (500 requests/s) is raised so that the fuzzer measures
         # the handlers, not the token bucket: at the default most of the flood would come back

@@ -68,6 +68,7 @@ def test_job_across_two_hosts_and_admin_stays_local(two_hosts, tmp_path) -> None
             "projection_dim": 10,
         },
         source_host=src_addr,
+        target_privacy={"disclosures": "exact"},
     )
     proc = SourceProcess(dep, prefix=("ip", "netns", "exec", src_ns))
     try:

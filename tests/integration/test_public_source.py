@@ -40,6 +40,7 @@ def _deployment(tmp, *, method="noisy-fw", steps=60, epsilon=2.0, peer_cap=100.0
         "domain": "target",  # the synthetic target's 500 rows: private, here
         "epsilon": 100.0,
         "delta": DELTA,
+        "policy": {"allow_reweighting": True},
     }
     base = {
         "dataset": "holder",

@@ -695,6 +695,7 @@ def test_public_source_holder_whole_map() -> None:
             Budget(100.0, DELTA),
             np.random.default_rng(seed),
             insecure_seed=True,
+            policy=PrivacyPolicy(allow_reweighting=True),
         )
         scaling = Scaling(np.zeros(2), np.ones(2))
         return RW.prepare(rel, "s", "peer", terms, public, None, scaling, np.eye(2), 1.0)
