@@ -417,8 +417,12 @@ class GrpcReleaseSource:
         self, terms: SessionTerms, disclosure: TargetDisclosure, session_id: str | None = None
     ) -> SessionInfo:
         self.sync_ledger()  # settles the last release first
+        # the audit record of this request carries the id of the target's own ledger entry for
+        # what it discloses under DP (``audit report`` joins the two), else the terms' hash
+        claim_id = json.loads(self.target_claim)["request_id"] if self.target_claim else ""
         req = pb.OpenSessionRequest(
-            request_id=hashlib.sha256(terms.model_dump_json().encode()).hexdigest()[:32],
+            request_id=claim_id
+            or hashlib.sha256(terms.model_dump_json().encode()).hexdigest()[:32],
             terms_json=terms.model_dump_json(),
             session_id=session_id or self._saved_session(terms),
             target_sig=signing.sign(self.key, terms.model_dump_json().encode()),

@@ -243,6 +243,11 @@ def _cmd_audit_report(args: argparse.Namespace) -> int:
             f"DP releases of {d['dataset']} ({d['mechanism']}): {d['releases']}, "
             f"{d['bytes']:,} bytes; dataset ε after the last one {d['epsilon']:.4f}"
         )
+    if rep["disclosures"]:
+        print("what this target disclosed about its own rows:")
+    for d in rep["disclosures"]:
+        eps = "not protected" if d["epsilon"] is None else f"ε {d['epsilon']:.4g}"
+        print(f"  {d['method']:<16} {d['what']}: {d['mechanism']}, {eps}")
     return 0
 
 

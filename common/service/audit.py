@@ -325,4 +325,44 @@ def report(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> dict[st
         "records": len(records),
         "outgoing_by_method": by_method,
         "releases_by_dataset": releases,
+        "disclosures": disclosures(outgoing, ledger_entries) if side == "target" else [],
     }
+
+
+# what each outgoing target message says about the target's own rows (issue 19)
+_TARGET_DISCLOSES = {
+    "OpenSession": "column scaling, projection basis, clipping norm",
+    "QueryTeachers": "queried target rows (projected or raw)",
+    "OpenReweighting": "this side's public rows and their map (public data)",
+}
+
+
+def disclosures(outgoing: list[AuditRecord], ledger_entries: dict[tuple[str, int], Any]) -> list:
+    """Every message in which the target disclosed something about its rows, with the mechanism
+    and ε: an ``OpenSession`` under the target's DP policy is joined to its own ledger entry
+    (``own-rows``, by request id); without one it went out exact."""
+    own = {
+        e.request_id: e
+        for e in ledger_entries.values()
+        if e.params.get("kind") == "target-disclosure"
+    }
+    out = []
+    for r in outgoing:
+        method = r.method.rsplit("/", 1)[-1]
+        if method not in _TARGET_DISCLOSES:
+            continue
+        e = own.get(r.request_id)
+        public = method == "OpenReweighting"
+        out.append(
+            {
+                "time": r.time,
+                "method": method,
+                "what": _TARGET_DISCLOSES[method],
+                "mechanism": e.params["mechanism"] if e else ("public" if public else "exact"),
+                "epsilon": e.params["epsilon"] if e else (0.0 if public else None),
+                "delta": e.params["delta"] if e else None,
+                "ledger": None if e is None else {"dataset": e.dataset, "seq": e.seq},
+                "bytes": r.size,
+            }
+        )
+    return out

@@ -192,6 +192,8 @@ GOOD = np.array([[1.0, 0.0], [0.0, 1.0], [0.7, 0.7]])
     [
         (np.array([[1e308, 0.0], [0.0, 1.0]]), "norm"),  # R would overflow Δ∞
         (np.zeros((1, 2)), "rows"),  # one row
+        # rows of 1e-159 made Δ∞ = R²·μ/n underflow to 0, and the noise with it (the review)
+        (np.full((3, 2), 1e-159), "largest row norm"),
         (np.zeros((3, K + 1)), "columns"),  # wider than the holder's features
     ],
 )

@@ -732,3 +732,52 @@ def test_public_source_holder_whole_map() -> None:
     _report("public-source holder, whole map", claimed, lb, weak, n)
     assert lb.epsilon < claimed, "the holder's step leaks more than its charge"
     assert weak.epsilon > claimed, "the audit cannot see a holder with 10× too little noise"
+
+
+# ------------------------------------------- 9. the target's own disclosures (issue 19)
+@pytest.mark.parametrize("part", ["column sums", "covariance"])
+def test_target_disclosure(part: str) -> None:
+    """The target's DP scaling and basis (``dpda.dp.target_disclosure``) through their real
+    functions: the row clip and the noisy column sums (worst case: one row at +C·e₀ replaced by
+    one at −C·e₀, outcome the first noisy sum), and Analyze Gauss (one z-row at C_z·e₀ replaced
+    by one at C_z·e₁, outcome A₀₀ − A₁₁: the upper-triangle sensitivity √2·C_z² is reached).
+    Claim: that part's Gaussian event at δ_a = 0.2 (ε = 8 over the three parts); the power
+    variant draws with 30% less noise."""
+    from dataclasses import replace as dc_replace
+
+    from dpda.dp import target_disclosure as T
+
+    k, n_rows = 2, 5
+    plan = T.plan_disclosure(8.0, DELTA, k, "l2")
+    index = 0 if part == "column sums" else 2
+    sigma = plan.sigmas[index]
+    c = plan.row_clip if part == "column sums" else plan.z_clip
+    base = np.zeros((n_rows, k))
+    x, x2 = base.copy(), base.copy()
+    if part == "column sums":
+        x[0, 0], x2[0, 0] = 5.0, -5.0  # clipped to ±C by the mechanism's own clip
+    else:
+        x[0, 0], x2[0, 1] = c, c
+
+    def draws(rows: np.ndarray, p: T.DisclosurePlan, seed: int, n: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        if part == "column sums":
+            r = T._clip(rows, p.row_clip)
+            return np.array([T.dp_scaling(r, p, "zscore", rng).mean[0] for _ in range(n)])
+        z = T._clip(rows, p.z_clip)
+        out = np.empty(n)
+        for i in range(n):
+            a = T.dp_covariance(z, p, rng)
+            out[i] = a[0, 0] - a[1, 1]
+        return out
+
+    n, delta_a = 3000, 0.2  # as the prototypes audit: a large δ_a where ε is estimable
+    claimed = _claim(dp_event.GaussianDpEvent(sigma), delta_a)
+    lb = audit_scores(draws(x, plan, 1, n), draws(x2, plan, 2, n), delta_a, ALPHA)
+    sig = list(plan.sigmas)
+    sig[index] *= WEAKER
+    weak_plan = dc_replace(plan, sigmas=tuple(sig))  # type: ignore[arg-type]
+    weak = audit_scores(draws(x, weak_plan, 3, n), draws(x2, weak_plan, 4, n), delta_a, ALPHA)
+    _report(f"target disclosure, {part} (σ {sigma:.3g})", claimed, lb, weak, n)
+    assert lb.epsilon < claimed, "the target's disclosure leaks more than its charge"
+    assert weak.epsilon > claimed, "the audit cannot tell 30% less noise apart"

@@ -1,0 +1,168 @@
+"""Each party owns its privacy (issue 19): under the target's default ``[privacy]`` policy no
+exact statistic or row of the target leaves it; what it sends is charged to its own signed
+ledger, checked by the source, and listed by ``dpda audit report`` on the target."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import grpc
+import numpy as np
+import pytest
+
+from dpda.data.preprocessing import Scaling, per_row
+from dpda.data.synthetic import two_domains
+from dpda.deployment import dpda_command, set_source_address
+from dpda.errors import ConfigError, PeerMisbehaved
+from dpda.service import signing
+from dpda.service.config import load_source, load_target
+from dpda.source_party.app import run_server
+from dpda.source_party.handlers import SourceHandlers
+from dpda.target_party.app import OWN_ROWS, open_state, run
+from dpda.target_party.pipeline import target_pca_basis
+
+from .helpers import synthetic_deployment
+
+DEFAULT = {"row_clip": 15.0}  # the default policy; raw rows need their norm bound
+
+
+class _Recording(SourceHandlers):
+    """An honest source that keeps what the target sent it."""
+
+    seen: list = []
+
+    def open_session(self, peer, terms_json, scaling, basis, *args, **kw):  # type: ignore[override]
+        type(self).seen.append((json.loads(terms_json), scaling, basis))
+        return super().open_session(peer, terms_json, scaling, basis, *args, **kw)
+
+
+def _run(dep, port):
+    set_source_address(dep, f"127.0.0.1:{port}")
+    return run(load_target(dep.target_config), progress=False)
+
+
+def test_with_the_default_policy_no_exact_statistic_leaves_the_target(tmp_path) -> None:
+    dep = synthetic_deployment(tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5})
+    _Recording.seen = []
+    with run_server(load_source(dep.source_config), _Recording) as rs:
+        out = _run(dep, rs.port)
+        again = _run(dep, rs.port)  # the same job again: the stored disclosure, uncharged
+    (terms, scaling, basis), (terms2, scaling2, basis2) = _Recording.seen
+    _, t = two_domains()
+    rep = per_row(t.x, "raw")
+    exact = Scaling.of(rep, "zscore")
+    exact_basis = target_pca_basis(exact.apply(rep), 5)
+    exact_clip = float(np.quantile(np.linalg.norm(exact.apply(rep) @ exact_basis, axis=1), 0.9))
+    # nothing exact: means, scales, directions (up to sign) and the clip norm all differ
+    assert np.max(np.abs(scaling.mean - exact.mean)) > 1e-3
+    assert np.max(np.abs(scaling.std - exact.std)) > 1e-3
+    assert np.max(np.abs(np.abs(basis) - np.abs(exact_basis))) > 1e-3
+    assert abs(terms["clip_norm"] - exact_clip) > 1e-6
+    assert out["target_disclosures"] == "dp"
+    # the target's own ledger: one charge, ε of its policy, signed by the target
+    ledger, _ = open_state(load_target(dep.target_config))
+    own = ledger.store.entries(OWN_ROWS)
+    assert len(own) == 1 and own[0].params["kind"] == "target-disclosure"
+    assert out["target_epsilon_spent"] == pytest.approx(4.0, rel=1e-6) == own[0].params["epsilon"]
+    pub = signing.load_public(dep.target_keys.signing_pub)
+    assert signing.verify(pub, own[0].signed_message(), own[0].target_sig)
+    # the rerun sent the very same DP statistics and charged nothing new
+    assert np.array_equal(scaling2.mean, scaling.mean) and np.array_equal(basis2, basis)
+    assert again["target_epsilon_total"] == pytest.approx(out["target_epsilon_total"])
+    # the audit report lists each disclosure with its mechanism and ε; the ledger verifies
+    rep_json = tmp_path / "report.json"
+    subprocess.run(
+        dpda_command("audit", "report", str(dep.target_state), "--json", str(rep_json)),
+        check=True,
+        capture_output=True,
+    )
+    found = json.loads(rep_json.read_text())["disclosures"]
+    assert [d["method"] for d in found] == ["OpenSession", "OpenSession"]
+    assert all("analyze-gauss" in d["mechanism"] for d in found)
+    assert all(d["epsilon"] == pytest.approx(4.0) for d in found)
+    verify = subprocess.run(
+        dpda_command("ledger", "verify", str(dep.target_state)), capture_output=True, text=True
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_the_exact_opt_in_is_listed_as_unprotected(tmp_path) -> None:
+    dep = synthetic_deployment(tmp_path, job={"projection_dim": 5})  # disclosures = "exact"
+    with run_server(load_source(dep.source_config)) as rs:
+        out = _run(dep, rs.port)
+    assert out["target_disclosures"] == "exact" and out["target_epsilon_spent"] is None
+    from dpda.service.audit import AuditLog, report
+    from dpda.service.verify import open_state as verify_state
+
+    conn, store = verify_state(str(dep.target_state))
+    rep = report(AuditLog(conn, ""), {(e.dataset, e.seq): e for e in store.entries()})
+    assert [(d["method"], d["mechanism"], d["epsilon"]) for d in rep["disclosures"]] == [
+        ("OpenSession", "exact", None)
+    ]
+
+
+@pytest.mark.parametrize("method", ["pate", "dpda+pate"])
+def test_pate_row_queries_need_the_targets_opt_in(tmp_path, method) -> None:
+    dep = synthetic_deployment(
+        tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5, "method": method}
+    )
+    with run_server(load_source(dep.source_config)) as rs:
+        with pytest.raises(ConfigError, match="allow_exact_row_queries"):
+            _run(dep, rs.port)
+        assert rs.handlers.ledger.store.entries("synthetic") == []
+    ledger, _ = open_state(load_target(dep.target_config))
+    assert ledger.store.entries(OWN_ROWS) == []  # refused before anything was charged
+
+
+class _Greedy(SourceHandlers):
+    """A hostile source: it plans PATE queries the target never asked for, to get its rows."""
+
+    def _plan(self, releaser, terms, disclosure, projection=None):  # type: ignore[override]
+        asked = terms.model_copy(update={"pate_epsilon": 1.0, "pate_queries": 200})
+        return super()._plan(releaser, asked, disclosure, projection)
+
+
+def test_a_source_cannot_make_the_target_send_rows(tmp_path) -> None:
+    dep = synthetic_deployment(tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5})
+    with run_server(load_source(dep.source_config), _Greedy) as rs:
+        with pytest.raises(PeerMisbehaved, match="plan"):
+            _run(dep, rs.port)
+        methods = [r.method for r, _ in rs.audit.records()]
+    assert not any(m.endswith("QueryTeachers") for m in methods)
+
+
+def test_the_source_refuses_a_forged_disclosure_claim(tmp_path) -> None:
+    """A claim over other arrays, or unsigned, is a misbehaving peer (the source's log would
+    otherwise say what the target spent, wrongly)."""
+    from dpda.pb import dpda_pb2 as pb
+    from dpda.pb import dpda_pb2_grpc as pb_grpc
+    from dpda.service import serde
+    from dpda.service.tls import channel_credentials
+
+    dep = synthetic_deployment(tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5})
+    with run_server(load_source(dep.source_config)) as rs:
+        _run(dep, rs.port)  # an honest job: a real claim to tamper with
+        ledger, _ = open_state(load_target(dep.target_config))
+        claim = ledger.store.entries(OWN_ROWS)[0]
+        k = dep.target_keys
+        key = signing.load_private(k.signing_key)
+        with grpc.secure_channel(
+            f"127.0.0.1:{rs.port}", channel_credentials(k.cert, k.key, k.ca)
+        ) as ch:
+            stub = pb_grpc.SourceServiceStub(ch)
+            terms = json.dumps({"dataset": "synthetic", "epsilon": 1.0, "delta": 1 / 720,
+                                "projection": "jl", "projection_dim": 5})  # fmt: skip
+            base = pb.OpenSessionRequest(
+                terms_json=terms,
+                target_sig=signing.sign(key, terms.encode()),
+                scaling_mean=serde.to_pb(np.zeros(40)),
+                scaling_std=serde.to_pb(np.ones(40)),
+            )
+            for forged in (claim.to_json(), claim.to_json().replace('"target_sig": "', '"x": "')):
+                req = pb.OpenSessionRequest()
+                req.CopyFrom(base)
+                req.target_claim_json = forged
+                with pytest.raises(grpc.RpcError) as err:
+                    stub.OpenSession(req, timeout=30)
+                assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
