@@ -157,8 +157,8 @@ def prepare(
             f"{MAX_SESSION_BYTES // 2**20} MiB a session may store"
         )
     sensitivity = D.gradient_sensitivity(terms.smoothing, norm, 1.0, n)
-    scale = D.Reweighter.scale_of(terms.method, terms.predictor_radius)
-    noise = plan.step_parameter * math.sqrt(m) * scale * sensitivity
+    factor = D.Reweighter.scale_of(terms.method, terms.predictor_radius)
+    noise = plan.step_parameter * math.sqrt(m) * factor * sensitivity
     if not (math.isfinite(sensitivity) and sensitivity > 1e-300):
         raise PolicyRefused("rows: the sensitivity at these rows is not a normal number")
     if terms.method == "noisy-md" and not noise >= MIN_GAUSSIAN_STD:

@@ -284,6 +284,7 @@ def test_forward_sessions_are_refused_on_an_unlabeled_dataset(tmp_path) -> None:
             "epsilon": 10.0,
         },
         job={"dataset": "rows", "data_kind": "synthetic", "epsilon": 1.0, "delta": 1e-3},
+        target_privacy={"disclosures": "exact"},
     )
     with run_server(load_source(dep.source_config)) as rs:
         from dpda.target_party.app import run
