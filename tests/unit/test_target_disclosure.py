@@ -31,7 +31,7 @@ def test_the_noise_drawn_is_the_plans() -> None:
     plan = T.plan_disclosure(2.0, 1e-5, 6, "l2")
     std_s, std_q, std_c = plan.noise_stds()
     assert std_s == pytest.approx(plan.sigmas[0] * 2 * plan.row_clip)
-    assert std_c == pytest.approx(plan.sigmas[2] * math.sqrt(2) * 6.0)
+    assert std_c == pytest.approx(plan.sigmas[2] * math.sqrt(2) * (T.Z_CLIP**2 * 6.0))
     rng = np.random.default_rng(0)
     r = np.zeros((50, 6))
     means = np.array([T.dp_scaling(r, plan, "zscore", rng).mean for _ in range(4000)])
@@ -47,7 +47,7 @@ def test_replacing_one_row_moves_each_statistic_by_at_most_its_sensitivity() -> 
     adversarial ones (a row at the clip in another orthant, a row of 10⁶)."""
     rng = np.random.default_rng(1)
     k, c = 8, 1.0
-    cz = math.sqrt(k)
+    cz = T.Z_CLIP * math.sqrt(k)
     worst = np.zeros(3)
     for trial in range(400):
         a = rng.normal(size=k) * rng.choice([0.1, 1.0, 1e6])
