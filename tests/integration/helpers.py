@@ -10,6 +10,9 @@ from typing import Any
 from dpda.deployment import Deployment, dpda_command, make_deployment
 
 DELTA = 1.0 / (1.2 * 600)
+# the target's opt-ins to what it disclosed before issue 19 (exact statistics, exact PATE rows):
+# the tests that compare with in-process runs or exercise PATE run under them
+EXACT_TARGET = {"disclosures": "exact", "allow_exact_row_queries": True}
 # a source that opts into the attribute unit (and so into per-row releases) besides the defaults
 ATTRIBUTE_POLICY = {
     "units": ["record", "attribute"],
@@ -35,9 +38,9 @@ def synthetic_deployment(
     """``attribute_unit``: the source opts into the attribute unit and row releases, and the job
     asks for it (per-row minibatches need it; the default policy releases record aggregates).
     ``reweighting``: the source also opts into reweighting sessions (the reverse shape).
-    ``target_privacy``: the target's ``[privacy]``; by default its exact-disclosure opt-in, so
-    that these tests compare with the in-process runs (which disclose exactly by default);
-    ``{}`` is the target's default policy (DP disclosures)."""
+    ``target_privacy``: the target's ``[privacy]``; by default ``EXACT_TARGET``, so that these
+    tests compare with the in-process runs (which disclose exactly by default); ``{}`` is the
+    target's default policy (DP disclosures, no PATE rows)."""
     extra: dict[str, Any] = {"retain_payloads": retain}
     if seed is not None:
         extra["seed"] = seed
@@ -69,7 +72,7 @@ def synthetic_deployment(
         source_extra=extra,
         peer_cap=peer_cap,
         target_budget=target_budget,
-        target_privacy={"disclosures": "exact"} if target_privacy is None else target_privacy,
+        target_privacy=EXACT_TARGET if target_privacy is None else target_privacy,
     )
 
 
