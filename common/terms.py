@@ -484,3 +484,19 @@ def plan_reweighting(terms: ReweightingTerms) -> ReweightingPlan:
             "(the noise search ends at its bound)"
         )
     return plan
+
+
+def reweighter(terms: ReweightingTerms, rows: np.ndarray, labels: np.ndarray | None) -> Any:
+    """The session's optimiser over the public ``rows`` (``discrepancy.Reweighter``): the one
+    state both parties advance, built the same way on both sides."""
+    from dpda.dp.discrepancy import Reweighter
+
+    return Reweighter(
+        rows,
+        terms.method,
+        mu=terms.smoothing,
+        ridge=terms.ridge,
+        y=labels,
+        learning_rate=terms.learning_rate,
+        predictor_radius=terms.predictor_radius,
+    )

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from pydantic import ValidationError
@@ -52,6 +52,8 @@ from dpda.service.crashpoints import crash_point
 from dpda.source_party import reweighting as RW
 from dpda.source_party.releases import PreparedSession, SourceReleaser
 from dpda.terms import ReweightingTerms, SessionTerms, terms_error
+
+T = TypeVar("T", SessionTerms, ReweightingTerms)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -210,13 +212,7 @@ class SourceHandlers:
         target_sig: str = "",
         target_claim: str = "",
     ) -> tuple[SessionInfo, str, str]:
-        pub = signing.load_public(self.peers[peer].signing_public_key)
-        if not signing.verify(pub, terms_json.encode(), target_sig):
-            raise PeerMisbehaved("the session terms are not signed by the peer's key")
-        try:
-            terms = SessionTerms.model_validate_json(terms_json)
-        except ValidationError as exc:
-            raise TermsInvalid(terms_error(exc)) from None
+        pub, terms = self._signed_terms(peer, terms_json, target_sig, SessionTerms)
         if target_claim:
             check_target_claim(pub, target_claim, scaling, basis, terms)
         releaser = self.releasers.get(terms.dataset)
@@ -242,6 +238,19 @@ class SourceHandlers:
         plan_json = info.plan.model_dump_json()
         sig = signing.sign(self.key, (terms.model_dump_json() + plan_json).encode())
         return info, plan_json, sig
+
+    def _signed_terms(
+        self, peer: str, terms_json: str, target_sig: str, model: type[T]
+    ) -> tuple[Any, T]:
+        """The peer's key and its terms: signed by that key, then valid (the error names the
+        field)."""
+        pub = signing.load_public(self.peers[peer].signing_public_key)
+        if not signing.verify(pub, terms_json.encode(), target_sig):
+            raise PeerMisbehaved("the session terms are not signed by the peer's key")
+        try:
+            return pub, model.model_validate_json(terms_json)
+        except ValidationError as exc:
+            raise TermsInvalid(terms_error(exc)) from None
 
     def _check_session_limit(self, peer: str) -> None:
         (n,) = self.conn.execute(
@@ -558,13 +567,7 @@ class SourceHandlers:
     ) -> tuple[RW.ReweightingSession, str, str]:
         """A reweighting session on this daemon's rows (``source_party.reweighting``): checks
         and the plan; nothing charged. Returns (session, plan JSON, our signature)."""
-        pub = signing.load_public(self.peers[peer].signing_public_key)
-        if not signing.verify(pub, terms_json.encode(), target_sig):
-            raise PeerMisbehaved("the session terms are not signed by the peer's key")
-        try:
-            terms = ReweightingTerms.model_validate_json(terms_json)
-        except ValidationError as exc:
-            raise TermsInvalid(terms_error(exc)) from None
+        _, terms = self._signed_terms(peer, terms_json, target_sig, ReweightingTerms)
         releaser = self.releasers.get(terms.dataset)
         if releaser is None:
             raise InvalidInput("unknown dataset")

@@ -38,7 +38,13 @@ from dpda.dp.rng import is_cryptographic, secure_rng
 from dpda.errors import InvalidInput, PolicyRefused
 from dpda.policy import reweighting_work
 from dpda.source_party.releases import SourceReleaser, check_scaling
-from dpda.terms import PlanRefused, ReweightingPlan, ReweightingTerms, plan_reweighting
+from dpda.terms import (
+    PlanRefused,
+    ReweightingPlan,
+    ReweightingTerms,
+    plan_reweighting,
+    reweighter,
+)
 
 MAX_SOURCE_ROWS = 20_000
 MAX_DIM = 512
@@ -166,15 +172,7 @@ def prepare(
 
     space = PublicSpace(terms.representation, scaling, basis, scale)
     mapped = D.holder_rows(x, space.map, 1.0)
-    opt = D.Reweighter(
-        rows,
-        terms.method,
-        mu=terms.smoothing,
-        ridge=terms.ridge,
-        y=labels,
-        learning_rate=terms.learning_rate,
-        predictor_radius=terms.predictor_radius,
-    )
+    opt: D.Reweighter = reweighter(terms, rows, labels)
     return ReweightingSession(
         session_id=session_id,
         peer=peer,

@@ -22,7 +22,7 @@ from dpda.errors import ConfigError
 from dpda.service.config import TargetConfig
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.training import model_pipeline
-from dpda.terms import ReweightingTerms
+from dpda.terms import ReweightingTerms, reweighter
 
 
 def reweighting_terms(cfg: TargetConfig) -> ReweightingTerms:
@@ -52,15 +52,7 @@ def drive(
     rows = space.map(table.x)
     labels = np.asarray(y, dtype=np.float64) if terms.method == "single-stage" else None
     info = source.open_reweighting(terms, rows, labels, space)
-    opt = D.Reweighter(
-        rows,
-        terms.method,
-        mu=terms.smoothing,
-        ridge=terms.ridge,
-        y=labels,
-        learning_rate=terms.learning_rate,
-        predictor_radius=terms.predictor_radius,
-    )
+    opt: D.Reweighter = reweighter(terms, rows, labels)
     for start in range(0, terms.steps, block):
         count = min(block, terms.steps - start)
         for output in source.reweight_steps(info, start, count):

@@ -38,9 +38,36 @@ def _in_process(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
-def _service(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    from dpda.deployment import SourceProcess, dpda_command, make_deployment, run_target
+def _two_daemons(dep: Any, workdir: Path, serving: str, result: str) -> dict[str, Any]:
+    """The serving daemon as its own process, the job as a second one; the job's results."""
+    from dpda.deployment import SourceProcess, run_target
+
+    print(f"  keys and configs in {workdir}")
+    src = SourceProcess(dep)
+    print(f"  {serving} (pid {src.proc.pid}) listening on 127.0.0.1:{src.port} with mTLS")
+    try:
+        res = run_target(dep, "--json", str(workdir / result))
+    finally:
+        src.stop()
+    if res.returncode != 0:
+        raise RuntimeError(f"the job failed:\n{res.stderr.strip()}")
+    return dict(json.loads((workdir / result).read_text()))
+
+
+def _verified(state_dir: Path) -> tuple[bool, bool]:
+    """(the ledger verifies and is not empty, the audit log verifies) for one side."""
+    from dpda.deployment import dpda_command
     from dpda.service.verify import verify_ledger
+
+    problems, _, n = verify_ledger(str(state_dir))
+    audit = subprocess.run(
+        dpda_command("audit", "verify", str(state_dir)), capture_output=True, text=True
+    )
+    return (not problems and n > 0, audit.returncode == 0)
+
+
+def _service(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from dpda.deployment import dpda_command, make_deployment
 
     dep = make_deployment(
         workdir,
@@ -63,23 +90,8 @@ def _service(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         # rows are raw, so their norm bound is given: every row is below 15)
         target_privacy={"row_clip": 15.0, "epsilon": DEMO_TARGET_EPSILON},
     )
-    print(f"  keys and configs in {workdir}")
-    src = SourceProcess(dep)
-    print(f"  source daemon (pid {src.proc.pid}) listening on 127.0.0.1:{src.port} with mTLS")
-    try:
-        res = run_target(dep, "--json", str(workdir / "target-result.json"))
-    finally:
-        src.stop()
-    if res.returncode != 0:
-        raise RuntimeError(f"the target job failed:\n{res.stderr.strip()}")
-    data = json.loads((workdir / "target-result.json").read_text())
-    checks = {}
-    for side in ("source", "target"):
-        problems, _, n = verify_ledger(str(workdir / side))
-        audit = subprocess.run(
-            dpda_command("audit", "verify", str(workdir / side)), capture_output=True, text=True
-        )
-        checks[side] = (not problems and n > 0, audit.returncode == 0)
+    data = _two_daemons(dep, workdir, "source daemon", "target-result.json")
+    checks = {side: _verified(workdir / side) for side in ("source", "target")}
     report = subprocess.run(
         dpda_command("audit", "report", str(workdir / "source"), "--json"),
         capture_output=True,
@@ -103,8 +115,7 @@ def _public_source(args: argparse.Namespace, workdir: Path) -> int:
     rows and answers the private steps under its own ledger; the job holds the 600 public
     labeled rows, drives the reweighting and trains the model."""
     from dpda.data.synthetic import two_domains
-    from dpda.deployment import SourceProcess, dpda_command, make_deployment, run_target
-    from dpda.service.verify import verify_ledger
+    from dpda.deployment import make_deployment
     from dpda.target_party.training import accuracy, load_model
 
     delta = 1.0 / (10 * 500)
@@ -129,23 +140,8 @@ def _public_source(args: argparse.Namespace, workdir: Path) -> int:
         peer_cap=args.epsilon,
         target_budget=args.epsilon,
     )
-    print(f"  keys and configs in {workdir}")
-    src = SourceProcess(dep)
-    print(f"  data holder daemon (pid {src.proc.pid}) on 127.0.0.1:{src.port} with mTLS")
-    try:
-        res = run_target(dep, "--json", str(workdir / "driver-result.json"))
-    finally:
-        src.stop()
-    if res.returncode != 0:
-        raise RuntimeError(f"the driving job failed:\n{res.stderr.strip()}")
-    data = json.loads((workdir / "driver-result.json").read_text())
-    ok = True
-    for side in ("source", "target"):
-        problems, _, n = verify_ledger(str(workdir / side))
-        audit = subprocess.run(
-            dpda_command("audit", "verify", str(workdir / side)), capture_output=True, text=True
-        )
-        ok = ok and not problems and n > 0 and audit.returncode == 0
+    data = _two_daemons(dep, workdir, "data holder daemon", "driver-result.json")
+    ok = all(all(_verified(workdir / side)) for side in ("source", "target"))
     # only the demo knows the holder's labels: a real holder runs the model on its own rows
     from sklearn.base import clone
 
