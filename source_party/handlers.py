@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -106,11 +107,12 @@ def check_target_claim(
         events = event_from_json(entry.dp_event)
         delta = float(entry.params["delta"])
         claimed = float(entry.params["epsilon"])
-    except (ValueError, TypeError, KeyError):
+        message = entry.signed_message()  # canonical JSON: refuses NaN and ∞ anywhere
+    except (ValueError, TypeError, KeyError, AttributeError):
         raise PeerMisbehaved("the target's disclosure claim is malformed") from None
     if entry.params.get("kind") != "target-disclosure" or scaling is None:
         raise PeerMisbehaved("the target's disclosure claim is not for this session")
-    if not signing.verify(pub, entry.signed_message(), entry.target_sig):
+    if not signing.verify(pub, message, entry.target_sig):
         raise PeerMisbehaved("the target's disclosure claim is not signed by the peer's key")
     k = scaling.mean.shape[0]
     b = basis if basis is not None else np.zeros((k, 0))
@@ -118,7 +120,12 @@ def check_target_claim(
     digest = payload_digest(*(np.ascontiguousarray(a, dtype="<f8").tobytes() for a in parts))
     if digest != entry.payload_sha256:
         raise PeerMisbehaved("the target's disclosure claim is for other arrays")
-    if not (0 < delta < 1) or abs(spend_of([events], delta) - claimed) > 1e-9:
+    try:
+        recomputed = spend_of([events], delta) if 0 < delta < 1 else math.nan
+    except (ValueError, TypeError, OverflowError):
+        recomputed = math.nan
+    # NaN never compares: a claimed or recomputed NaN (or ∞) is refused, never waved through
+    if not (math.isfinite(claimed) and abs(recomputed - claimed) <= 1e-9):
         raise PeerMisbehaved("the target's disclosure claim does not recompute")
     logging.getLogger("dpda.source").info(
         "the target released its scaling%s under its own DP: ε %.4g at δ %.3g",

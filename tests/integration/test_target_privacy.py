@@ -159,7 +159,16 @@ def test_the_source_refuses_a_forged_disclosure_claim(tmp_path) -> None:
                 scaling_mean=serde.to_pb(np.zeros(40)),
                 scaling_std=serde.to_pb(np.ones(40)),
             )
-            for forged in (claim.to_json(), claim.to_json().replace('"target_sig": "', '"x": "')):
+            # ε = NaN or a params list: no canonical form, so no signature can cover them
+            text = claim.to_json()  # canonical: no spaces
+            eps = json.dumps(claim.params["epsilon"])
+            tampered = [
+                text.replace('"target_sig":"', '"x":"'),  # malformed
+                text.replace(f'"epsilon":{eps}', '"epsilon":NaN'),
+                text.replace('"params":{', '"params":[{', 1),
+            ]
+            assert all(t != text for t in tampered)  # each one really is tampered with
+            for forged in (text, *tampered):  # the first: honest, but over other arrays
                 req = pb.OpenSessionRequest()
                 req.CopyFrom(base)
                 req.target_claim_json = forged
