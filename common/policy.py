@@ -264,7 +264,7 @@ class TargetPrivacyPolicy(BaseModel):
     delta: float | None = Field(default=None, gt=0, lt=1, description="default 1/(10·n)")
     row_clip: float | None = Field(
         default=None,
-        gt=0,
+        ge=1e-6,
         le=1e6,
         description="the rows' norm bound in the per-row representation (default 1 for sqrt, "
         "l2 and rownorm; required for raw)",

@@ -44,7 +44,7 @@ from dp_accounting import dp_event
 
 from dpda.data.preprocessing import Scaling, per_row
 from dpda.dp.accounting import calibrate_sigma
-from dpda.dp.mechanisms import gaussian_noise
+from dpda.dp.mechanisms import MIN_GAUSSIAN_STD, gaussian_noise
 
 # ε shares (column sums, sums of squares, covariance), chosen from measurements (README)
 DEFAULT_SHARES = (0.15, 0.15, 0.7)
@@ -109,13 +109,19 @@ def plan_disclosure(
     total = sum(used)
     sigma = calibrate_sigma(epsilon, delta, "analytic")
     sigmas = tuple(sigma / math.sqrt(w / total) if w > 0 else math.inf for w in used)
-    return DisclosurePlan(
+    plan = DisclosurePlan(
         epsilon,
         delta,
         row_clip_for(representation, row_clip),
         Z_CLIP * math.sqrt(n_features),
         sigmas,  # type: ignore[arg-type]
     )
+    # checked before anything is charged: a noise the sampler refuses (or one that underflows
+    # to 0) would fail only after the charge
+    used = [std for std, sig in zip(plan.noise_stds(), sigmas, strict=True) if sig < math.inf]
+    if not all(MIN_GAUSSIAN_STD <= std < math.inf for std in used):
+        raise ValueError("row_clip: too small or too large for the noise to be drawn")
+    return plan
 
 
 @dataclass(frozen=True)

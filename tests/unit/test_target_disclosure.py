@@ -93,3 +93,22 @@ def test_simulate_reports_the_targets_own_charge() -> None:
     assert data["target_delta"] == pytest.approx(1 / 2500)
     exact = simulate(src, tgt, terms, "raw", AdaptConfig(select="none"), 0, baselines=False)
     assert exact.to_json(terms)["target_epsilon_spent"] is None
+
+
+def test_a_configured_row_clip_at_its_bounds_plans_drawable_noise() -> None:
+    """``[privacy] row_clip`` runs from 1e-6 to 1e6: at both ends and every ε the plan's noise
+    is one the sampler draws (checked before anything is charged), and 1e-300 is refused by the
+    config."""
+    from pydantic import ValidationError
+
+    from dpda.dp.mechanisms import MIN_GAUSSIAN_STD
+    from dpda.policy import TargetPrivacyPolicy
+
+    for clip in (1e-6, 1e6):
+        for eps in (0.01, 100.0):
+            for basis in (True, False):
+                plan = T.plan_disclosure(eps, 1e-5, 800, "raw", clip, with_basis=basis)
+                used = plan.noise_stds()[: 3 if basis else 2]
+                assert all(MIN_GAUSSIAN_STD <= s < math.inf for s in used)
+    with pytest.raises(ValidationError, match="row_clip"):
+        TargetPrivacyPolicy(row_clip=1e-300)
