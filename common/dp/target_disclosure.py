@@ -118,8 +118,8 @@ def plan_disclosure(
     )
     # checked before anything is charged: a noise the sampler refuses (or one that underflows
     # to 0) would fail only after the charge
-    used = [std for std, sig in zip(plan.noise_stds(), sigmas, strict=True) if sig < math.inf]
-    if not all(MIN_GAUSSIAN_STD <= std < math.inf for std in used):
+    drawn = [std for std, sig in zip(plan.noise_stds(), sigmas, strict=True) if sig < math.inf]
+    if not all(MIN_GAUSSIAN_STD <= std < math.inf for std in drawn):
         raise ValueError("row_clip: too small or too large for the noise to be drawn")
     return plan
 
