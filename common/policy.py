@@ -269,14 +269,25 @@ class TargetPrivacyPolicy(BaseModel):
         description="the rows' norm bound in the per-row representation (default 1 for sqrt, "
         "l2 and rownorm; required for raw)",
     )
-    allow_exact_row_queries: bool = Field(
-        default=False,
-        description="PATE (method pate or dpda+pate) sends each queried target row, projected, "
-        "exactly; true accepts that (those rows are not protected at all)",
+    row_queries: Literal["synthetic", "dp", "exact"] = Field(
+        default="synthetic",
+        description="what PATE (method pate or dpda+pate) sends the teachers: synthetic: points "
+        "drawn from the DP statistics above (no row, no further ε); dp: target rows drawn at "
+        "random, clipped and noised under query_epsilon (dpda.dp.target_disclosure); exact: the "
+        "chosen rows, projected, as they are (those rows are not protected at all)",
+    )
+    query_epsilon: float = Field(
+        default=4.0, gt=0, le=100, description="ε of one job's row queries (row_queries = dp)"
     )
 
     @model_validator(mode="after")
     def _caps(self) -> TargetPrivacyPolicy:
         if self.disclosures == "dp" and self.epsilon > self.epsilon_cap:
             raise ValueError("epsilon: above epsilon_cap")
+        if self.row_queries == "dp" and self.disclosures != "dp":
+            raise ValueError(
+                "row_queries: dp clips the rows at the DP clipping norm; it needs disclosures = dp"
+            )
+        if self.row_queries == "dp" and self.query_epsilon > self.epsilon_cap:
+            raise ValueError("query_epsilon: above epsilon_cap")
         return self

@@ -15,12 +15,20 @@ import numpy as np
 from dpda.data.loaders import Domain
 from dpda.dp.ledger import Budget, LedgerEntry, MemoryLedgerStore, PrivacyLedger
 from dpda.dp.rng import public_rng, secure_rng, testing_streams
+from dpda.errors import ConfigError
 from dpda.ot.costs import dpot_cost
 from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import sinkhorn_group_lasso, uniform
 from dpda.policy import PrivacyPolicy
 from dpda.source_party.releases import SourceReleaser, prepare_features
-from dpda.target_party.pipeline import AdaptConfig, DPDAResult, TargetView, run_dpda, target_view
+from dpda.target_party.pipeline import (
+    AdaptConfig,
+    DPDAResult,
+    RowQueries,
+    TargetView,
+    run_dpda,
+    target_view,
+)
 from dpda.target_party.training import accuracy, fit_predict
 from dpda.terms import METHODS, PATE_SHARE, SessionTerms, method_terms
 
@@ -83,6 +91,7 @@ class SimulationOutcome:
     # the target's own disclosures under DP (issue 19): ε they spend at its δ; None: exact
     target_epsilon_spent: float | None = None
     target_delta: float | None = None
+    target_row_queries: str = "exact"  # what PATE sent about the target's rows
 
     @property
     def dpda(self) -> DPDAResult:
@@ -104,6 +113,9 @@ class SimulationOutcome:
             "target_disclosures": "dp" if self.target_epsilon_spent is not None else "exact",
             "target_epsilon_spent": self.target_epsilon_spent,
             "target_delta": self.target_delta,
+            "target_row_queries": self.target_row_queries
+            if any(r.pate_queries for r in self.runs.values())
+            else None,
         }
 
 
@@ -124,6 +136,8 @@ def simulate(
     target_epsilon: float | None = None,
     target_delta: float | None = None,
     target_row_clip: float | None = None,
+    target_row_queries: str = "exact",
+    target_query_epsilon: float = 4.0,
 ) -> SimulationOutcome:
     """Each method runs as its own session on a fresh ledger at the same total ε.
 
@@ -132,11 +146,13 @@ def simulate(
     floors, bounds). A fixed ``seed`` is recorded in every ledger entry as an insecure seed.
     ``target_epsilon``: the target's scaling and basis are released under its own DP
     (``dpda.dp.target_disclosure``) at δ = ``target_delta`` (default 1/(10·nt)).
+    ``target_row_queries``: what PATE sends about the target's rows (``RowQueries``); ``dp``
+    (needs ``target_epsilon``) adds ``target_query_epsilon`` to the target's spend.
     """
     privacy = None
     t_spent = None
+    t_events: list = []
     if target_epsilon is not None:
-        from dpda.dp.ledger import spend_of
         from dpda.dp.target_disclosure import disclose, plan_disclosure
 
         t_delta = target_delta if target_delta is not None else 1.0 / (10.0 * target.x.shape[0])
@@ -152,8 +168,25 @@ def simulate(
         privacy = disclose(
             target.x, representation, scaling_mode, terms.projection_dim, plan, t_rng
         )
-        t_spent = spend_of(plan.events(), t_delta)
+        t_events = plan.events()
         target_delta = t_delta
+    rq = RowQueries(target_row_queries)
+    pate = any(m != "dpda" for m in methods)
+    if target_row_queries == "synthetic" and privacy is not None and privacy.variances.size:
+        rq = RowQueries("synthetic", variances=privacy.variances)
+    elif target_row_queries == "dp":
+        from dpda.dp.target_disclosure import noisy_rows, plan_row_queries
+
+        if privacy is None or target_delta is None:
+            raise ConfigError("target_row_queries: dp needs target_epsilon (the DP clip norm)")
+        qplan = plan_row_queries(target_query_epsilon, target_delta)
+        q_rng = np.random.default_rng([seed, 23]) if seed is not None else secure_rng()
+        rq = RowQueries("dp", protect=lambda _sid, rows, clip: noisy_rows(rows, clip, qplan, q_rng))
+        t_events = t_events + (qplan.events() if pate else [])
+    if privacy is not None:
+        from dpda.dp.ledger import spend_of
+
+        t_spent = spend_of(t_events, target_delta or 0.0)
     view = target_view(target, representation, scaling_mode=scaling_mode, disclosure=privacy)
     runs: dict[str, DPDAResult] = {}
     ledgers: dict[str, list[LedgerEntry]] = {}
@@ -173,7 +206,8 @@ def simulate(
             public=public,
             insecure_seed=seed is not None,
         )
-        runs[method] = run_dpda(releaser, view, t, cfg, partial(ledger.spent, t.dataset), progress)
+        spent = partial(ledger.spent, t.dataset)
+        runs[method] = run_dpda(releaser, view, t, cfg, spent, progress, rq)
         ledgers[method] = store.entries(t.dataset)
     preds: dict[str, np.ndarray] = {}
     if baselines:
@@ -181,7 +215,7 @@ def simulate(
         preds["otda"] = otda_predictions(source, view, representation, cfg)
     so = _scored(preds["source_only"], view) if baselines else None
     ot_acc = _scored(preds["otda"], view) if baselines else None
-    return SimulationOutcome(so, ot_acc, runs, ledgers, preds, t_spent, target_delta)
+    return SimulationOutcome(so, ot_acc, runs, ledgers, preds, t_spent, target_delta, rq.mode)
 
 
 PUBLIC_SOURCE_STEPS = 300  # noisy Frank–Wolfe steps

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from dp_accounting import dp_event
 
 from dpda.data.loaders import load_domain
 from dpda.data.preprocessing import Scaling, check_representation
@@ -21,7 +22,14 @@ from dpda.data.tables import Table, read_table, write_predictions
 from dpda.dp.events import event_from_json
 from dpda.dp.ledger import Budget, LedgerEntry, PrivacyLedger, spend_of
 from dpda.dp.rng import secure_rng
-from dpda.dp.target_disclosure import Disclosure, disclose, plan_disclosure
+from dpda.dp.target_disclosure import (
+    Disclosure,
+    disclose,
+    noisy_rows,
+    plan_disclosure,
+    plan_row_queries,
+    query_noise_std,
+)
 from dpda.errors import ConfigError
 from dpda.protocol import payload_digest
 from dpda.service import signing
@@ -30,7 +38,7 @@ from dpda.service.config import TargetConfig
 from dpda.service.ledger_store import SqliteLedgerStore, connect
 from dpda.service.progress import Progress
 from dpda.target_party.client import GrpcReleaseSource
-from dpda.target_party.pipeline import AdaptConfig, run_dpda, target_view
+from dpda.target_party.pipeline import AdaptConfig, RowQueries, run_dpda, target_view
 from dpda.target_party.report import figures_of
 from dpda.target_party.training import model_pipeline, save_model
 from dpda.terms import SessionTerms
@@ -85,13 +93,95 @@ def own_delta(cfg: TargetConfig, n_rows: int) -> float:
 
 
 def check_row_queries(cfg: TargetConfig, terms: SessionTerms) -> None:
-    """PATE sends each queried target row (projected) exactly: only under the opt-in."""
-    if terms.pate_queries > 0 and not cfg.privacy.allow_exact_row_queries:
+    """PATE's queries under the target's ``[privacy] row_queries``: raw target rows leave only
+    under the exact opt-in (the protected forms live in the projected space)."""
+    rq = cfg.privacy.row_queries
+    if terms.pate_queries > 0 and rq != "exact" and terms.pate_space != "projected":
         raise ConfigError(
-            f"job.method: {cfg.job.method} sends each queried target row to the source exactly; "
-            "the target's [privacy] policy does not allow that (allow_exact_row_queries = true "
-            "accepts it)"
+            f"job.pate_space: raw sends target rows as they are; the target's [privacy] "
+            f'row_queries = {rq!r} queries in the projected space only (row_queries = "exact" '
+            "accepts raw rows)"
         )
+
+
+def row_queries(
+    cfg: TargetConfig, ledger: PrivacyLedger, own: Disclosure | None, n_rows: int
+) -> RowQueries:
+    """What PATE sends under ``[privacy] row_queries``. ``dp``: before the noisy rows of a
+    session leave, the target charges its own ledger (``own-rows``, request id
+    ``row-queries/<session>``), draws, stores and signs them; a rerun of the session sends the
+    stored rows again, uncharged. ``synthetic``: a zero-ε entry records that points drawn from
+    the released statistics left (post-processing)."""
+    pol = cfg.privacy
+    if pol.row_queries == "exact":
+        return RowQueries("exact")
+    delta = own_delta(cfg, n_rows)
+    ledger.budgets.setdefault(OWN_ROWS, Budget(pol.epsilon_cap, delta))
+    key = signing.load_private(cfg.signing_key)
+
+    def record(sid: str, events: list, params: dict[str, Any], draw: Callable[[], np.ndarray]):
+        rid = f"row-queries/{sid}"
+        stored = cfg.state_dir / f"row-queries-{hashlib.sha256(sid.encode()).hexdigest()[:32]}.npz"
+        entry = next((e for e in ledger.store.entries(OWN_ROWS) if e.request_id == rid), None)
+        if entry is not None and stored.is_file():
+            with np.load(stored) as z:
+                return np.asarray(z["queries"])
+        if entry is None:
+            entry = ledger.charge(
+                dataset=OWN_ROWS,
+                events=events,
+                session=sid,
+                peer="self",
+                request_id=rid,
+                privacy_unit="record",
+                neighbouring="replace-one",
+                params={**params, "kind": "target-row-queries", "delta": delta},
+            )
+        sent = draw()  # only after the charge is durable; nothing was sent before
+        np.savez(stored, queries=sent)
+        digest = payload_digest(np.ascontiguousarray(sent, dtype="<f8").tobytes())
+        signed = LedgerEntry(**{**entry.__dict__, "payload_sha256": digest})
+        ledger.store.update_signatures(
+            OWN_ROWS, entry.seq, digest, "", signing.sign(key, signed.signed_message())
+        )
+        return sent
+
+    if pol.row_queries == "synthetic":
+        return RowQueries(
+            "synthetic",
+            variances=own.variances if own is not None and own.variances.size else None,
+            record=lambda sid, pts: record(
+                sid,
+                [dp_event.NoOpDpEvent()],
+                {"what": "synthetic points drawn from the released statistics (no target row)",
+                 "mechanism": "post-processing", "epsilon": 0.0, "n_rows": int(pts.shape[0])},
+                lambda: pts,
+            ),
+        )  # fmt: skip
+    if own is None:  # the policy's validator makes dp need dp disclosures
+        raise ConfigError("privacy.row_queries: dp needs disclosures = dp")
+    plan = plan_row_queries(pol.query_epsilon, delta)
+
+    def protect(sid: str, rows: np.ndarray, clip: float) -> np.ndarray:
+        try:
+            query_noise_std(plan, clip)  # refused before the charge
+        except ValueError as exc:
+            raise ConfigError(f"privacy.row_queries: {exc}") from None
+        return record(
+            sid,
+            plan.events(),
+            {
+                "what": "target rows drawn at random, projected, clipped and noised",
+                "mechanism": "gaussian",
+                "epsilon": spend_of(plan.events(), delta),
+                "sigma": plan.noise_multiplier,
+                "clip": clip,
+                "n_rows": int(rows.shape[0]),
+            },
+            lambda: noisy_rows(rows, clip, plan, secure_rng()),
+        )
+
+    return RowQueries("dp", protect=protect)
 
 
 def disclosure_digest(d: Disclosure) -> str:
@@ -131,7 +221,8 @@ def own_disclosure(
     entry = next((e for e in ledger.store.entries(OWN_ROWS) if e.request_id == rid), None)
     if entry is not None and stored.is_file():
         with np.load(stored) as z:
-            d = Disclosure(Scaling(z["mean"], z["std"]), z["basis"], float(z["clip"]), plan)
+            var = z["variances"] if "variances" in z else np.zeros(0)
+            d = Disclosure(Scaling(z["mean"], z["std"]), z["basis"], float(z["clip"]), plan, var)
         return d, entry
     if entry is None:
         events = plan.events()
@@ -158,7 +249,14 @@ def own_disclosure(
     # drawn only after the charge is durable; nothing was sent before (a crash here redraws)
     ell = min(terms.projection_dim, n, k)  # as session_terms lowers it
     d = disclose(table.x, cfg.job.representation, cfg.job.scaling, ell, plan, secure_rng())
-    np.savez(stored, mean=d.scaling.mean, std=d.scaling.std, basis=d.basis, clip=d.clip_norm)
+    np.savez(
+        stored,
+        mean=d.scaling.mean,
+        std=d.scaling.std,
+        basis=d.basis,
+        clip=d.clip_norm,
+        variances=d.variances,
+    )
     key_ = signing.load_private(cfg.signing_key)
     digest = disclosure_digest(d)
     signed = LedgerEntry(**{**entry.__dict__, "payload_sha256": digest})
@@ -214,7 +312,8 @@ def run_job(
         raise
     t0 = time.perf_counter()
     try:
-        res = run_dpda(source, view, terms, acfg, source.spent, progress)
+        rq = row_queries(cfg, ledger, own[0] if own else None, table.x.shape[0])
+        res = run_dpda(source, view, terms, acfg, source.spent, progress, rq)
         # the job ends with its results in hand and every charge checked and countersigned
         # (``spent`` settled them); tearing the channel down after it is not job time
         job_seconds = time.perf_counter() - t0
@@ -240,7 +339,18 @@ def run_job(
         "predictions_sha256": hashlib.sha256(res.predictions.tobytes()).hexdigest(),
         # each party's privacy side by side: the source's records, the target's own rows
         "target_disclosures": cfg.privacy.disclosures,
-        "target_epsilon_spent": own[1].params["epsilon"] if own else None,
+        "target_row_queries": cfg.privacy.row_queries if res.pate_queries else None,
+        # this job's disclosures of the target's rows composed: its statistics and its queries
+        "target_epsilon_spent": spend_of(
+            [
+                event_from_json(e.dp_event)
+                for e in ledger.store.entries(OWN_ROWS)
+                if e.request_id in (own[1].request_id, f"row-queries/{res.session_id}")
+            ],
+            own[1].params["delta"],
+        )
+        if own
+        else None,
         "target_epsilon_total": ledger.spent(OWN_ROWS) if own else None,
     }
     (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))

@@ -52,7 +52,7 @@ from dpda.errors import ConfigError, DpdaError, public_message
 from dpda.service.admin import AdminApp, AdminServer, Metrics, Refusal
 from dpda.service.config import TargetConfig, TargetJob
 from dpda.service.keyfiles import write_private
-from dpda.target_party.app import open_state, run_job
+from dpda.target_party.app import OWN_ROWS, open_state, run_job
 from dpda.target_party.report import render
 
 log = logging.getLogger("dpda.target")
@@ -245,6 +245,9 @@ class JobRunner:
             job.results, job.figures = run_job(cfg, progress)
             job.state = "done"
             self.metrics.epsilon.labels(cfg.job.dataset, "source").set(job.results["epsilon_spent"])
+            if job.results.get("target_epsilon_total") is not None:  # its own rows (issue 19)
+                own = job.results["target_epsilon_total"]
+                self.metrics.epsilon.labels(OWN_ROWS, "target").set(own)
         except Exception as exc:
             code, _ = public_message(exc)
             job.error = str(exc) if isinstance(exc, DpdaError) else f"{code}: internal error"

@@ -62,6 +62,26 @@ class AdaptConfig:
 
 
 @dataclass(frozen=True)
+class RowQueries:
+    """What PATE may send about the target's rows: its ``[privacy] row_queries`` (issue 19).
+
+    - ``exact``: the chosen rows, projected (or their plan images), as computed (the opt-in);
+    - ``dp``: rows drawn uniformly at random, clipped and noised by ``protect`` (session id,
+      rows, clip norm) → the rows to send; the target's app charges its own ledger there first
+      (``dpda.dp.target_disclosure.noisy_rows``);
+    - ``synthetic``: ``pate_queries`` points drawn from N(0, diag(``variances``)) in the
+      projected space (released statistics only); the teachers label them, a student trained
+      on them labels the target's rows locally.
+    """
+
+    mode: str = "exact"  # exact | dp | synthetic
+    protect: Callable[[str, np.ndarray, float], np.ndarray] | None = None
+    variances: np.ndarray | None = None
+    # synthetic: called with (session id, points) before they leave (the target's own record)
+    record: Callable[[str, np.ndarray], np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
 class TargetView:
     """The target's data in its own representation (its raw feature space for mapping)."""
 
@@ -428,34 +448,77 @@ def _release_all(
     return out
 
 
-def _pate(s: _Session, done: _Fitted, by_method: dict[str, float | None]) -> None:
-    """Ask the teachers about ``pate_queries`` target rows; with DPDA, re-fit the same releases
-    with the answers as known labels (post-processing), else train a student on them."""
+def _query_variances(s: _Session, rq: RowQueries) -> np.ndarray:
+    """The variances of the projected target rows along each direction, for synthetic queries:
+    the DP ones of the disclosure; under DP with no basis (JL), the unit variance of the scaled
+    columns through the public projection; the exact ones only under the exact opt-in."""
+    ell = s.xt_proj.shape[1]
+    if rq.variances is not None and rq.variances.size >= ell:
+        return np.asarray(rq.variances[:ell])
+    if s.view.disclosure is not None:
+        return np.asarray(np.sum(s.info.projection**2, axis=0))
+    return np.asarray(np.var(s.xt_proj, axis=0))
+
+
+def _pate_labels(s: _Session, idx: np.ndarray, rq: RowQueries, seed: int) -> np.ndarray:
+    """Labels for the target rows ``idx`` under the target's row-query policy ``rq``."""
+    space = s.xt_proj if s.terms.pate_space == "projected" else s.view.x
+    sid = s.info.session_id
+    if rq.mode == "exact":
+        return _ask_teachers(s.source, sid, np.ascontiguousarray(space[idx]))
+    if s.terms.pate_space != "projected":
+        raise ConfigError(f"privacy.row_queries: {rq.mode} queries are projected; pate_space raw")
+    if rq.mode == "dp":
+        if rq.protect is None:
+            raise ConfigError("privacy.row_queries: dp needs the target's own ledger")
+        sent = rq.protect(sid, np.ascontiguousarray(space[idx]), float(s.terms.clip_norm))
+        return _ask_teachers(s.source, sid, np.ascontiguousarray(sent))
+    if rq.mode == "synthetic":
+        from dpda.dp.target_disclosure import synthetic_points
+
+        pts = synthetic_points(_query_variances(s, rq), idx.size, np.random.default_rng([seed, 7]))
+        if rq.record is not None:
+            pts = rq.record(sid, pts)
+        answers = _ask_teachers(s.source, sid, np.ascontiguousarray(pts))
+        _, pred = fit_predict(pts, answers, space, s.cfg.classifier, seed)
+        return np.asarray(pred, dtype=np.int64)[idx]
+    raise ConfigError(f"privacy.row_queries: {rq.mode!r} is not exact, dp or synthetic")
+
+
+def _pate(s: _Session, done: _Fitted, by_method: dict[str, float | None], rq: RowQueries) -> None:
+    """Label ``pate_queries`` target rows through the teachers, as ``rq`` allows; with DPDA,
+    re-fit the same releases with those labels as known (post-processing), else train a student
+    on them. Under ``dp`` the rows are drawn at random (a choice by the plan would depend on
+    every target row); otherwise the plan picks them (``cfg.pate_select``)."""
     view, cfg, terms, fits = s.view, s.cfg, s.terms, done.fits
     n_q = s.info.plan.pate_queries
-    space = s.xt_proj if terms.pate_space == "projected" else view.x
-    if fits:
+    if fits and rq.mode != "dp":
         mass = np.sum([f.class_mass for f in fits], axis=0)
         idx = select_rows(mass, n_q, cfg.pate_select, cfg.seed)
-        queries = space[idx]
-        if cfg.pate_query == "backmapped" and terms.pate_space == "projected":
-            queries = (np.sum([f.back_mapped for f in fits], axis=0) / len(fits))[idx]
     else:
         idx = np.random.default_rng(cfg.seed).choice(view.x.shape[0], n_q, replace=False)
-        queries = space[idx]
-    labels = _ask_teachers(s.source, s.info.session_id, np.ascontiguousarray(queries))
+    if (
+        fits
+        and rq.mode == "exact"
+        and cfg.pate_query == "backmapped"
+        and terms.pate_space == "projected"
+    ):
+        queries = (np.sum([f.back_mapped for f in fits], axis=0) / len(fits))[idx]
+        labels = _ask_teachers(s.source, s.info.session_id, np.ascontiguousarray(queries))
+    else:
+        labels = _pate_labels(s, idx, rq, cfg.seed)
     known = view.known.copy()
     if fits and cfg.pate_agree:
         plan_class = np.argmax(sum(f.class_mass for f in fits), axis=0)[idx]
         keep = labels == plan_class
         idx, labels = idx[keep], labels[keep]
     known[idx] = labels
-    labeled = TargetView(view.x, view.scaling, view.labels, known)
+    labeled = TargetView(view.x, view.scaling, view.labels, known, view.disclosure)
     if fits:
         done.fits = [s.fit(r, labeled) for r in done.releases]
         done.train(labeled, cfg)
         by_method["dpda_pate"] = _acc(done.pred, view) if done.pred is not None else None
-    else:
+    elif idx.size:
         done.model, done.pred = fit_predict(view.x[idx], labels, view.x, cfg.classifier, cfg.seed)
         by_method["pate"] = _acc(done.pred, view)
 
@@ -467,8 +530,10 @@ def run_dpda(
     cfg: AdaptConfig,
     spent: Callable[[], float],
     progress: Callable[[int, int], None] | None = None,
+    row_queries: RowQueries | None = None,
 ) -> DPDAResult:
-    """Run one job against ``source``; ``spent()`` reads ε from the target's ledger.
+    """Run one job against ``source``; ``spent()`` reads ε from the target's ledger;
+    ``row_queries``: what PATE may send about the target's rows.
 
     DPDA releases (``terms.dpda``) → OT → mapped source rows. With PATE (``terms.pate_queries``):
     alone, the teachers label random target rows and a student is trained on them; with DPDA,
@@ -487,7 +552,7 @@ def run_dpda(
         by_method["dpda"] = _acc(done.pred, view) if done.pred is not None else None
         done.spend.append(spent())  # before any PATE answer is charged
     if s.info.plan.pate_queries > 0:
-        _pate(s, done, by_method)
+        _pate(s, done, by_method, row_queries or RowQueries())
     source.close_session(s.info.session_id)
     return _result(s, done, by_method, spent(), selection)
 

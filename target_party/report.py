@@ -218,11 +218,21 @@ def render(summary: dict[str, Any], figures: dict[str, Any]) -> str:
         "table{border-collapse:collapse}th,td{border:1px solid #ccc;padding:4px 8px;"
         "text-align:left;font-size:13px}svg{margin:8px;border:1px solid #eee}</style></head>"
         f"<body><h1>dpda job report</h1><p><b>Accuracy on the target:</b> {acc_txt}. "
-        f"<b>ε spent:</b> {summary.get('epsilon_spent', 0):.4f} at δ = "
-        f"{summary.get('delta', 0):.3g}.</p>"
+        f"<b>ε spent:</b> the source {summary.get('epsilon_spent', 0):.4f} on its records at δ = "
+        f"{summary.get('delta', 0):.3g}; {_target_spend(summary)}.</p>"
         f"<p><i>{html.escape(str(summary.get('caveat', '')))}</i></p>"
         f"<div>{''.join(svgs)}</div><h2>Figures</h2><table>{rows}</table></body></html>"
     )
+
+
+def _target_spend(summary: dict[str, Any]) -> str:
+    """The target's side of the session's privacy (issue 19), in words."""
+    t = summary.get("target_epsilon_spent")
+    if t is None:
+        return "the target disclosed its statistics exactly (its opt-in: not protected)"
+    total = summary.get("target_epsilon_total")
+    tail = f" ({total:.4f} over every job on its rows)" if total is not None else ""
+    return f"the target {t:.4f} on its own rows{tail}"
 
 
 def figures_of(

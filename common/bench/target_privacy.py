@@ -24,8 +24,10 @@ from dpda.service.output import add_json_option, write_json
 
 def one(
     data_dir: str, src: str, tgt: str, seed: int, target_epsilon: float | None, projection: str,
-    epsilon: float,
+    epsilon: float, row_queries: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
+    """One session (``row_queries`` None) or, with PATE, DPDA+PATE and PATE alone under the
+    target's ``row_queries`` (exact | synthetic | dp at ε_q = 4)."""
     from dpda.data.loaders import load_domain
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
     from dpda.simulation import simulate
@@ -41,6 +43,7 @@ def one(
         projection=projection,  # type: ignore[arg-type]
     )
     t0 = time.perf_counter()
+    pate = row_queries is not None
     out = simulate(
         s,
         t,
@@ -51,7 +54,21 @@ def one(
         baselines=False,
         scaling_mode=DEFAULT_SCALING[ds],
         target_epsilon=target_epsilon,
+        methods=("dpda+pate", "pate") if pate else ("dpda",),
+        target_row_queries=row_queries or "exact",
     )
+    if pate:
+        return {
+            "pair": f"{src}→{tgt}",
+            "seed": seed,
+            "target_epsilon": target_epsilon,
+            "row_queries": row_queries,
+            "accuracy_dpda_pate": out.runs["dpda+pate"].accuracy,
+            "accuracy_pate": out.runs["pate"].accuracy,
+            "epsilon_spent": max(r.epsilon_spent for r in out.runs.values()),
+            "target_epsilon_spent": out.target_epsilon_spent,
+            "seconds": time.perf_counter() - t0,
+        }
     return {
         "pair": f"{src}→{tgt}",
         "seed": seed,
@@ -66,7 +83,25 @@ def one(
 
 def _label(r: dict[str, Any]) -> str:
     t = "exact" if r["target_epsilon"] is None else f"ε_t={r['target_epsilon']:g}"
+    if "row_queries" in r:
+        return f"{t}, q={r['row_queries']}"
     return t if r["projection"] == "target-pca" else f"{t}, jl"
+
+
+def _table(rows: list[dict[str, Any]], key: str) -> tuple[dict[str, dict[str, float]], dict]:
+    labels = list(dict.fromkeys(_label(r) for r in rows))
+    table: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        table.setdefault(r["pair"], {}).setdefault(_label(r), []).append(r[key])
+    means = {p: {k: float(np.mean(v)) for k, v in cols.items()} for p, cols in table.items()}
+    print(f"{key}:")
+    print(f"{'pair':6s}" + "".join(f"{k:>20s}" for k in labels))
+    for p, cols in means.items():
+        print(f"{p:6s}" + "".join(f"{cols.get(k, float('nan')):20.2f}" for k in labels))
+    office = [p for p in means if p[0] in "CADW"]
+    summary = {k: float(np.mean([means[p][k] for p in office])) for k in labels if office}
+    print(f"{'mean OC':6s}" + "".join(f"{summary.get(k, float('nan')):20.2f}" for k in labels))
+    return means, summary
 
 
 def run_bench_target_privacy(args: argparse.Namespace) -> int:
@@ -79,6 +114,10 @@ def run_bench_target_privacy(args: argparse.Namespace) -> int:
     if args.jl:
         arms += [(e, "jl") for e in args.target_epsilon]
     jobs = args.jobs or None
+    # PATE under each target option: today's (exact disclosures, exact rows), then the target's
+    # DP disclosures at the first ε_t with each row-query form
+    e_t = args.target_epsilon[0]
+    pate_arms = [(None, "exact"), (e_t, "exact"), (e_t, "synthetic"), (e_t, "dp")]
     with ProcessPoolExecutor(jobs, initializer=_worker_init) as pool:
         tasks = [
             pool.submit(one, data_dir, s, t, seed, e, proj, args.epsilon)
@@ -86,28 +125,28 @@ def run_bench_target_privacy(args: argparse.Namespace) -> int:
             for seed in range(args.seeds)
             for e, proj in arms
         ]
+        tasks += [
+            pool.submit(one, data_dir, s, t, seed, e, "target-pca", args.epsilon, q)
+            for s, t in pairs
+            for seed in range(args.seeds)
+            for e, q in (pate_arms if args.pate else [])
+        ]
         rows = gather(tasks, "sessions")
-    labels = list(dict.fromkeys(_label(r) for r in rows))
-    table: dict[str, dict[str, list[float]]] = {}
-    for r in rows:
-        table.setdefault(r["pair"], {}).setdefault(_label(r), []).append(r["accuracy"])
-    means = {p: {k: float(np.mean(v)) for k, v in cols.items()} for p, cols in table.items()}
-    print(f"{'pair':6s}" + "".join(f"{k:>16s}" for k in labels))
-    for p, cols in means.items():
-        print(f"{p:6s}" + "".join(f"{cols.get(k, float('nan')):16.2f}" for k in labels))
-    office = [p for p in means if p[0] in "CADW"]
-    summary = {k: float(np.mean([means[p][k] for p in office])) for k in labels if office}
-    print(f"{'mean OC':6s}" + "".join(f"{summary.get(k, float('nan')):16.2f}" for k in labels))
-    write_json(
-        args,
-        {
-            "epsilon": args.epsilon,
-            "seeds": args.seeds,
-            "rows": rows,
-            "means": means,
-            "office_caltech_mean": summary,
-        },
-    )
+    plain = [r for r in rows if "row_queries" not in r]
+    means, summary = _table(plain, "accuracy")
+    out: dict[str, Any] = {
+        "epsilon": args.epsilon,
+        "seeds": args.seeds,
+        "rows": rows,
+        "means": means,
+        "office_caltech_mean": summary,
+    }
+    if args.pate:
+        queried = [r for r in rows if "row_queries" in r]
+        for key in ("accuracy_dpda_pate", "accuracy_pate"):
+            m, sm = _table(queried, key)
+            out[f"pate_{key}"] = {"means": m, "office_caltech_mean": sm}
+    write_json(args, out)
     return 0
 
 
@@ -122,6 +161,13 @@ def register_target_privacy(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--epsilon", type=float, default=8.0, help="the source's session ε")
     s.add_argument("--seeds", type=int, default=3)
     s.add_argument("--jl", action="store_true", help="also: a JL projection (no basis sent)")
+    s.add_argument(
+        "--pate",
+        action="store_true",
+        help="also: DPDA+PATE and PATE alone under each target row-query option (exact rows "
+        "with exact disclosures; with DP disclosures at the first --target-epsilon: exact, "
+        "synthetic, dp at ε_q = 4)",
+    )
     s.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
     add_json_option(s)
     s.set_defaults(func=run_bench_target_privacy)

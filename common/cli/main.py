@@ -278,6 +278,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         else default_attribute_bound(rep, src.x.shape[1]),
         target_epsilon=args.target_epsilon,
         target_row_clip=args.target_row_clip,
+        target_row_queries=args.target_row_queries
+        or ("synthetic" if args.target_epsilon is not None else "exact"),
+        target_query_epsilon=args.target_query_epsilon,
     )
     data = out.to_json(terms)
     preds_path = args.predictions or (
@@ -537,6 +540,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --target-epsilon: the target rows' norm bound in the per-row representation "
         "(default 1 for sqrt, l2, rownorm; required for raw)",
+    )
+    sm.add_argument(
+        "--target-row-queries",
+        choices=["synthetic", "dp", "exact"],
+        default=None,
+        help="what PATE sends the teachers about the target's rows (the target's [privacy] "
+        "row_queries): synthetic points from its DP statistics, dp: random rows clipped and "
+        "noised at --target-query-epsilon (needs --target-epsilon), exact: the rows. Default: "
+        "synthetic with --target-epsilon, else exact",
+    )
+    sm.add_argument(
+        "--target-query-epsilon",
+        type=_positive,
+        default=4.0,
+        help="with --target-row-queries dp: ε of the noisy rows (added to target_epsilon_spent)",
     )
     _add_terms_args(sm)
     add_json_option(sm)

@@ -195,6 +195,9 @@ class ExponentialMechanismDpEvent(dp_event.DpEvent):
 
 # ---------------------------------------------------------------- DpEvent (de)serialization
 _LEAVES: dict[str, type] = {
+    # a recorded disclosure that costs nothing (post-processing of released values: the
+    # target's synthetic PATE queries); composes as the identity
+    "NoOpDpEvent": dp_event.NoOpDpEvent,
     "GaussianDpEvent": dp_event.GaussianDpEvent,
     "LaplaceDpEvent": dp_event.LaplaceDpEvent,
     "DiscreteLaplaceDpEvent": dp_event.DiscreteLaplaceDpEvent,

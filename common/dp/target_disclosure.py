@@ -25,8 +25,21 @@ The whole map, in the target's per-row representation (``per_row``, a per-row fu
    Frobenius norm of z zᵀ is ‖z‖²), and the upper triangle of a symmetric matrix has at most
    its Frobenius norm;
 7. the basis: the top-ℓ eigenvectors of A; the clipping norm for the source's record unit:
-   ``√(Σ_{i≤ℓ} max(λ_i, 0)/n)``, the root-mean-square norm of the projected rows as A says —
-   post-processing.
+   ``√(Σ_{i≤ℓ} max(λ_i, 0)/n)``, the root-mean-square norm of the projected rows as A says, and
+   the variance along each direction, ``max(λ_i, 0)/n`` (kept by the target, for synthetic PATE
+   queries) — post-processing.
+
+PATE queries under the target's policy (``[privacy] row_queries``), after the disclosure:
+
+- ``"dp"``: m target rows drawn uniformly at random (an index draw that never looks at the
+  data), each projected row (the session's basis and scaling: released values) clipped to the
+  session's clip norm C (itself released under DP above; a public value of the terms otherwise)
+  and sent with N(0, (σ_r·2C)²) per coordinate. Replacing one target row moves at most one query,
+  the replaced row's if it was drawn, by at most 2C: one Gaussian mechanism of multiplier σ_r
+  on the concatenated queries, whatever m (``RowQueryPlan``), composed in the target's ledger
+  with the disclosure it is conditioned on (adaptive composition).
+- ``"synthetic"``: m points drawn from N(0, diag(v)) in the projected coordinates, v the DP
+  variances of step 7: a function of released values only, no further charge.
 
 The three Gaussians are charged as ``Gaussian(σ_s), Gaussian(σ_q), Gaussian(σ_c)``; composed they
 are exactly one Gaussian of multiplier ``(Σ σ⁻²)^(-1/2)`` (the ledger merges them). The shares
@@ -37,7 +50,7 @@ compose to exactly σ.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from dp_accounting import dp_event
@@ -130,6 +143,8 @@ class Disclosure:
     basis: np.ndarray  # (k, ℓ) orthonormal
     clip_norm: float  # RMS norm of the projected rows, from the noisy covariance
     plan: DisclosurePlan
+    # the variance of the rows along each basis direction, from the noisy covariance (ℓ,)
+    variances: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 def _clip(x: np.ndarray, c: float) -> np.ndarray:
@@ -186,5 +201,55 @@ def disclose(
     lam, vec = np.linalg.eigh(a)
     top = np.argsort(lam)[::-1][:ell]
     basis = np.ascontiguousarray(vec[:, top])
-    clip = math.sqrt(max(float(np.sum(np.maximum(lam[top], 0.0))) / n, 1e-12))
-    return Disclosure(scaling, basis, clip, plan)
+    variances = np.maximum(lam[top], 0.0) / n
+    clip = math.sqrt(max(float(np.sum(variances)), 1e-12))
+    return Disclosure(scaling, basis, clip, plan, variances)
+
+
+@dataclass(frozen=True)
+class RowQueryPlan:
+    """``row_queries = "dp"``: one Gaussian mechanism on the m clipped projected rows sent to the
+    teachers (module docstring); public, so the source can recompute the charge."""
+
+    epsilon: float
+    delta: float
+    noise_multiplier: float  # σ_r, over the replace-one sensitivity 2C
+
+    def events(self) -> list[dp_event.DpEvent]:
+        return [dp_event.GaussianDpEvent(self.noise_multiplier)]
+
+    def noise_std(self, clip: float) -> float:
+        return self.noise_multiplier * 2.0 * clip
+
+
+def plan_row_queries(epsilon: float, delta: float) -> RowQueryPlan:
+    return RowQueryPlan(epsilon, delta, calibrate_sigma(epsilon, delta, "analytic"))
+
+
+def noisy_rows(
+    rows: np.ndarray, clip: float, plan: RowQueryPlan, rng: np.random.Generator
+) -> np.ndarray:
+    """The queries of ``row_queries = "dp"``: ``rows`` (projected target rows, drawn without
+    looking at the data) clipped to ``clip`` plus N(0, (σ_r·2·clip)²). A clip that is not finite
+    and positive, or whose noise the sampler refuses, is a ``ValueError`` before any draw."""
+    noise = gaussian_noise(rows.shape, query_noise_std(plan, clip), rng)
+    return np.asarray(_clip(rows, clip) + noise)
+
+
+def query_noise_std(plan: RowQueryPlan, clip: float) -> float:
+    """σ_r·2·clip, or a ``ValueError`` (checked before any charge) for a clip that is not finite
+    and positive or whose noise the sampler would refuse."""
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip_norm: {clip!r} is not a finite positive number")
+    std = plan.noise_std(clip)
+    if not (MIN_GAUSSIAN_STD <= std < math.inf):
+        raise ValueError("clip_norm: too small or too large for the noise to be drawn")
+    return std
+
+
+def synthetic_points(variances: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
+    """The queries of ``row_queries = "synthetic"``: m draws of N(0, diag(variances)) in the
+    projected coordinates (the rows are centred by the released scaling). Post-processing of
+    released values; not noise for a guarantee, so the generator need not be the CSPRNG."""
+    v = np.maximum(np.asarray(variances, dtype=np.float64), 0.0)
+    return np.asarray(rng.standard_normal((m, v.size)) * np.sqrt(v))

@@ -332,7 +332,7 @@ def report(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> dict[st
 # what each outgoing target message says about the target's own rows (issue 19)
 _TARGET_DISCLOSES = {
     "OpenSession": "column scaling, projection basis, clipping norm",
-    "QueryTeachers": "queried target rows (projected or raw)",
+    "QueryTeachers": "queried target rows (projected or raw), or points standing for them",
     "OpenReweighting": "this side's public rows and their map (public data)",
 }
 
@@ -344,7 +344,7 @@ def disclosures(outgoing: list[AuditRecord], ledger_entries: dict[tuple[str, int
     own = {
         e.request_id: e
         for e in ledger_entries.values()
-        if e.params.get("kind") == "target-disclosure"
+        if e.params.get("kind") in ("target-disclosure", "target-row-queries")
     }
     out = []
     for r in outgoing:
@@ -352,12 +352,16 @@ def disclosures(outgoing: list[AuditRecord], ledger_entries: dict[tuple[str, int
         if method not in _TARGET_DISCLOSES:
             continue
         e = own.get(r.request_id)
+        if method == "QueryTeachers":  # its request id is the session's (row-queries/<session>)
+            e = own.get(f"row-queries/{r.request_id}")
         public = method == "OpenReweighting"
         out.append(
             {
                 "time": r.time,
                 "method": method,
-                "what": _TARGET_DISCLOSES[method],
+                "what": e.params.get("what", _TARGET_DISCLOSES[method])
+                if e
+                else _TARGET_DISCLOSES[method],
                 "mechanism": e.params["mechanism"] if e else ("public" if public else "exact"),
                 "epsilon": e.params["epsilon"] if e else (0.0 if public else None),
                 "delta": e.params["delta"] if e else None,

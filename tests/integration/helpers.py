@@ -12,7 +12,7 @@ from dpda.deployment import Deployment, dpda_command, make_deployment
 DELTA = 1.0 / (1.2 * 600)
 # the target's opt-ins to what it disclosed before issue 19 (exact statistics, exact PATE rows):
 # the tests that compare with in-process runs or exercise PATE run under them
-EXACT_TARGET = {"disclosures": "exact", "allow_exact_row_queries": True}
+EXACT_TARGET = {"disclosures": "exact", "row_queries": "exact"}
 # a source that opts into the attribute unit (and so into per-row releases) besides the defaults
 ATTRIBUTE_POLICY = {
     "units": ["record", "attribute"],
@@ -40,7 +40,7 @@ def synthetic_deployment(
     ``reweighting``: the source also opts into reweighting sessions (the reverse shape).
     ``target_privacy``: the target's ``[privacy]``; by default ``EXACT_TARGET``, so that these
     tests compare with the in-process runs (which disclose exactly by default); ``{}`` is the
-    target's default policy (DP disclosures, no PATE rows)."""
+    target's default policy (DP disclosures; PATE asks about synthetic points)."""
     extra: dict[str, Any] = {"retain_payloads": retain}
     if seed is not None:
         extra["seed"] = seed

@@ -102,17 +102,113 @@ def test_the_exact_opt_in_is_listed_as_unprotected(tmp_path) -> None:
     ]
 
 
-@pytest.mark.parametrize("method", ["pate", "dpda+pate"])
-def test_pate_row_queries_need_the_targets_opt_in(tmp_path, method) -> None:
+class _Queried(SourceHandlers):
+    """An honest source that keeps the target's disclosure and every PATE query it receives."""
+
+    opened: list = []
+    queries: list = []
+
+    def open_session(self, peer, terms_json, scaling, basis, *args, **kw):  # type: ignore[override]
+        type(self).opened.append((scaling, basis))
+        return super().open_session(peer, terms_json, scaling, basis, *args, **kw)
+
+    def query_teachers(self, peer, session_id, index, queries, *args, **kw):  # type: ignore[override]
+        type(self).queries.append(np.array(queries))
+        return super().query_teachers(peer, session_id, index, queries, *args, **kw)
+
+
+def _nearest_row_distance(queries: np.ndarray) -> float:
+    """How close the closest query came to a target row, in the session's projected space (the
+    scaling and basis the target sent; the source can compute this for its own part)."""
+    (scaling, basis), *_ = _Queried.opened
+    _, t = two_domains()
+    rows = scaling.apply(per_row(t.x, "raw")) @ basis
+    d2 = ((queries[:, None, :] - rows[None, :, :]) ** 2).sum(axis=2)
+    return float(np.sqrt(d2.min()))
+
+
+@pytest.mark.parametrize(
+    ("method", "row_queries"),
+    [("pate", "exact"), ("pate", "synthetic"), ("dpda+pate", "synthetic"), ("pate", "dp")],
+)
+def test_pate_sends_target_rows_only_under_the_exact_opt_in(tmp_path, method, row_queries):
+    """Default (synthetic) and dp: no query is a target row (each is farther from every row than
+    rounding); the exact opt-in sends the rows themselves (distance 0), so the check can fail.
+    Each form is in the target's own signed ledger and its audit report, with its ε. (Each
+    session's queries are their own disclosure: a resumed session resends the stored ones, a
+    new session draws and is charged anew.)"""
+    privacy = {**DEFAULT, "row_queries": row_queries}
+    if row_queries == "exact":
+        privacy = {"disclosures": "exact", "row_queries": "exact"}
     dep = synthetic_deployment(
-        tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5, "method": method}
+        tmp_path, target_privacy=privacy, job={"projection_dim": 5, "method": method}
+    )
+    _Queried.opened, _Queried.queries = [], []
+    with run_server(load_source(dep.source_config), _Queried) as rs:
+        out = _run(dep, rs.port)
+    sent = np.vstack(_Queried.queries)
+    assert sent.shape[0] == out["pate_queries"] > 0
+    nearest = _nearest_row_distance(sent)
+    if row_queries == "exact":
+        assert nearest < 1e-9
+        assert out["target_epsilon_spent"] is None
+        return
+    assert nearest > 1e-3
+    ledger, _ = open_state(load_target(dep.target_config))
+    own = ledger.store.entries(OWN_ROWS)
+    kinds = [e.params["kind"] for e in own]
+    assert kinds == ["target-disclosure", "target-row-queries"]
+    q = own[1]
+    pub = signing.load_public(dep.target_keys.signing_pub)
+    assert signing.verify(pub, q.signed_message(), q.target_sig)
+    from dpda.protocol import payload_digest
+
+    assert q.payload_sha256 == payload_digest(np.ascontiguousarray(sent, dtype="<f8").tobytes())
+    want = 0.0 if row_queries == "synthetic" else 4.0  # query_epsilon's default
+    assert q.params["epsilon"] == pytest.approx(want, abs=1e-6)
+    total = out["target_epsilon_total"]  # the own ledger's composed ε after the job
+    assert out["target_row_queries"] == row_queries
+    assert out["target_epsilon_spent"] == pytest.approx(total)  # one job: all of it
+    if row_queries == "dp":
+        assert 4.0 < total < 8.0  # the two Gaussians compose below the sum, under the cap
+    else:
+        assert total == pytest.approx(4.0, rel=1e-6)
+    rep_json = tmp_path / "report.json"
+    subprocess.run(
+        dpda_command("audit", "report", str(dep.target_state), "--json", str(rep_json)),
+        check=True,
+        capture_output=True,
+    )
+    found = [d for d in json.loads(rep_json.read_text())["disclosures"]]
+    teachers = [d for d in found if d["method"] == "QueryTeachers"]
+    assert teachers and all(d["epsilon"] == pytest.approx(want, abs=1e-6) for d in teachers)
+    assert all(d["mechanism"] == ("gaussian" if row_queries == "dp" else "post-processing")
+               for d in teachers)  # fmt: skip
+
+
+def test_raw_row_queries_need_the_exact_opt_in(tmp_path) -> None:
+    dep = synthetic_deployment(
+        tmp_path,
+        target_privacy=DEFAULT,
+        job={"projection_dim": 5, "method": "pate", "pate_space": "raw"},
     )
     with run_server(load_source(dep.source_config)) as rs:
-        with pytest.raises(ConfigError, match="allow_exact_row_queries"):
+        with pytest.raises(ConfigError, match="row_queries"):
             _run(dep, rs.port)
         assert rs.handlers.ledger.store.entries("synthetic") == []
     ledger, _ = open_state(load_target(dep.target_config))
     assert ledger.store.entries(OWN_ROWS) == []  # refused before anything was charged
+
+
+def test_dp_row_queries_need_dp_disclosures() -> None:
+    from pydantic import ValidationError
+
+    from dpda.policy import TargetPrivacyPolicy
+
+    with pytest.raises(ValidationError, match="row_queries: dp"):
+        TargetPrivacyPolicy(disclosures="exact", row_queries="dp")
+    with pytest.raises(ValidationError, match="query_epsilon"):
+        TargetPrivacyPolicy(row_queries="dp", query_epsilon=9.0)
 
 
 class _Greedy(SourceHandlers):

@@ -112,3 +112,36 @@ def test_a_configured_row_clip_at_its_bounds_plans_drawable_noise() -> None:
                 assert all(MIN_GAUSSIAN_STD <= s < math.inf for s in used)
     with pytest.raises(ValidationError, match="row_clip"):
         TargetPrivacyPolicy(row_clip=1e-300)
+
+
+def test_row_queries_noise_is_the_plans_and_a_bad_clip_is_refused_before_any_draw() -> None:
+    """``noisy_rows``: rows clipped to C, then N(0, (σ_r·2C)²) per coordinate (on zero rows the
+    spread is the plan's std); the plan spends its ε; a clip of 0, 1e-300, inf or NaN is a
+    ``ValueError`` from ``query_noise_std`` (what the target checks before its charge)."""
+    plan = T.plan_row_queries(4.0, 1e-5)
+    assert spend_of(plan.events(), 1e-5) == pytest.approx(4.0, rel=1e-3)
+    clip = 0.7
+    noise = T.noisy_rows(np.zeros((20000, 3)), clip, plan, np.random.default_rng(0))
+    assert np.std(noise) == pytest.approx(plan.noise_multiplier * 2 * clip, rel=0.02)
+    far = T.noisy_rows(np.array([[1e6, 0.0]]), clip, plan, np.random.default_rng(1))
+    near = T.noisy_rows(np.array([[clip, 0.0]]), clip, plan, np.random.default_rng(1))
+    assert np.allclose(far, near)  # the row was clipped to C before the noise
+    for bad in (0.0, 1e-300, math.inf, math.nan, -1.0):
+        with pytest.raises(ValueError, match="clip_norm"):
+            T.query_noise_std(plan, bad)
+
+
+def test_synthetic_points_follow_the_released_variances() -> None:
+    v = np.array([4.0, 1.0, 0.0])
+    pts = T.synthetic_points(v, 20000, np.random.default_rng(0))
+    assert np.allclose(np.var(pts, axis=0), v, atol=0.1)
+    d = T.disclose(
+        two_domains()[1].x,
+        "raw",
+        "zscore",
+        4,
+        T.plan_disclosure(4.0, 1e-4, 40, "raw", 15.0),
+        np.random.default_rng(0),
+    )
+    assert d.variances.shape == (4,) and np.all(d.variances >= 0)
+    assert d.clip_norm == pytest.approx(math.sqrt(max(float(d.variances.sum()), 1e-12)))
