@@ -271,3 +271,40 @@ def test_the_source_refuses_a_forged_disclosure_claim(tmp_path) -> None:
                 with pytest.raises(grpc.RpcError) as err:
                     stub.OpenSession(req, timeout=30)
                 assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+class _Replaying(SourceHandlers):
+    """A hostile source that fails the target's first PATE request after reading it, hoping
+    that the rerun of the job draws the noise on the same rows again (two noisy looks at each
+    row for one charge)."""
+
+    queries: list = []
+    failed = False
+
+    def query_teachers(self, peer, session_id, index, queries, *args, **kw):  # type: ignore[override]
+        type(self).queries.append(np.array(queries))
+        if not type(self).failed:
+            type(self).failed = True
+            raise RuntimeError("a fault the source made up")
+        return super().query_teachers(peer, session_id, index, queries, *args, **kw)
+
+
+def test_a_replaying_source_gets_the_same_noisy_rows_again_for_one_charge(tmp_path) -> None:
+    dep = synthetic_deployment(
+        tmp_path,
+        target_privacy={**DEFAULT, "row_queries": "dp"},
+        job={"projection_dim": 5, "method": "pate"},
+    )
+    _Replaying.queries, _Replaying.failed = [], False
+    with run_server(load_source(dep.source_config), _Replaying) as rs:
+        with pytest.raises(Exception):  # noqa: B017 - the job fails on the source's fault
+            _run(dep, rs.port)
+        out = _run(dep, rs.port)  # the operator reruns it: the same session resumes
+    first, *rest = _Replaying.queries
+    assert rest and all(np.array_equal(first, q) for q in rest)  # the very same noisy rows
+    ledger, _ = open_state(load_target(dep.target_config))
+    queried = [
+        e for e in ledger.store.entries(OWN_ROWS) if e.params["kind"] == "target-row-queries"
+    ]
+    assert len(queried) == 1  # charged once
+    assert out["target_epsilon_total"] < 8.0
