@@ -66,3 +66,17 @@ def test_sinkhorn_synthetic_report_shows_synthetic_points_beside_the_target() ->
     svg = page[page.index("synthetic points (projected space") :]
     assert svg.count("<path d=") >= res.source_points.shape[0]  # a cross per point
     assert "synthetic_2d" not in figures_of(res, view, 4.0, "prototypes")
+
+
+def test_the_report_states_both_parties_epsilon() -> None:
+    """Issue 19: the job's page says what the source spent on its records and the target on its
+    own rows, or that the target's statistics went out exactly."""
+    from dpda.target_party.report import render
+
+    figs = {"batch_spend": [3.0], "budget": 4.0}
+    dp = render({"epsilon_spent": 3.0, "delta": 1e-5, "target_epsilon_spent": 4.0,
+                 "target_epsilon_total": 6.08}, figs)  # fmt: skip
+    assert "the source 3.0000 on its records" in dp
+    assert "the target 4.0000 on its own rows (6.0800 over every job" in dp
+    exact = render({"epsilon_spent": 3.0, "delta": 1e-5, "target_epsilon_spent": None}, figs)
+    assert "disclosed its statistics exactly" in exact and "on its own rows" not in exact
