@@ -147,7 +147,10 @@ def simulate(
     ``target_epsilon``: the target's scaling and basis are released under its own DP
     (``dpda.dp.target_disclosure``) at δ = ``target_delta`` (default 1/(10·nt)).
     ``target_row_queries``: what PATE sends about the target's rows (``RowQueries``); ``dp``
-    (needs ``target_epsilon``) adds ``target_query_epsilon`` to the target's spend.
+    (needs ``target_epsilon``) adds ``target_query_epsilon`` to the target's spend. The methods
+    are alternatives, each its own session at the same ε: each PATE method draws its own noise on
+    the same rows, and ``target_epsilon_spent`` is what one of them spends (as ``epsilon_spent``
+    is for the source).
     """
     privacy = None
     t_spent = None

@@ -8,9 +8,11 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 from dp_accounting import dp_event
@@ -30,7 +32,7 @@ from dpda.dp.target_disclosure import (
     plan_row_queries,
     query_noise_std,
 )
-from dpda.errors import ConfigError
+from dpda.errors import ConfigError, LedgerCorrupt
 from dpda.protocol import payload_digest
 from dpda.service import signing
 from dpda.service.audit import AuditLog
@@ -104,30 +106,75 @@ def check_row_queries(cfg: TargetConfig, terms: SessionTerms) -> None:
         )
 
 
+def _own_release(
+    cfg: TargetConfig,
+    ledger: PrivacyLedger,
+    rid: str,
+    stored: Path,
+    charge: Callable[[], LedgerEntry],
+    draw: Callable[[], dict[str, np.ndarray]],
+    digest_of: Callable[[dict[str, np.ndarray]], str],
+) -> tuple[dict[str, np.ndarray], LedgerEntry]:
+    """One release of the target's own rows (its statistics, its PATE queries): charged once
+    (``charge``, before anything is drawn), drawn once, kept. The arrays are stored (fsynced)
+    before the entry is signed over them, and nothing is sent before it is signed; so a stored
+    copy is what was (or will be) sent, and a signed entry without one means the copy was lost
+    after a send: refused, since a new draw would be a second look at the same rows for one
+    charge."""
+    entry = next((e for e in ledger.store.entries(OWN_ROWS) if e.request_id == rid), None)
+    if entry is not None and stored.is_file():
+        with np.load(stored) as z:
+            arrays = {name: np.asarray(z[name]) for name in z.files}
+        if entry.payload_sha256 and digest_of(arrays) != entry.payload_sha256:
+            raise LedgerCorrupt(f"{stored}: differs from what the own ledger entry {rid} signed")
+    elif entry is not None and entry.payload_sha256:
+        raise LedgerCorrupt(
+            f"{rid}: released before, and its stored copy {stored} is lost; drawing again would "
+            "disclose the same rows twice for one charge (restore the file, or start a new job)"
+        )
+    else:
+        entry = entry or charge()
+        arrays = draw()  # only after the charge is durable; nothing was sent before
+        with open(stored, "wb") as f:
+            np.savez(f, **cast(dict[str, Any], arrays))
+            f.flush()
+            os.fsync(f.fileno())
+    if not entry.payload_sha256:
+        digest = digest_of(arrays)
+        signed = LedgerEntry(**{**entry.__dict__, "payload_sha256": digest})
+        key = signing.load_private(cfg.signing_key)
+        ledger.store.update_signatures(
+            OWN_ROWS, entry.seq, digest, "", signing.sign(key, signed.signed_message())
+        )
+        entry = ledger.store.entries(OWN_ROWS)[entry.seq]
+    return arrays, entry
+
+
 def row_queries(
-    cfg: TargetConfig, ledger: PrivacyLedger, own: Disclosure | None, n_rows: int
+    cfg: TargetConfig,
+    ledger: PrivacyLedger,
+    own: Disclosure | None,
+    n_rows: int,
+    n_queries: int = 0,
 ) -> RowQueries:
     """What PATE sends under ``[privacy] row_queries``. ``dp``: before the noisy rows of a
     session leave, the target charges its own ledger (``own-rows``, request id
-    ``row-queries/<session>``), draws, stores and signs them; a rerun of the session sends the
-    stored rows again, uncharged. ``synthetic``: a zero-ε entry records that points drawn from
-    the released statistics left (post-processing)."""
+    ``row-queries/<session>``), draws, stores and signs them (``_own_release``); a resumed
+    session sends the stored rows again, uncharged (a session resumes only under the same
+    policy: ``GrpcReleaseSource``). ``synthetic``: a zero-ε entry records that points drawn from
+    released or public values left (post-processing)."""
     pol = cfg.privacy
     if pol.row_queries == "exact":
         return RowQueries("exact")
     delta = own_delta(cfg, n_rows)
     ledger.budgets.setdefault(OWN_ROWS, Budget(pol.epsilon_cap, delta))
-    key = signing.load_private(cfg.signing_key)
 
     def record(sid: str, events: list, params: dict[str, Any], draw: Callable[[], np.ndarray]):
         rid = f"row-queries/{sid}"
-        stored = cfg.state_dir / f"row-queries-{hashlib.sha256(sid.encode()).hexdigest()[:32]}.npz"
-        entry = next((e for e in ledger.store.entries(OWN_ROWS) if e.request_id == rid), None)
-        if entry is not None and stored.is_file():
-            with np.load(stored) as z:
-                return np.asarray(z["queries"])
-        if entry is None:
-            entry = ledger.charge(
+        meta = {**params, "kind": "target-row-queries", "row_queries": pol.row_queries}
+
+        def charge() -> LedgerEntry:
+            return ledger.charge(
                 dataset=OWN_ROWS,
                 events=events,
                 session=sid,
@@ -135,16 +182,27 @@ def row_queries(
                 request_id=rid,
                 privacy_unit="record",
                 neighbouring="replace-one",
-                params={**params, "kind": "target-row-queries", "delta": delta},
+                params={**meta, "delta": delta},
             )
-        sent = draw()  # only after the charge is durable; nothing was sent before
-        np.savez(stored, queries=sent)
-        digest = payload_digest(np.ascontiguousarray(sent, dtype="<f8").tobytes())
-        signed = LedgerEntry(**{**entry.__dict__, "payload_sha256": digest})
-        ledger.store.update_signatures(
-            OWN_ROWS, entry.seq, digest, "", signing.sign(key, signed.signed_message())
+
+        # the session id is the source's: hashed, never a path
+        name = f"row-queries-{hashlib.sha256(sid.encode()).hexdigest()[:32]}.npz"
+        arrays, entry = _own_release(
+            cfg,
+            ledger,
+            rid,
+            cfg.state_dir / name,
+            charge,
+            lambda: {"queries": draw()},
+            lambda a: payload_digest(np.ascontiguousarray(a["queries"], dtype="<f8").tobytes()),
         )
-        return sent
+        if entry.params.get("row_queries") != pol.row_queries:
+            raise ConfigError(
+                f"privacy.row_queries: session {sid} already sent "
+                f"{entry.params.get('row_queries')!r} queries; it does not resume as "
+                f"{pol.row_queries!r}"
+            )
+        return arrays["queries"]
 
     if pol.row_queries == "synthetic":
         return RowQueries(
@@ -161,6 +219,8 @@ def row_queries(
     if own is None:  # the policy's validator makes dp need dp disclosures
         raise ConfigError("privacy.row_queries: dp needs disclosures = dp")
     plan = plan_row_queries(pol.query_epsilon, delta)
+    if n_queries > 0:  # refused here, before the source has released (and charged) anything
+        ledger.check(OWN_ROWS, plan.events())
 
     def protect(sid: str, rows: np.ndarray, clip: float) -> np.ndarray:
         try:
@@ -193,6 +253,43 @@ def disclosure_digest(d: Disclosure) -> str:
 def own_disclosure(
     cfg: TargetConfig, table: Table, terms: SessionTerms, ledger: PrivacyLedger
 ) -> tuple[Disclosure, LedgerEntry] | None:
+    """(See ``_disclose``.) First, when the job's PATE queries will be charged too (``row_queries
+    = "dp"``), both charges must fit the target's cap: checked before either is made."""
+    pol = cfg.privacy
+    if pol.disclosures == "dp" and pol.row_queries == "dp" and terms.pate_queries > 0:
+        delta = own_delta(cfg, table.x.shape[0])
+        ledger.budgets[OWN_ROWS] = Budget(pol.epsilon_cap, delta)
+        known = {e.request_id for e in ledger.store.entries(OWN_ROWS)}
+        if _disclosure_id(cfg, table, terms) not in known:
+            events = _disclosure_plan(cfg, table, terms, delta).events()
+            ledger.check(OWN_ROWS, [*events, *plan_row_queries(pol.query_epsilon, delta).events()])
+    return _disclose(cfg, table, terms, ledger)
+
+
+def _disclosure_id(cfg: TargetConfig, table: Table, terms: SessionTerms) -> str:
+    n, k = table.x.shape
+    key = json.dumps([terms.model_dump_json(), cfg.privacy.model_dump_json(), table.where, n, k])
+    return "disclosure/" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _disclosure_plan(cfg: TargetConfig, table: Table, terms: SessionTerms, delta: float):
+    pol = cfg.privacy
+    try:
+        return plan_disclosure(
+            pol.epsilon,
+            delta,
+            table.x.shape[1],
+            cfg.job.representation,
+            pol.row_clip,
+            with_basis=terms.projection == "target-pca",
+        )
+    except ValueError as exc:
+        raise ConfigError(f"privacy.{exc}") from None
+
+
+def _disclose(
+    cfg: TargetConfig, table: Table, terms: SessionTerms, ledger: PrivacyLedger
+) -> tuple[Disclosure, LedgerEntry] | None:
     """Under the default ``[privacy]`` (``disclosures = "dp"``): the target's scaling, basis
     and clip norm under its own DP, charged to its own ledger (``own-rows``: every job's
     disclosures of these rows compose against ``epsilon_cap``) before anything is computed or
@@ -204,29 +301,12 @@ def own_disclosure(
     n, k = table.x.shape
     delta = own_delta(cfg, n)
     ledger.budgets[OWN_ROWS] = Budget(pol.epsilon_cap, delta)
-    try:
-        plan = plan_disclosure(
-            pol.epsilon,
-            delta,
-            k,
-            cfg.job.representation,
-            pol.row_clip,
-            with_basis=terms.projection == "target-pca",
-        )
-    except ValueError as exc:
-        raise ConfigError(f"privacy.{exc}") from None
-    key = json.dumps([terms.model_dump_json(), pol.model_dump_json(), table.where, n, k])
-    rid = "disclosure/" + hashlib.sha256(key.encode()).hexdigest()[:32]
-    stored = cfg.state_dir / f"{rid.replace('/', '-')}.npz"
-    entry = next((e for e in ledger.store.entries(OWN_ROWS) if e.request_id == rid), None)
-    if entry is not None and stored.is_file():
-        with np.load(stored) as z:
-            var = z["variances"] if "variances" in z else np.zeros(0)
-            d = Disclosure(Scaling(z["mean"], z["std"]), z["basis"], float(z["clip"]), plan, var)
-        return d, entry
-    if entry is None:
+    plan = _disclosure_plan(cfg, table, terms, delta)
+    rid = _disclosure_id(cfg, table, terms)
+
+    def charge() -> LedgerEntry:
         events = plan.events()
-        entry = ledger.charge(
+        return ledger.charge(
             dataset=OWN_ROWS,
             events=events,
             session="",
@@ -246,24 +326,22 @@ def own_disclosure(
                 "n_rows": n,
             },
         )
-    # drawn only after the charge is durable; nothing was sent before (a crash here redraws)
-    ell = min(terms.projection_dim, n, k)  # as session_terms lowers it
-    d = disclose(table.x, cfg.job.representation, cfg.job.scaling, ell, plan, secure_rng())
-    np.savez(
-        stored,
-        mean=d.scaling.mean,
-        std=d.scaling.std,
-        basis=d.basis,
-        clip=d.clip_norm,
-        variances=d.variances,
+
+    def draw() -> dict[str, np.ndarray]:
+        ell = min(terms.projection_dim, n, k)  # as session_terms lowers it
+        d = disclose(table.x, cfg.job.representation, cfg.job.scaling, ell, plan, secure_rng())
+        return {"mean": d.scaling.mean, "std": d.scaling.std, "basis": d.basis,
+                "clip": np.array(d.clip_norm), "variances": d.variances}  # fmt: skip
+
+    def of(a: dict[str, np.ndarray]) -> Disclosure:
+        var = a["variances"] if "variances" in a else np.zeros(0)
+        return Disclosure(Scaling(a["mean"], a["std"]), a["basis"], float(a["clip"]), plan, var)
+
+    stored = cfg.state_dir / f"{rid.replace('/', '-')}.npz"
+    arrays, entry = _own_release(
+        cfg, ledger, rid, stored, charge, draw, lambda a: disclosure_digest(of(a))
     )
-    key_ = signing.load_private(cfg.signing_key)
-    digest = disclosure_digest(d)
-    signed = LedgerEntry(**{**entry.__dict__, "payload_sha256": digest})
-    ledger.store.update_signatures(
-        OWN_ROWS, entry.seq, digest, "", signing.sign(key_, signed.signed_message())
-    )
-    return d, ledger.store.entries(OWN_ROWS)[entry.seq]
+    return of(arrays), entry
 
 
 def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
@@ -303,6 +381,8 @@ def run_job(
         seed=seed,
         select=cfg.job.select,
     )
+    # before the source is asked anything: PATE's queries fit the target's own budget
+    rq = row_queries(cfg, ledger, own[0] if own else None, table.x.shape[0], terms.pate_queries)
     source = GrpcReleaseSource(cfg, ledger, audit)
     source.target_claim = own[1].to_json() if own else ""
     try:
@@ -312,7 +392,6 @@ def run_job(
         raise
     t0 = time.perf_counter()
     try:
-        rq = row_queries(cfg, ledger, own[0] if own else None, table.x.shape[0])
         res = run_dpda(source, view, terms, acfg, source.spent, progress, rq)
         # the job ends with its results in hand and every charge checked and countersigned
         # (``spent`` settled them); tearing the channel down after it is not job time

@@ -407,9 +407,15 @@ class GrpcReleaseSource:
 
     # -------------------------------------------------------------------------- sessions
     def _saved_session(self, terms: SessionTerms) -> str:
+        """The session to resume: the saved one, if it ran under the same terms and the same
+        target ``[privacy]`` policy (a session's queries are in one form only: a policy changed
+        between a failure and the rerun opens a new session)."""
         if self.job_file.is_file():
             saved = json.loads(self.job_file.read_text())
-            if saved.get("terms") == terms.model_dump_json():
+            if (
+                saved.get("terms") == terms.model_dump_json()
+                and saved.get("privacy", "") == self.cfg.privacy.model_dump_json()
+            ):
                 return str(saved["session_id"])
         return ""
 
@@ -461,7 +467,13 @@ class GrpcReleaseSource:
         )
         self._sessions[info.session_id] = (terms, info)
         self.job_file.write_text(
-            json.dumps({"session_id": info.session_id, "terms": terms.model_dump_json()})
+            json.dumps(
+                {
+                    "session_id": info.session_id,
+                    "terms": terms.model_dump_json(),
+                    "privacy": self.cfg.privacy.model_dump_json(),
+                }
+            )
         )
         return info
 

@@ -66,9 +66,9 @@ class RowQueries:
     """What PATE may send about the target's rows: its ``[privacy] row_queries`` (issue 19).
 
     - ``exact``: the chosen rows, projected (or their plan images), as computed (the opt-in);
-    - ``dp``: rows drawn uniformly at random, clipped and noised by ``protect`` (session id,
-      rows, clip norm) → the rows to send; the target's app charges its own ledger there first
-      (``dpda.dp.target_disclosure.noisy_rows``);
+    - ``dp``: a random subset of rows drawn from the job's seed (never from the data), clipped
+      and noised by ``protect`` (session id, rows, clip norm) → the rows to send; the target's
+      app charges its own ledger there first (``dpda.dp.target_disclosure.noisy_rows``);
     - ``synthetic``: ``pate_queries`` points drawn from N(0, diag(``variances``)) in the
       projected space (released statistics only); the teachers label them, a student trained
       on them labels the target's rows locally.
@@ -449,15 +449,14 @@ def _release_all(
 
 
 def _query_variances(s: _Session, rq: RowQueries) -> np.ndarray:
-    """The variances of the projected target rows along each direction, for synthetic queries:
-    the DP ones of the disclosure; under DP with no basis (JL), the unit variance of the scaled
-    columns through the public projection; the exact ones only under the exact opt-in."""
+    """The variances of the projected target rows along each direction, for synthetic queries,
+    from released or public values only: the DP ones of the disclosure; else (a JL projection,
+    or exact disclosures, which do not send the eigenvalues) the unit variance of the scaled
+    columns through the public projection."""
     ell = s.xt_proj.shape[1]
     if rq.variances is not None and rq.variances.size >= ell:
         return np.asarray(rq.variances[:ell])
-    if s.view.disclosure is not None:
-        return np.asarray(np.sum(s.info.projection**2, axis=0))
-    return np.asarray(np.var(s.xt_proj, axis=0))
+    return np.asarray(np.sum(s.info.projection**2, axis=0))
 
 
 def _pate_labels(s: _Session, idx: np.ndarray, rq: RowQueries, seed: int) -> np.ndarray:

@@ -31,15 +31,17 @@ The whole map, in the target's per-row representation (``per_row``, a per-row fu
 
 PATE queries under the target's policy (``[privacy] row_queries``), after the disclosure:
 
-- ``"dp"``: m target rows drawn uniformly at random (an index draw that never looks at the
-  data), each projected row (the session's basis and scaling: released values) clipped to the
-  session's clip norm C (itself released under DP above; a public value of the terms otherwise)
-  and sent with N(0, (σ_r·2C)²) per coordinate. Replacing one target row moves at most one query,
-  the replaced row's if it was drawn, by at most 2C: one Gaussian mechanism of multiplier σ_r
-  on the concatenated queries, whatever m (``RowQueryPlan``), composed in the target's ledger
-  with the disclosure it is conditioned on (adaptive composition).
+- ``"dp"``: m target rows, a random subset drawn from the job's seed (an index draw that never
+  looks at the data; the same subset for every session of the job), each projected row (the
+  session's basis and scaling: released values) clipped to the session's clip norm C (itself
+  released under DP above; a public value of the terms otherwise) and sent with N(0, (σ_r·2C)²)
+  per coordinate. Replacing one target row moves at most one query, the replaced row's if it
+  was drawn, by at most 2C: one Gaussian mechanism of multiplier σ_r on the concatenated
+  queries, whatever m (``RowQueryPlan``), composed in the target's ledger with the disclosure
+  it is conditioned on (adaptive composition).
 - ``"synthetic"``: m points drawn from N(0, diag(v)) in the projected coordinates, v the DP
-  variances of step 7: a function of released values only, no further charge.
+  variances of step 7 (or, with no DP basis, the public ‖column‖² of the projection): a function
+  of released or public values only, no further charge.
 
 The three Gaussians are charged as ``Gaussian(σ_s), Gaussian(σ_q), Gaussian(σ_c)``; composed they
 are exactly one Gaussian of multiplier ``(Σ σ⁻²)^(-1/2)`` (the ledger merges them). The shares
@@ -148,7 +150,13 @@ class Disclosure:
 
 
 def _clip(x: np.ndarray, c: float) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    """Rows clipped to L2 norm ``c``; a row with a non-finite entry (or whose norm overflows)
+    becomes the zero row first, so that nothing non-finite reaches the noise (DESIGN §2a)."""
+    x = np.where(np.isfinite(x).all(axis=1, keepdims=True), x, 0.0)
+    with np.errstate(over="ignore"):
+        norms = np.linalg.norm(x, axis=1, keepdims=True)
+    x = np.where(np.isfinite(norms), x, 0.0)
+    norms = np.where(np.isfinite(norms), norms, 0.0)
     return np.asarray(x * np.minimum(1.0, c / np.maximum(norms, 1e-300)))
 
 

@@ -106,7 +106,8 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
                 if abs(spent - e.spend_after) > 1e-9:
                     problems.append(f"{ds} entry {e.seq}: spend_after differs from recomputation")
             msg = e.signed_message()
-            own = e.params.get("kind") == "target-disclosure"  # the target's own release
+            # the target's own releases (its statistics, its PATE queries): no source signs them
+            own = e.params.get("kind") in ("target-disclosure", "target-row-queries")
             if e.payload_sha256 and not e.source_sig and not own:
                 warnings.append(f"{ds} entry {e.seq}: not yet signed by the source")
             for role, sig in (("source", e.source_sig), ("target", e.target_sig)):

@@ -14,7 +14,7 @@ import pytest
 from dpda.data.preprocessing import Scaling, per_row
 from dpda.data.synthetic import two_domains
 from dpda.deployment import dpda_command, set_source_address
-from dpda.errors import ConfigError, PeerMisbehaved
+from dpda.errors import BudgetExceeded, ConfigError, LedgerCorrupt, PeerMisbehaved
 from dpda.service import signing
 from dpda.service.config import load_source, load_target
 from dpda.source_party.app import run_server
@@ -169,8 +169,13 @@ def test_pate_sends_target_rows_only_under_the_exact_opt_in(tmp_path, method, ro
     total = out["target_epsilon_total"]  # the own ledger's composed ε after the job
     assert out["target_row_queries"] == row_queries
     assert out["target_epsilon_spent"] == pytest.approx(total)  # one job: all of it
-    if row_queries == "dp":
-        assert 4.0 < total < 8.0  # the two Gaussians compose below the sum, under the cap
+    if row_queries == "dp":  # the disclosure's and the queries' Gaussians, composed
+        from dpda.dp.events import event_from_json
+        from dpda.dp.ledger import spend_of
+
+        events = [event_from_json(e.dp_event) for e in own]
+        assert total == pytest.approx(spend_of(events, own[0].params["delta"]), rel=1e-9)
+        assert 4.0 < total < 4.0 + q.params["epsilon"]
     else:
         assert total == pytest.approx(4.0, rel=1e-6)
     rep_json = tmp_path / "report.json"
@@ -307,4 +312,30 @@ def test_a_replaying_source_gets_the_same_noisy_rows_again_for_one_charge(tmp_pa
         e for e in ledger.store.entries(OWN_ROWS) if e.params["kind"] == "target-row-queries"
     ]
     assert len(queried) == 1  # charged once
-    assert out["target_epsilon_total"] < 8.0
+    assert out["target_row_queries"] == "dp"
+
+
+def test_pate_queries_beyond_the_targets_cap_are_refused_before_the_source_charges(tmp_path):
+    dep = synthetic_deployment(
+        tmp_path,
+        target_privacy={**DEFAULT, "row_queries": "dp", "query_epsilon": 8.0},
+        job={"projection_dim": 5, "method": "dpda+pate"},
+    )
+    with run_server(load_source(dep.source_config)) as rs:
+        with pytest.raises(BudgetExceeded):
+            _run(dep, rs.port)
+        assert rs.handlers.ledger.store.entries("synthetic") == []  # nothing was released
+    ledger, _ = open_state(load_target(dep.target_config))
+    assert ledger.store.entries(OWN_ROWS) == []  # both checked before either charge (4 + 8 > 8)
+
+
+def test_a_lost_copy_of_a_sent_disclosure_is_refused_not_redrawn(tmp_path) -> None:
+    dep = synthetic_deployment(tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5})
+    with run_server(load_source(dep.source_config)) as rs:
+        _run(dep, rs.port)
+        (stored,) = dep.target_state.glob("disclosure-*.npz")
+        stored.unlink()
+        with pytest.raises(LedgerCorrupt, match="stored copy"):
+            _run(dep, rs.port)
+    ledger, _ = open_state(load_target(dep.target_config))
+    assert len(ledger.store.entries(OWN_ROWS)) == 1  # no new charge, no new draw

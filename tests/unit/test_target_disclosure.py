@@ -145,3 +145,27 @@ def test_synthetic_points_follow_the_released_variances() -> None:
     )
     assert d.variances.shape == (4,) and np.all(d.variances >= 0)
     assert d.clip_norm == pytest.approx(math.sqrt(max(float(d.variances.sum()), 1e-12)))
+
+
+def test_dp_row_queries_never_choose_rows_by_the_data(monkeypatch) -> None:
+    """Under ``row_queries = "dp"`` DPDA+PATE must not pick its rows with the plan (a choice that
+    depends on every target row would break the 2C sensitivity); the exact opt-in does, so the
+    trap below is live."""
+    import dpda.target_party.pipeline as P
+    from dpda.simulation import simulate
+    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.terms import SessionTerms
+
+    def trap(*_a: object, **_k: object) -> None:
+        raise AssertionError("rows chosen by the plan")
+
+    monkeypatch.setattr(P, "select_rows", trap)
+    src, tgt = two_domains()
+    terms = SessionTerms(dataset="synthetic", epsilon=4.0, delta=1e-4, projection_dim=6)
+    kw = dict(baselines=False, methods=("dpda+pate",), pate_queries=30, target_epsilon=4.0,
+              target_row_clip=15.0)  # fmt: skip
+    out = simulate(src, tgt, terms, "raw", AdaptConfig(), 1, target_row_queries="dp", **kw)
+    assert out.runs["dpda+pate"].pate_queries == 30
+    assert out.target_epsilon_spent is not None and out.target_epsilon_spent > 4.0
+    with pytest.raises(AssertionError, match="chosen by the plan"):
+        simulate(src, tgt, terms, "raw", AdaptConfig(), 1, target_row_queries="exact", **kw)
