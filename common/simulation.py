@@ -20,6 +20,7 @@ from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import sinkhorn_group_lasso, uniform
 from dpda.policy import PrivacyPolicy
 from dpda.source_party.releases import SourceReleaser, prepare_features
+from dpda.target_party.compute import Compute
 from dpda.target_party.pipeline import AdaptConfig, DPDAResult, TargetView, run_dpda, target_view
 from dpda.target_party.training import accuracy, fit_predict
 from dpda.terms import METHODS, PATE_SHARE, SessionTerms, method_terms
@@ -124,6 +125,7 @@ def simulate(
     target_epsilon: float | None = None,
     target_delta: float | None = None,
     target_row_clip: float | None = None,
+    compute: Compute | None = None,
 ) -> SimulationOutcome:
     """Each method runs as its own session on a fresh ledger at the same total ε.
 
@@ -132,6 +134,7 @@ def simulate(
     floors, bounds). A fixed ``seed`` is recorded in every ledger entry as an insecure seed.
     ``target_epsilon``: the target's scaling and basis are released under its own DP
     (``dpda.dp.target_disclosure``) at δ = ``target_delta`` (default 1/(10·nt)).
+    ``compute``: where the per-batch fits run (``dpda.target_party.compute``; default here).
     """
     privacy = None
     t_spent = None
@@ -173,7 +176,9 @@ def simulate(
             public=public,
             insecure_seed=seed is not None,
         )
-        runs[method] = run_dpda(releaser, view, t, cfg, partial(ledger.spent, t.dataset), progress)
+        runs[method] = run_dpda(
+            releaser, view, t, cfg, partial(ledger.spent, t.dataset), progress, compute
+        )
         ledgers[method] = store.entries(t.dataset)
     preds: dict[str, np.ndarray] = {}
     if baselines:
