@@ -237,3 +237,23 @@ def test_dask_batches_split_to_fit_a_worker(data, one_worker):
     assert a.releases == list(range(STEPS))
     assert not np.array_equal(a.result.mapped, one_worker.result.mapped)
 
+
+def test_dask_bench_scale_writes_its_rows(tmp_path):
+    """``dpda bench scale`` on a tiny shape: one row per worker count with the contract's keys,
+    the same batches and accuracy on 1 and 2 workers (fits independent of the worker count)."""
+    import json
+
+    from dpda.cli.main import main
+
+    out = tmp_path / "scale.json"
+    args = ["--n-source", "2000", "--n-target", "1000", "--dim", "16", "--batch-size", "200"]
+    assert main(["bench", "scale", *args, "--steps", "3", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["complete"] is True
+    rows = got["rows"]
+    assert [r["workers"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["seconds"] > 0 and r["batches"] == 3 and r["fit_tasks"] == 3
+        assert 0 < r["per_batch_seconds"] <= r["seconds"]
+    assert rows[0]["accuracy"] == rows[1]["accuracy"]
+    assert rows[0]["efficiency"] == 1.0 and rows[1]["efficiency"] > 0
