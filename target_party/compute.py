@@ -175,7 +175,7 @@ def open_compute(spec: ComputeSpec) -> Iterator[Compute]:
             threads_per_worker=spec.threads_per_worker,
             processes=True,
             memory_limit=spec.memory_per_worker if spec.memory_per_worker else "auto",
-            dashboard_address=None,
+            dashboard_address=":0",  # any free port: 8787 may be taken (no warning)
             env=blas_env(spec.threads_per_worker),
         )
         try:
