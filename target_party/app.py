@@ -221,6 +221,7 @@ def run_job(
             # the job ends with its results in hand and every charge checked and countersigned
             # (``spent`` settled them); tearing the channel (and cluster) down is not job time
             job_seconds = time.perf_counter() - t0
+            where = compute.describe()
     finally:
         source.close()
     model = save_model(
@@ -237,6 +238,7 @@ def run_job(
         "epsilon_job": spend_of([event_from_json(e.dp_event) for e in mine], terms.delta),
         "epsilon_dataset_total": res.epsilon_spent,
         "job_seconds": job_seconds,
+        "compute": where,  # where the per-batch fits ran ([compute])
         "method": cfg.job.method,
         "predictions": str(preds),
         "model": str(model),

@@ -257,3 +257,47 @@ def test_dask_bench_scale_writes_its_rows(tmp_path):
         assert 0 < r["per_batch_seconds"] <= r["seconds"]
     assert rows[0]["accuracy"] == rows[1]["accuracy"]
     assert rows[0]["efficiency"] == 1.0 and rows[1]["efficiency"] > 0
+
+
+def test_dask_service_job_equals_simulate_on_dask(tmp_path):
+    """The real pair of daemons (mTLS, SQLite ledgers, countersignatures) with the target's
+    ``[compute]`` on a 2-worker LocalCluster gives the predictions of ``dpda simulate`` with its
+    fits on a 1-worker LocalCluster (λ selection on: the grid's re-fits run on Dask too), with
+    one ledger entry per release on both sides."""
+    import hashlib
+
+    from dpda.deployment import set_source_address
+    from dpda.service.config import load_source, load_target
+    from dpda.simulation import simulate
+    from dpda.source_party.app import run_server
+    from dpda.target_party.app import open_state, run
+
+    from .helpers import DELTA
+    from .helpers import synthetic_deployment as deployment
+
+    dep = deployment(tmp_path, seed=123, job={"batch_size": 150, "steps": 3}, attribute_unit=True)
+    with dep.target_config.open("a") as f:
+        f.write('\n[compute]\nscheduler = "local"\nworkers = 2\n')
+    with run_server(load_source(dep.source_config)) as rs:
+        set_source_address(dep, f"127.0.0.1:{rs.port}")
+        out = run(load_target(dep.target_config), progress=False)
+        source_entries = rs.handlers.ledger.store.entries("synthetic")
+    target_ledger, _ = open_state(load_target(dep.target_config))
+    assert len(source_entries) == len(target_ledger.store.entries("synthetic")) == 3
+    src, tgt = two_domains()
+    terms = SessionTerms(
+        dataset="synthetic",
+        epsilon=4.0,
+        delta=DELTA,
+        projection_dim=10,
+        batch_size=150,
+        steps=3,
+        noise_multiplier=0.0,
+        privacy_unit="attribute",
+    )
+    with open_compute(ComputeSpec("local", workers=1)) as compute:
+        sim = simulate(src, tgt, terms, "raw", AdaptConfig(), 123, baselines=False, compute=compute)
+    assert out["compute"].startswith("dask tcp://127.0.0.1:") and "(2 workers)" in out["compute"]
+    assert out["selection"]["method"] == "circular"
+    assert out["accuracy"] == sim.dpda.accuracy and out["w_tilde"] == sim.dpda.w_tilde
+    assert out["predictions_sha256"] == hashlib.sha256(sim.dpda.predictions.tobytes()).hexdigest()
