@@ -21,6 +21,7 @@ from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import sinkhorn_group_lasso, uniform
 from dpda.policy import PrivacyPolicy
 from dpda.source_party.releases import SourceReleaser, prepare_features
+from dpda.target_party.compute import Compute
 from dpda.target_party.pipeline import (
     AdaptConfig,
     DPDAResult,
@@ -138,6 +139,7 @@ def simulate(
     target_row_clip: float | None = None,
     target_row_queries: str = "exact",
     target_query_epsilon: float = 4.0,
+    compute: Compute | None = None,
 ) -> SimulationOutcome:
     """Each method runs as its own session on a fresh ledger at the same total ε.
 
@@ -151,6 +153,7 @@ def simulate(
     are alternatives, each its own session at the same ε: each PATE method draws its own noise on
     the same rows, and ``target_epsilon_spent`` is what one of them spends (as ``epsilon_spent``
     is for the source).
+    ``compute``: where the per-batch fits run (``dpda.target_party.compute``; default here).
     """
     privacy = None
     t_spent = None
@@ -210,7 +213,7 @@ def simulate(
             insecure_seed=seed is not None,
         )
         spent = partial(ledger.spent, t.dataset)
-        runs[method] = run_dpda(releaser, view, t, cfg, spent, progress, rq)
+        runs[method] = run_dpda(releaser, view, t, cfg, spent, progress, rq, compute)
         ledgers[method] = store.entries(t.dataset)
     preds: dict[str, np.ndarray] = {}
     if baselines:

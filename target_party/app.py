@@ -40,6 +40,7 @@ from dpda.service.config import TargetConfig
 from dpda.service.ledger_store import SqliteLedgerStore, connect
 from dpda.service.progress import Progress
 from dpda.target_party.client import GrpcReleaseSource
+from dpda.target_party.compute import open_compute, spec_of
 from dpda.target_party.pipeline import AdaptConfig, RowQueries, run_dpda, target_view
 from dpda.target_party.report import figures_of
 from dpda.target_party.training import model_pipeline, save_model
@@ -390,12 +391,15 @@ def run_job(
     except BaseException:
         source.close()
         raise
-    t0 = time.perf_counter()
     try:
-        res = run_dpda(source, view, terms, acfg, source.spent, progress, rq)
-        # the job ends with its results in hand and every charge checked and countersigned
-        # (``spent`` settled them); tearing the channel down after it is not job time
-        job_seconds = time.perf_counter() - t0
+        # [compute]: the fits on Dask workers; releases and ledger stay in this process
+        with open_compute(spec_of(cfg.compute)) as compute:
+            t0 = time.perf_counter()
+            res = run_dpda(source, view, terms, acfg, source.spent, progress, rq, compute)
+            # the job ends with its results in hand and every charge checked and countersigned
+            # (``spent`` settled them); tearing the channel (and cluster) down is not job time
+            job_seconds = time.perf_counter() - t0
+            where = compute.describe()
     finally:
         source.close()
     model = save_model(
@@ -412,6 +416,7 @@ def run_job(
         "epsilon_job": spend_of([event_from_json(e.dp_event) for e in mine], terms.delta),
         "epsilon_dataset_total": res.epsilon_spent,
         "job_seconds": job_seconds,
+        "compute": where,  # where the per-batch fits ran ([compute])
         "method": cfg.job.method,
         "predictions": str(preds),
         "model": str(model),

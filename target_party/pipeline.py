@@ -26,6 +26,7 @@ from dpda.ot.costs import dpot_cost, label_mask
 from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo, TargetDisclosure
+from dpda.target_party.compute import Compute, split_rows
 from dpda.target_party.selection import select
 from dpda.target_party.training import accuracy, fit_predict
 from dpda.terms import SessionTerms, synthetic_params
@@ -227,17 +228,6 @@ def fit_points(
     )
 
 
-def adapt_batch(
-    rel: BatchRelease, xt_proj: np.ndarray, view: TargetView, cfg: AdaptConfig, n_classes: int
-) -> BatchFit:
-    """One row release (Algorithm 2): labels from the noisy counts, uniform weights."""
-    n = rel.z.shape[0]
-    ys = counts_to_labels(rel.noisy_counts, n)
-    return fit_points(
-        rel.z, ys, uniform(n), rel.spec.features.noise_std, xt_proj, view, cfg, n_classes
-    )
-
-
 def aggregate_points(
     rel: BatchRelease,
     release: str,
@@ -284,22 +274,6 @@ def aggregate_points(
     labels = np.repeat(keep, sizes).astype(np.int64)
     x = np.vstack(pts)
     return x, labels, np.full(x.shape[0], 1.0 / x.shape[0])
-
-
-def adapt_aggregate(
-    rel: BatchRelease,
-    xt_proj: np.ndarray,
-    view: TargetView,
-    cfg: AdaptConfig,
-    n_classes: int,
-    release: str,
-    synthetic: SinkhornSyntheticParams | None = None,
-) -> BatchFit:
-    """One aggregate release: weighted prototypes or synthetic points per class."""
-    pts, ys, a = aggregate_points(
-        rel, release, n_classes, cfg.seed, cfg.synthetic_per_class, synthetic
-    )
-    return fit_points(pts, ys, a, 0.0, xt_proj, view, cfg, n_classes)
 
 
 def select_rows(class_mass: np.ndarray, k: int, how: str, seed: int) -> np.ndarray:
@@ -353,17 +327,119 @@ class _Session:
     info: SessionInfo
     xt_proj: np.ndarray
 
-    def fit(self, rel: BatchRelease, v: TargetView) -> BatchFit:
-        cfg, q, xt = self.cfg, self.info.n_classes, self.xt_proj
+    compute: Compute = field(default_factory=Compute)
+    # the handles of what the tasks share (the projected rows, each view), sent once
+    _shared: dict[int, tuple[object, Any]] = field(default_factory=dict, repr=False)
+
+    def _put(self, obj: object) -> Any:
+        got = self._shared.get(id(obj))
+        if got is None or got[0] is not obj:
+            got = (obj, self.compute.put(obj))
+            self._shared[id(obj)] = got
+        return got[1]
+
+    def submit(self, rel: BatchRelease, v: TargetView) -> _PendingFit:
+        """Start the fit of one release (a task per piece, ``split_rows``); the points come from
+        the release here, in the job's process; the plans are made where the tasks run."""
+        cfg, q = self.cfg, self.info.n_classes
         if self.terms.release != "rows":
             synthetic = synthetic_params(self.terms)
-            return adapt_aggregate(rel, xt, v, cfg, q, self.terms.release, synthetic)
-        if 0 < cfg.target_batch < v.x.shape[0]:
+            pts, ys, a = aggregate_points(
+                rel, self.terms.release, q, cfg.seed, cfg.synthetic_per_class, synthetic
+            )
+            noise_std = 0.0
+        else:
+            n = rel.z.shape[0]
+            pts, ys, a = rel.z, counts_to_labels(rel.noisy_counts, n), uniform(n)
+            noise_std = rel.spec.features.noise_std
+        rows: np.ndarray | None = None
+        m = v.x.shape[0]
+        if self.terms.release == "rows" and 0 < cfg.target_batch < m:
             rng = np.random.default_rng([cfg.seed, rel.index])
-            idx = np.sort(rng.choice(v.x.shape[0], cfg.target_batch, replace=False))
-            sub = TargetView(v.x[idx], v.scaling, None, v.known[idx])
-            return adapt_batch(rel, xt[idx], sub, cfg, q)
-        return adapt_batch(rel, xt, v, cfg, q)
+            rows = np.sort(rng.choice(m, cfg.target_batch, replace=False))
+            m = cfg.target_batch
+        xt, view = self._put(self.xt_proj), self._put(v)
+        spans = split_rows(pts.shape[0], m, self.compute.max_cells())
+        tasks = [
+            self.compute.submit(
+                fit_piece,
+                pts[i:j],
+                ys[i:j],
+                a if len(spans) == 1 else a[i:j] / a[i:j].sum(),
+                noise_std,
+                xt,
+                view,
+                cfg,
+                q,
+                rows,
+            )
+            for i, j in spans
+        ]
+        return _PendingFit(tasks, [float(a[i:j].sum()) for i, j in spans], a)
+
+    def collect(self, pending: list[_PendingFit]) -> list[BatchFit]:
+        """The fits of ``pending``, in order (waits for their tasks)."""
+        flat = self.compute.gather([t for p in pending for t in p.tasks])
+        out, k = [], 0
+        for p in pending:
+            out.append(combine(flat[k : k + len(p.tasks)], p.shares, p.weights))
+            k += len(p.tasks)
+        return out
+
+    def fit_all(self, rels: list[BatchRelease], v: TargetView) -> list[BatchFit]:
+        return self.collect([self.submit(r, v) for r in rels])
+
+    def fit(self, rel: BatchRelease, v: TargetView) -> BatchFit:
+        return self.fit_all([rel], v)[0]
+
+
+@dataclass(frozen=True)
+class _PendingFit:
+    tasks: list[Any]  # one per piece of the release's points
+    shares: list[float]  # each piece's share of the release's mass
+    weights: np.ndarray  # the release's point masses
+
+
+def fit_piece(
+    pts: np.ndarray,
+    ys: np.ndarray,
+    a: np.ndarray,
+    noise_std: float,
+    xt_proj: np.ndarray,
+    view: TargetView,
+    cfg: AdaptConfig,
+    n_classes: int,
+    rows: np.ndarray | None,
+) -> BatchFit:
+    """One task: ``fit_points`` onto the target's rows (``rows``: a subset of them). A pure
+    function of its arguments: the same result on any worker, in any order."""
+    if rows is not None:
+        view = TargetView(view.x[rows], view.scaling, None, view.known[rows])
+        xt_proj = xt_proj[rows]
+    return fit_points(pts, ys, a, noise_std, xt_proj, view, cfg, n_classes)
+
+
+def combine(pieces: list[BatchFit], shares: list[float], weights: np.ndarray) -> BatchFit:
+    """One release's fit from the fits of its pieces (contiguous spans of its points, each
+    transported with its mass normalized to 1): images and labels in order; class masses
+    weighted by each piece's share of the release's mass; each target row's back-mapped image
+    the mass-weighted mean of the pieces' (the exact barycentre of the pieces' plans put
+    together). One piece is returned as it is."""
+    if len(pieces) == 1:
+        return pieces[0]
+    col = [s * f.class_mass.sum(axis=0) for f, s in zip(pieces, shares, strict=True)]
+    total = np.maximum(np.sum(col, axis=0), 1e-300)[:, None]
+    back = sum(c[:, None] * f.back_mapped for c, f in zip(col, pieces, strict=True)) / total
+    return BatchFit(
+        mapped=np.vstack([f.mapped for f in pieces]),
+        labels=np.concatenate([f.labels for f in pieces]),
+        w_tilde=float(sum(s * f.w_tilde for f, s in zip(pieces, shares, strict=True))),
+        converged=all(f.converged for f in pieces),
+        class_mass=np.sum([s * f.class_mass for f, s in zip(pieces, shares, strict=True)], axis=0),
+        back_mapped=np.asarray(back),
+        points=np.vstack([f.points for f in pieces]),
+        weights=weights,
+    )
 
 
 def session_terms(
@@ -402,11 +478,16 @@ def session_terms(
 
 
 def _open(
-    source: ReleaseSource, view: TargetView, terms: SessionTerms, cfg: AdaptConfig
+    source: ReleaseSource,
+    view: TargetView,
+    terms: SessionTerms,
+    cfg: AdaptConfig,
+    compute: Compute | None = None,
 ) -> _Session:
     terms, basis = session_terms(view, terms, cfg)
     info = source.open_session(terms, TargetDisclosure(view.scaling, basis))
-    return _Session(source, view, terms, cfg, info, view.x @ info.projection)
+    xt_proj = view.x @ info.projection
+    return _Session(source, view, terms, cfg, info, xt_proj, compute or Compute())
 
 
 @dataclass
@@ -434,17 +515,20 @@ def _release_all(
 ) -> _Fitted:
     out = _Fitted()
     steps = s.info.plan.steps
+    pending: list[_PendingFit] = []
     for i in range(steps):
         t0 = time.perf_counter()
         rel = s.source.release(s.info.session_id, i)
         out.release_seconds += time.perf_counter() - t0
         out.releases.append(rel)
-        out.fits.append(s.fit(rel, s.view))
+        # in-process: fitted now; on Dask: a task, while this process asks for the next release
+        pending.append(s.submit(rel, s.view))
         out.counts.append([int(c) for c in rel.noisy_counts])
         if i + 1 < steps:  # the last one is read after training: its charge check and
             out.spend.append(spent())  # countersignature run meanwhile, in the background
         if progress:
             progress(i + 1, steps)
+    out.fits = s.collect(pending)
     return out
 
 
@@ -514,7 +598,7 @@ def _pate(s: _Session, done: _Fitted, by_method: dict[str, float | None], rq: Ro
     known[idx] = labels
     labeled = TargetView(view.x, view.scaling, view.labels, known, view.disclosure)
     if fits:
-        done.fits = [s.fit(r, labeled) for r in done.releases]
+        done.fits = s.fit_all(done.releases, labeled)
         done.train(labeled, cfg)
         by_method["dpda_pate"] = _acc(done.pred, view) if done.pred is not None else None
     elif idx.size:
@@ -530,6 +614,7 @@ def run_dpda(
     spent: Callable[[], float],
     progress: Callable[[int, int], None] | None = None,
     row_queries: RowQueries | None = None,
+    compute: Compute | None = None,
 ) -> DPDAResult:
     """Run one job against ``source``; ``spent()`` reads ε from the target's ledger;
     ``row_queries``: what PATE may send about the target's rows.
@@ -541,7 +626,7 @@ def run_dpda(
     """
     if cfg.target_batch and terms.pate_queries:  # checked before anything is spent
         raise ConfigError("target_batch: target-side minibatches are not combined with PATE yet")
-    s = _open(source, view, terms, cfg)
+    s = _open(source, view, terms, cfg, compute)
     done = _release_all(s, spent, progress)
     by_method: dict[str, float | None] = {}
     selection: dict[str, Any] = {}

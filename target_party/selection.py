@@ -86,7 +86,7 @@ def select(s: _Session, done: _Fitted, view: TargetView) -> dict[str, Any]:
             if (reg_e, reg_g) == (cfg.reg_e, cfg.reg_g):
                 fits = done.fits  # fitted as the releases arrived
             else:
-                fits = [s.fit(r, view) for r in done.releases]
+                fits = s.fit_all(done.releases, view)
         except SolverFailed:
             continue
         trial = dataclasses.replace(done, fits=fits)

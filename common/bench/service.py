@@ -248,6 +248,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from dpda.bench.privacy import register_privacy
     from dpda.bench.public_source import register_public_source
     from dpda.bench.releases import register_releases
+    from dpda.bench.scale import register_scale
     from dpda.bench.selection import register_selection
     from dpda.bench.speed import register_speed
     from dpda.bench.target_privacy import register_target_privacy
@@ -261,3 +262,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_releases(bsub)
     register_public_source(bsub)
     register_target_privacy(bsub)
+    register_scale(bsub)

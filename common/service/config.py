@@ -286,6 +286,28 @@ class TargetJob(_Strict):
     )
 
 
+class ComputeConfig(_Strict):
+    """Where the target's per-batch transport and mapping run (issue 18). The job's process
+    alone talks to the source and keeps the ledger; workers only fit releases it hands them."""
+
+    scheduler: str = Field(
+        default="inprocess",
+        pattern=r"^(inprocess|local|tcp://[^\s/]+:\d+)$",
+        description="inprocess (default): in the job's process; local: a Dask LocalCluster on "
+        "this machine; tcp://host:8786: an existing Dask scheduler",
+    )
+    workers: int = Field(default=1, ge=1, le=1024, description="local: worker processes")
+    memory_per_worker: str | None = Field(
+        default=None,
+        pattern=r"^\s*\d+(\.\d+)?\s*[kmgtKMGT]?(i?[bB])?\s*$",
+        description="e.g. 4GiB: a local worker's memory limit, and the size a batch's fit must "
+        "fit in (larger batches are split); default: the workers' own limit",
+    )
+    threads_per_worker: int = Field(
+        default=1, ge=1, le=256, description="Dask threads (and BLAS threads) per worker"
+    )
+
+
 class TargetConfig(_Strict):
     state_dir: Path
     source_address: str
@@ -306,6 +328,7 @@ class TargetConfig(_Strict):
         description="the target's own policy for its rows (issue 19); the default sends no "
         "exact statistic or row",
     )
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
 
 
 def _resolve(data: object, base: Path) -> object:

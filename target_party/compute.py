@@ -1,0 +1,213 @@
+"""Where the target's per-batch fits run (issue 18): in the job's own process (the default) or
+as Dask tasks on a ``LocalCluster`` or an existing Dask cluster.
+
+The job's process alone talks to the source: it pulls the releases in order and makes every
+ledger call where it always did (``dpda.target_party.pipeline._release_all``). What it hands to
+a ``Compute`` is post-processing only — a release's points and the target's own rows — so a
+worker that dies costs a recomputation of its tasks, never a new release or charge. The target's
+rows are sent to the workers once per session (``put``), not per task.
+
+``dask`` is imported only when a Dask engine is opened: daemons without it run the in-process
+engine, which is the same code with one worker (``submit`` runs the task at once).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from dpda.errors import ConfigError
+from dpda.service.config import ComputeConfig
+
+# Peak bytes of one fit (cost, kernel, plan and the solver's work arrays) per plan entry
+# (source points × target rows): 13.3–13.8 measured at 1,000 × 10,000 and 1,000 × 20,000
+# (README, "Past one machine"), rounded up.
+BYTES_PER_CELL = 16
+# the share of a worker's memory one fit may take: Dask starts spilling at 60% of the limit and
+# pauses the worker at 80%, and a worker also holds the target's rows and finished results
+WORKER_SHARE = 0.5
+# BLAS/OpenMP thread counts the workers start with (one per Dask thread: the ratio of 1 and 2
+# workers then measures scaling, not a BLAS pool fighting the other workers for cores)
+BLAS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str | int, field: str = "compute.memory_per_worker") -> int:
+    """``"4GiB"``, ``"512MB"``, ``"2g"`` or a number of bytes → bytes (powers of 1024)."""
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _SIZE.match(text)
+        if m is None:
+            raise ConfigError(f"{field}: {text!r} is not a size (e.g. 4GiB, 512MiB)")
+        value = int(float(m.group(1)) * 1024 ** "bkmgt".index((m.group(2) or "b").lower()))
+    if value < 64 * 2**20:
+        raise ConfigError(f"{field}: {value} bytes is less than 64 MiB, too little for a worker")
+    return value
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    """What ``[compute]`` asks for (``dpda.service.config.ComputeConfig`` validates it)."""
+
+    scheduler: str = "inprocess"  # inprocess | local | tcp://host:8786
+    workers: int = 1  # local: worker processes
+    memory_per_worker: int | None = None  # bytes; None: no split (in-process) / Dask's default
+    threads_per_worker: int = 1
+
+
+class Pending:
+    """A task already run in this process (the in-process engine)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class Compute:
+    """The in-process engine: every task runs when it is submitted, in this process."""
+
+    workers = 1
+    memory_per_worker: int | None = None
+
+    def __init__(self, memory_per_worker: int | None = None) -> None:
+        self.memory_per_worker = memory_per_worker
+
+    def put(self, obj: Any) -> Any:
+        """A handle on ``obj`` that tasks take as an argument (sent to the workers once)."""
+        return obj
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return Pending(fn(*args))
+
+    def gather(self, pending: list[Any]) -> list[Any]:
+        return [p.value for p in pending]
+
+    def max_cells(self) -> int | None:
+        """Plan entries one task may hold in a worker's memory (None: no limit)."""
+        if self.memory_per_worker is None:
+            return None
+        return max(1, int(self.memory_per_worker * WORKER_SHARE) // BYTES_PER_CELL)
+
+    def describe(self) -> str:
+        return "in-process"
+
+
+def _identity(obj: Any) -> Any:
+    return obj
+
+
+def _limited(threads: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with the BLAS pools held to ``threads`` (on a worker of any cluster)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=threads):
+        return fn(*args)
+
+
+class DaskCompute(Compute):
+    """Tasks as Dask futures on ``client``'s cluster."""
+
+    def __init__(self, client: Any, memory_per_worker: int | None, threads: int = 1) -> None:
+        super().__init__(memory_per_worker)
+        self.client = client
+        self.threads = threads
+        self.workers = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
+
+    def put(self, obj: Any) -> Any:
+        # A task that returns ``obj``, not a scatter: scattered data has no recipe, so once the
+        # workers holding it die (or Dask's memory manager has dropped the other replicas) every
+        # fit that needs it is cancelled; a task's result is recomputed from the copy in its
+        # spec. It is then copied to every worker once, as a broadcast scatter would be.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sending large graph")
+            fut = self.client.submit(_identity, obj, pure=False)
+        self.client.replicate([fut])
+        return fut
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        # pure=False: a fresh key per task (two grid points never share a result by accident);
+        # a lost result is recomputed from the task, whose arguments the scheduler keeps
+        return self.client.submit(_limited, self.threads, fn, *args, pure=False)
+
+    def gather(self, pending: list[Any]) -> list[Any]:
+        out = self.client.gather(pending)
+        for f in pending:
+            f.release()
+        return list(out)
+
+    def describe(self) -> str:
+        return f"dask {self.client.scheduler.address} ({self.workers} workers)"
+
+
+def blas_env(threads: int) -> dict[str, str]:
+    return {k: str(threads) for k in BLAS_ENV}
+
+
+def spec_of(cfg: ComputeConfig) -> ComputeSpec:
+    """The ``[compute]`` table of a target's config as a ``ComputeSpec``."""
+    memory = None
+    if cfg.memory_per_worker is not None:
+        memory = parse_bytes(cfg.memory_per_worker)
+    return ComputeSpec(cfg.scheduler, cfg.workers, memory, cfg.threads_per_worker)
+
+
+@contextmanager
+def open_compute(spec: ComputeSpec) -> Iterator[Compute]:
+    """The engine ``spec`` names, closed (cluster and client) on exit."""
+    if spec.scheduler == "inprocess":
+        yield Compute(spec.memory_per_worker)
+        return
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError as exc:  # pragma: no cover - dask is a dependency; a slim image may lack it
+        raise ConfigError(
+            f"compute.scheduler: {spec.scheduler!r} needs dask[distributed] installed"
+        ) from exc
+    if spec.scheduler == "local":
+        cluster = LocalCluster(
+            n_workers=spec.workers,
+            threads_per_worker=spec.threads_per_worker,
+            processes=True,
+            memory_limit=spec.memory_per_worker if spec.memory_per_worker else "auto",
+            dashboard_address=":0",  # any free port: 8787 may be taken (no warning)
+            env=blas_env(spec.threads_per_worker),
+        )
+        try:
+            with Client(cluster) as client:
+                yield DaskCompute(client, _worker_memory(client, spec), spec.threads_per_worker)
+        finally:
+            cluster.close()
+        return
+    if not spec.scheduler.startswith("tcp://"):
+        raise ConfigError(
+            f"compute.scheduler: {spec.scheduler!r} is not inprocess, local or tcp://host:port"
+        )
+    with Client(spec.scheduler) as client:
+        yield DaskCompute(client, _worker_memory(client, spec), spec.threads_per_worker)
+
+
+def _worker_memory(client: Any, spec: ComputeSpec) -> int | None:
+    """The memory a fit must fit in: the configured figure, else the smallest worker's limit."""
+    if spec.memory_per_worker is not None:
+        return spec.memory_per_worker
+    limits = [
+        w.get("memory_limit") or 0 for w in client.scheduler_info(n_workers=-1)["workers"].values()
+    ]
+    known = [x for x in limits if x > 0]
+    return min(known) if known else None
+
+
+def split_rows(n: int, m: int, max_cells: int | None) -> list[tuple[int, int]]:
+    """Contiguous spans of ``n`` source points such that each span × ``m`` target rows holds at
+    most ``max_cells`` plan entries (one span when it already does, or without a limit)."""
+    if max_cells is None or n * m <= max_cells or n <= 1:
+        return [(0, n)]
+    k = min(n, math.ceil(n * m / max_cells))
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(k) if bounds[i + 1] > bounds[i]]
