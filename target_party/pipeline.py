@@ -18,6 +18,7 @@ import numpy as np
 
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling, per_row
+from dpda.dp.events import BatchSpec
 from dpda.dp.mechanisms import counts_to_labels
 from dpda.dp.sinkhorn_synthetic import SinkhornSyntheticParams, synthetic_labels
 from dpda.dp.target_disclosure import Disclosure
@@ -180,11 +181,20 @@ def fit_points(
     view: TargetView,
     cfg: AdaptConfig,
     n_classes: int,
+    metric: np.ndarray | None = None,
 ) -> BatchFit:
     """Labeled source points (noisy rows, prototypes or synthetic points) with weights ``a``
-    → debiased cost → entropic + group-lasso OT → images in the target's own space."""
+    → debiased cost → entropic + group-lasso OT → images in the target's own space.
+
+    ``metric``: the session's learned W (``d′ × ℓ``): the cost is ``‖W(z_s − z_t)‖²`` (both
+    sides mapped by W, then squared Euclidean; the noise bias becomes ``σ²‖W‖_F²``); the plan
+    still maps the source onto the target's own rows."""
     mask = label_mask(ys, view.known) if np.any(view.known >= 0) else None
-    cost = dpot_cost(pts, xt_proj, noise_std, mask)
+    if metric is None:
+        cost = dpot_cost(pts, xt_proj, noise_std, mask)
+    else:
+        std = noise_std * float(np.linalg.norm(metric)) / np.sqrt(metric.shape[0])
+        cost = dpot_cost(pts @ metric.T, xt_proj @ metric.T, std, mask)
     res = sinkhorn_group_lasso(
         a,
         uniform(xt_proj.shape[0]),
@@ -208,14 +218,19 @@ def fit_points(
 
 
 def adapt_batch(
-    rel: BatchRelease, xt_proj: np.ndarray, view: TargetView, cfg: AdaptConfig, n_classes: int
+    rel: BatchRelease,
+    xt_proj: np.ndarray,
+    view: TargetView,
+    cfg: AdaptConfig,
+    n_classes: int,
+    metric: np.ndarray | None = None,
 ) -> BatchFit:
     """One row release (Algorithm 2): labels from the noisy counts, uniform weights."""
     n = rel.z.shape[0]
     ys = counts_to_labels(rel.noisy_counts, n)
-    return fit_points(
-        rel.z, ys, uniform(n), rel.spec.features.noise_std, xt_proj, view, cfg, n_classes
-    )
+    assert isinstance(rel.spec, BatchSpec)
+    std = rel.spec.features.noise_std
+    return fit_points(rel.z, ys, uniform(n), std, xt_proj, view, cfg, n_classes, metric)
 
 
 def aggregate_points(
@@ -274,12 +289,13 @@ def adapt_aggregate(
     n_classes: int,
     release: str,
     synthetic: SinkhornSyntheticParams | None = None,
+    metric: np.ndarray | None = None,
 ) -> BatchFit:
     """One aggregate release: weighted prototypes or synthetic points per class."""
     pts, ys, a = aggregate_points(
         rel, release, n_classes, cfg.seed, cfg.synthetic_per_class, synthetic
     )
-    return fit_points(pts, ys, a, 0.0, xt_proj, view, cfg, n_classes)
+    return fit_points(pts, ys, a, 0.0, xt_proj, view, cfg, n_classes, metric)
 
 
 def select_rows(class_mass: np.ndarray, k: int, how: str, seed: int) -> np.ndarray:
@@ -332,18 +348,19 @@ class _Session:
     cfg: AdaptConfig
     info: SessionInfo
     xt_proj: np.ndarray
+    metric: np.ndarray | None = None  # cost = metric: the released W (d′ × ℓ)
 
     def fit(self, rel: BatchRelease, v: TargetView) -> BatchFit:
-        cfg, q, xt = self.cfg, self.info.n_classes, self.xt_proj
+        cfg, q, xt, w = self.cfg, self.info.n_classes, self.xt_proj, self.metric
         if self.terms.release != "rows":
             synthetic = synthetic_params(self.terms)
-            return adapt_aggregate(rel, xt, v, cfg, q, self.terms.release, synthetic)
+            return adapt_aggregate(rel, xt, v, cfg, q, self.terms.release, synthetic, w)
         if 0 < cfg.target_batch < v.x.shape[0]:
             rng = np.random.default_rng([cfg.seed, rel.index])
             idx = np.sort(rng.choice(v.x.shape[0], cfg.target_batch, replace=False))
             sub = TargetView(v.x[idx], v.scaling, None, v.known[idx])
-            return adapt_batch(rel, xt[idx], sub, cfg, q)
-        return adapt_batch(rel, xt, v, cfg, q)
+            return adapt_batch(rel, xt[idx], sub, cfg, q, w)
+        return adapt_batch(rel, xt, v, cfg, q, w)
 
 
 def session_terms(
@@ -414,6 +431,11 @@ def _release_all(
 ) -> _Fitted:
     out = _Fitted()
     steps = s.info.plan.steps
+    if s.info.plan.is_metric(steps):  # the learned cost first: every fit below uses it
+        t0 = time.perf_counter()
+        s.metric = s.source.release(s.info.session_id, steps).z
+        out.release_seconds += time.perf_counter() - t0
+        out.spend.append(spent())
     for i in range(steps):
         t0 = time.perf_counter()
         rel = s.source.release(s.info.session_id, i)
