@@ -275,3 +275,26 @@ def test_the_target_transports_in_ws_space() -> None:
     # class 0 goes to the first cluster (x = 0), class 1 to the second (x = 3)
     assert fit.class_mass[0, :20].sum() > 0.95 * fit.class_mass[0].sum()
     assert fit.class_mass[1, 20:].sum() > 0.95 * fit.class_mass[1].sum()
+
+
+@pytest.mark.data
+def test_simulate_cost_metric_contract(data_dir, tmp_path) -> None:
+    """``dpda simulate … --cost metric --json OUT``: the same keys as without ``--cost``, and
+    ``epsilon_spent`` is the ledger's spend with the metric's charge in it (≤ ε)."""
+    import json
+
+    from dpda.cli.main import main
+
+    def run(extra: list[str], name: str) -> dict:
+        out = tmp_path / name
+        argv = ["simulate", "--data-dir", str(data_dir), "--dataset", "office-caltech"]
+        argv += ["--source", "D", "--target", "W", "--seed", "0", "--json", str(out), *extra]
+        assert main(argv) == 0
+        return json.loads(out.read_text())
+
+    plain, metric = run([], "plain.json"), run(["--cost", "metric"], "metric.json")
+    assert set(plain) == set(metric)
+    assert 0 < metric["epsilon_spent"] <= 8.0
+    # the split keeps the composed Gaussian: the total is today's, to rounding toward more noise
+    assert metric["epsilon_spent"] == pytest.approx(plain["epsilon_spent"], rel=1e-6)
+    assert metric["accuracy"]["dpda"] != plain["accuracy"]["dpda"]  # the cost did change
