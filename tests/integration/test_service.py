@@ -352,3 +352,11 @@ def test_metric_cost_over_the_service_equals_simulate(tmp_path) -> None:
     assert out["epsilon_spent"] == pytest.approx(sim.dpda.epsilon_spent, abs=1e-12)
     assert out["epsilon_spent"] == pytest.approx(source_entries[-1].spend_after, abs=1e-12)
     assert out["epsilon_spent"] <= 4.0
+    # the target's audit report lists W as its own mechanism, beside the feature release
+    from dpda.service.audit import AuditLog, report
+    from dpda.service.verify import open_state as verify_state
+
+    conn, store = verify_state(str(dep.target_state))
+    rep = report(AuditLog(conn, ""), {(e.dataset, e.seq): e for e in store.entries()})
+    mechs = {d["mechanism"]: d["releases"] for d in rep["releases_by_dataset"].values()}
+    assert mechs == {"gaussian-metric-steps": 1, "gaussian-features+counts": 1}
