@@ -380,7 +380,10 @@ def session_terms(
             view.x.shape[0],
             most,
         )
-        terms = terms.model_copy(update={"projection_dim": most})
+        update: dict[str, Any] = {"projection_dim": most}
+        if terms.metric_dim > most:  # W has at most as many rows as the projected space
+            update["metric_dim"] = most
+        terms = terms.model_copy(update=update)
     d = view.disclosure
     if d is not None:  # the DP basis and clip norm (post-processing of the noisy covariance)
         basis = None

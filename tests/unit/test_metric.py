@@ -298,3 +298,15 @@ def test_simulate_cost_metric_contract(data_dir, tmp_path) -> None:
     # the split keeps the composed Gaussian: the total is today's, to rounding toward more noise
     assert metric["epsilon_spent"] == pytest.approx(plain["epsilon_spent"], rel=1e-6)
     assert metric["accuracy"]["dpda"] != plain["accuracy"]["dpda"]  # the cost did change
+
+
+def test_a_lowered_projection_dim_lowers_metric_dim_too() -> None:
+    """The target lowers ℓ to what its data allows; d′ follows, so the terms stay valid."""
+    from dpda.target_party.pipeline import AdaptConfig, session_terms, target_view
+
+    rng = np.random.default_rng(0)
+    t = Domain("t", rng.normal(size=(30, 8)), np.arange(30) % 2, 2)
+    terms = _terms(projection_dim=20, metric_dim=15)
+    got, basis = session_terms(target_view(t, "raw"), terms, AdaptConfig())
+    assert got.projection_dim == 8 and got.metric_dim == 8 and basis is not None
+    SessionTerms.model_validate(got.model_dump())  # what the source will check
