@@ -298,6 +298,11 @@ def metric_params(terms: SessionTerms) -> MetricParams:
     )
 
 
+# A metric step's noise std above this is refused at the plan (before any charge): far past any
+# useful noise, and it keeps every iterate of W finite (T ≤ 1000, η ≤ 100: |W| ≤ ~1e156).
+METRIC_MAX_NOISE_STD = 1e150
+
+
 class PlanRefused(ValueError):
     """A plan the budget or the terms do not allow; the message is public (terms only)."""
 
@@ -460,11 +465,15 @@ def plan_batches(
             s = terms.metric_share
             t_m = terms.metric_steps
             sigma_m = sigma / float(np.sqrt(s)) * float(np.sqrt(t_m)) * (1 + 1e-12)
+            m_sens = replace_one_sensitivity(terms.metric_pairs, terms.metric_clip)
+            if not sigma_m * m_sens <= METRIC_MAX_NOISE_STD:  # NaN and ∞ too
+                raise PlanRefused(
+                    "epsilon: the metric's noise at this budget is past any useful level "
+                    "(ask for a larger epsilon or metric_share)"
+                )
             metric = {
                 "metric_noise_multiplier": sigma_m,
-                "metric_sensitivity": replace_one_sensitivity(
-                    terms.metric_pairs, terms.metric_clip
-                ),
+                "metric_sensitivity": m_sens,
                 "metric_steps": t_m,
             }
             sigma = sigma / float(np.sqrt(1.0 - s)) * (1 + 1e-12)

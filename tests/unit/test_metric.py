@@ -310,3 +310,19 @@ def test_a_lowered_projection_dim_lowers_metric_dim_too() -> None:
     got, basis = session_terms(target_view(t, "raw"), terms, AdaptConfig())
     assert got.projection_dim == 8 and got.metric_dim == 8 and basis is not None
     SessionTerms.model_validate(got.model_dump())  # what the source will check
+
+
+def test_a_budget_too_small_for_any_useful_metric_is_refused_before_the_charge() -> None:
+    """ε = 1e-300 asks for noise past any float's reach over T steps: refused at the plan
+    (the session never opens), nothing charged; a small but sane ε gives finite W."""
+    x, y = _data()
+    d = _disclosure(8, 6)
+    rel, ledger = _releaser(x, y, 3)
+    hostile = _terms(epsilon=1e-300, metric_share=0.01, metric_pairs=64, metric_clip=1e3)
+    with pytest.raises(PolicyRefused, match="epsilon: the metric's noise"):
+        rel.open_session(hostile, d)
+    assert ledger.store.entries("d") == []
+    t = _terms(epsilon=0.01, metric_share=0.01, metric_steps=1000, metric_learning_rate=100)
+    info = rel.open_session(t, d)
+    w = rel.release(info.session_id, info.plan.steps).z
+    assert np.all(np.isfinite(w))
