@@ -39,6 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dpda.dp.mechanisms import AGGREGATE_RELEASES, MIN_DISCRETE_LAPLACE_PARAMETER, ReleaseKind
+from dpda.dp.metric import metric_work
 
 Unit = Literal["attribute", "record"]
 Release = ReleaseKind
@@ -83,6 +84,11 @@ class PrivacyPolicy(BaseModel):
     # must not be able to ask for minutes of it (measured at the bound: 0.18–0.37 s over five
     # shapes from ℓ = 1, 100 points to 20k rows, ℓ = 50; the default terms ask about 5e7)
     max_synthetic_work: float = Field(default=4e8, gt=0)
+    # the learned ground cost (seed 003, ``dpda.dp.metric``): a record-level release (whole
+    # records, replace-one, an exact Gaussian charge), so offered by default; its work is bounded
+    # (``metric_work``: at the default bound about a second of numpy on one core)
+    allow_metric: bool = True
+    max_metric_work: float = Field(default=2e9, gt=0)
     # the reverse deployment (seed 001): this daemon's rows are the private target of a peer's
     # reweighting; every step reads them through their clipped second moment only
     allow_reweighting: bool = False  # an opt-in: a new kind of release of these rows
@@ -188,6 +194,18 @@ def synthetic_work(terms: Any, n_rows: int, n_classes: int) -> float:
 
 def check_work(policy: PrivacyPolicy, terms: Any, n_rows: int, n_classes: int) -> None:
     """Refuse a release whose work the source's policy does not allow (before any charge)."""
+    if terms.dpda and terms.cost == "metric":
+        if not policy.allow_metric:
+            _refuse("cost: this source does not release a learned metric")
+        work = metric_work(
+            n_rows, terms.projection_dim, terms.metric_rows, terms.metric_pairs, terms.metric_steps
+        )
+        if work > policy.max_metric_work:
+            _refuse(
+                f"metric_steps {terms.metric_steps} × metric_pairs {terms.metric_pairs} at "
+                f"projection_dim {terms.projection_dim} is more work than this source allows "
+                f"({work:.3g} of {policy.max_metric_work:.3g}): ask for fewer steps or pairs"
+            )
     if terms.dpda and terms.release == "sinkhorn-synthetic":
         work = synthetic_work(terms, n_rows, n_classes)
         if work > policy.max_synthetic_work:
@@ -214,6 +232,14 @@ def check_plan(policy: PrivacyPolicy, plan: Any, terms: Any) -> None:
                 f"the feature noise multiplier {sigma:.4g} is below the "
                 f"floor {policy.min_noise_multiplier:g} (ask for a smaller epsilon)"
             )
+        if plan.metric_noise_multiplier is not None:
+            m_sigma = plan.metric_noise_multiplier / math.sqrt(plan.metric_steps)
+            if m_sigma < policy.min_noise_multiplier:
+                _refuse(
+                    f"the metric's noise multiplier {m_sigma:.4g} is below the floor "
+                    f"{policy.min_noise_multiplier:g} (ask for a smaller epsilon or a larger "
+                    "metric_share)"
+                )
         if plan.histogram_mechanism == "discrete_laplace":
             if plan.histogram_parameter < policy.min_histogram_parameter:
                 _refuse(

@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from dpda.data.preprocessing import Scaling
-from dpda.dp.events import BatchSpec
+from dpda.dp.events import BatchSpec, MetricSpec
 from dpda.terms import ReleasePlan, ReweightingPlan, SessionTerms
 
 
@@ -51,7 +51,7 @@ class BatchRelease:
     index: int
     z: np.ndarray  # (n_b, ℓ) noisy projected rows, label-sorted blocks
     noisy_counts: np.ndarray  # (q,) int64
-    spec: BatchSpec
+    spec: BatchSpec | MetricSpec  # MetricSpec: z is the learned W (d′ × ℓ), no counts
     ledger_seq: int
 
     def payload_bytes(self) -> bytes:

@@ -32,7 +32,7 @@ from dpda.dp.accounting import (
     revealed_sampled_epsilon,
     revealed_sigma_for_epsilon,
 )
-from dpda.dp.events import BatchSpec, FeatureSpec, HistogramSpec
+from dpda.dp.events import BatchSpec, FeatureSpec, HistogramSpec, MetricSpec
 from dpda.dp.mechanisms import (
     Neighbouring,
     PrivacyUnit,
@@ -41,6 +41,7 @@ from dpda.dp.mechanisms import (
     projection_sensitivity,
     relation_factor,
 )
+from dpda.dp.metric import MetricParams, replace_one_sensitivity
 from dpda.dp.pate import calibrate_pate
 from dpda.dp.sinkhorn_synthetic import GRADIENT_CLIP, SinkhornSyntheticParams
 
@@ -141,6 +142,35 @@ class SessionTerms(BaseModel):
     sinkhorn_learning_rate: float = Field(
         default=0.5, gt=0, le=1, description="sinkhorn-synthetic: step size η"
     )
+    # the ground cost (seed 003, ``dpda.dp.metric``): sqeuclidean in the projected space, or a
+    # metric W learned under DP from the source's labels and released as one more release of
+    # the session. Every knob is bounded so that work and noise stay safe for any peer's values.
+    cost: Literal["sqeuclidean", "metric"] = Field(
+        default="sqeuclidean",
+        description="OT ground cost: sqeuclidean (projected space) or metric (a DP-learned W)",
+    )
+    metric_share: float = Field(
+        default=0.25,
+        ge=0.01,
+        le=0.99,
+        description="metric: its share of the Gaussian releases' privacy loss (μ², i.e. zCDP ρ)",
+    )
+    metric_dim: int = Field(
+        default=0, ge=0, le=4096, description="metric: rows d′ of W (0: projection_dim)"
+    )
+    metric_pairs: int = Field(
+        default=4, ge=1, le=64, description="metric: the public cap m on pairs per record"
+    )
+    metric_margin: float = Field(
+        default=1.0, ge=1e-3, le=10, description="metric: contrastive margin, in units of C"
+    )
+    metric_clip: float = Field(
+        default=0.5, ge=1e-3, le=1e3, description="metric: per-pair gradient clip G (Frobenius)"
+    )
+    metric_steps: int = Field(default=20, ge=1, le=1000, description="metric: noisy steps T")
+    metric_learning_rate: float = Field(
+        default=0.5, ge=1e-4, le=100, description="metric: step size η"
+    )
     # channels: the DPDA feature/histogram releases and PATE teacher votes
     dpda: bool = Field(default=True, description="release noisy features and histograms")
     pate_epsilon: float = Field(default=0.0, ge=0, description="share of ε for PATE answers")
@@ -193,6 +223,27 @@ class SessionTerms(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _metric(self) -> SessionTerms:
+        if self.cost != "metric":
+            return self
+        if not self.dpda:
+            raise ValueError("cost: a metric cost needs the DPDA releases (dpda = true)")
+        if self.batch_size != 0:
+            raise ValueError(
+                "cost: a metric cost is offered with whole-dataset releases only (batch_size = 0)"
+            )
+        if self.neighbouring != "replace-one":
+            raise ValueError("cost: the metric's pair graph is accounted under replace-one")
+        if self.metric_dim > self.projection_dim:
+            raise ValueError("metric_dim: at most projection_dim")
+        return self
+
+    @property
+    def metric_rows(self) -> int:
+        """d′: the rows of the released W."""
+        return self.metric_dim or self.projection_dim
+
+    @model_validator(mode="after")
     def _calibrated_noise(self) -> SessionTerms:
         if self.noise_multiplier == 0 and (self.batch_size == 0 or self.steps == 0):
             raise ValueError(
@@ -235,6 +286,23 @@ def synthetic_params(terms: SessionTerms) -> SinkhornSyntheticParams:
     )
 
 
+def metric_params(terms: SessionTerms) -> MetricParams:
+    """The metric knobs of a session (public: both parties read them)."""
+    return MetricParams(
+        dim=terms.metric_rows,
+        pairs_per_record=terms.metric_pairs,
+        margin=terms.metric_margin,
+        gradient_clip=terms.metric_clip,
+        steps=terms.metric_steps,
+        learning_rate=terms.metric_learning_rate,
+    )
+
+
+# A metric step's noise std above this is refused at the plan (before any charge): far past any
+# useful noise, and it keeps every iterate of W finite (T ≤ 1000, η ≤ 100: |W| ≤ ~1e156).
+METRIC_MAX_NOISE_STD = 1e150
+
+
 class PlanRefused(ValueError):
     """A plan the budget or the terms do not allow; the message is public (terms only)."""
 
@@ -255,6 +323,40 @@ class ReleasePlan(BaseModel):
     attribute_bound: float | None = None
     pate_scale: float | None = None  # γ (LNMax) or σ (GNMax), calibrated to pate_epsilon
     pate_queries: int = 0
+    # cost = metric: one more release (index ``steps``), T Gaussian steps of this σ
+    metric_noise_multiplier: float | None = None
+    metric_sensitivity: float = 0.0
+    metric_steps: int = 0
+
+    @property
+    def releases(self) -> int:
+        """Releases of the session: the feature batches, then the metric if there is one."""
+        return self.steps + (1 if self.metric_noise_multiplier is not None else 0)
+
+    def is_metric(self, index: int) -> bool:
+        return self.metric_noise_multiplier is not None and index == self.steps
+
+    def metric_spec(self, terms: SessionTerms) -> MetricSpec | None:
+        if self.metric_noise_multiplier is None:
+            return None
+        return MetricSpec(
+            self.metric_noise_multiplier,
+            self.metric_sensitivity,
+            self.metric_steps,
+            terms.privacy_unit,
+            terms.neighbouring,
+        )
+
+    def release_spec(self, terms: SessionTerms, index: int) -> BatchSpec | MetricSpec:
+        """The spec of release ``index``: a feature batch, or the metric (the last one)."""
+        spec = self.metric_spec(terms) if self.is_metric(index) else None
+        return spec if spec is not None else self.spec(terms)
+
+    def events(self, terms: SessionTerms) -> list[Any]:
+        """Every event the session's DPDA releases charge (PATE aside)."""
+        out = [self.spec(terms).dp_event()] * self.steps
+        metric = self.metric_spec(terms)
+        return out + ([metric.dp_event()] if metric is not None else [])
 
     def spec(self, terms: SessionTerms) -> BatchSpec:
         return BatchSpec(
@@ -354,6 +456,27 @@ def plan_batches(
         eps_h = eps_dpda * terms.histogram_share
         eps_f = eps_dpda if attribute else eps_dpda - eps_h
         sigma = calibrate_sigma(eps_f, terms.delta, terms.calibration)
+        metric: dict[str, Any] = {}
+        if terms.cost == "metric":
+            # The features' Gaussian and the metric's T steps compose to one Gaussian of
+            # μ² = 1/σ_f² + T/σ_m²; giving the metric the share s of μ² = 1/σ² keeps the whole
+            # Gaussian part exactly the Gaussian of multiplier σ calibrated to eps_f, so the
+            # session spends what it spends without the metric.
+            s = terms.metric_share
+            t_m = terms.metric_steps
+            sigma_m = sigma / float(np.sqrt(s)) * float(np.sqrt(t_m)) * (1 + 1e-12)
+            m_sens = replace_one_sensitivity(terms.metric_pairs, terms.metric_clip)
+            if not sigma_m * m_sens <= METRIC_MAX_NOISE_STD:  # NaN and ∞ too
+                raise PlanRefused(
+                    "epsilon: the metric's noise at this budget is past any useful level "
+                    "(ask for a larger epsilon or metric_share)"
+                )
+            metric = {
+                "metric_noise_multiplier": sigma_m,
+                "metric_sensitivity": m_sens,
+                "metric_steps": t_m,
+            }
+            sigma = sigma / float(np.sqrt(1.0 - s)) * (1 + 1e-12)
         gradient_steps = 1
         if terms.release == "sinkhorn-synthetic":
             # T Gaussian steps of multiplier σ√T compose to exactly one Gaussian of σ
@@ -369,7 +492,10 @@ def plan_batches(
             histogram_parameter=discrete_laplace_parameter(eps_h, h_sens),
             histogram_sensitivity=h_sens,
             **common,
+            **metric,
         )
+    if terms.cost == "metric":  # SessionTerms refuses this; plans are public, so say it again
+        raise PlanRefused("cost: a metric cost is offered with whole-dataset releases only")
     if not attribute:  # SessionTerms refuses this; plans are public, so say it again here
         raise PlanRefused("per-row minibatches are offered under the attribute unit only")
     p = min(1.0, terms.batch_size / n_rows)

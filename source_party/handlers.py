@@ -379,7 +379,7 @@ class SourceHandlers:
         if count < 1 or count > self.max_batches or start < 0:
             raise InvalidInput("batch range out of bounds")
         releaser, info = self._session(peer, session_id)
-        if start + count > info.plan.steps:
+        if start + count > info.plan.releases:
             raise InvalidInput("batch range out of bounds")
         with self.lock:
             known = self._known_prefix(releaser.dataset, ledger_head, ledger_length)
@@ -488,7 +488,7 @@ class SourceHandlers:
         terms, info = releaser.session(session_id)
         z = np.frombuffer(row[0], "<f8").reshape(row[1], -1)
         return BatchRelease(
-            index, z, np.frombuffer(row[2], "<i8"), info.plan.spec(terms), entry.seq
+            index, z, np.frombuffer(row[2], "<i8"), info.plan.release_spec(terms, index), entry.seq
         )
 
     def _sign(self, dataset: str, seq: int) -> LedgerEntry:

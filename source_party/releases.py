@@ -21,7 +21,7 @@ import numpy as np
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling, per_row
 from dpda.dp.accounting import CalibrationTimeout, time_limit
-from dpda.dp.events import BatchSpec, event_from_json
+from dpda.dp.events import BatchSpec, MetricSpec, event_from_json
 from dpda.dp.ledger import LedgerEntry, PrivacyLedger
 from dpda.dp.mechanisms import (
     check_projection,
@@ -33,6 +33,7 @@ from dpda.dp.mechanisms import (
     jl_matrix,
     label_counts,
 )
+from dpda.dp.metric import train_metric
 from dpda.dp.pate import answers_event, noisy_argmax
 from dpda.dp.rng import is_cryptographic, public_rng, secure_rng
 from dpda.dp.sinkhorn_synthetic import train_synthetic
@@ -47,7 +48,14 @@ from dpda.policy import (
 )
 from dpda.protocol import BatchRelease, PateAnswer, SessionInfo, TargetDisclosure, queries_digest
 from dpda.source_party.teachers import TeacherEnsemble
-from dpda.terms import PlanRefused, ReleasePlan, SessionTerms, plan_batches, synthetic_params
+from dpda.terms import (
+    PlanRefused,
+    ReleasePlan,
+    SessionTerms,
+    metric_params,
+    plan_batches,
+    synthetic_params,
+)
 
 
 @dataclass(frozen=True)
@@ -309,9 +317,9 @@ class SourceReleaser:
         any ``extra_caps`` (per-peer caps of the daemon).
         """
         terms, info = self.session(session_id)
-        if not (0 <= index < info.plan.steps):
+        if not (0 <= index < info.plan.releases):
             raise InvalidInput("batch index out of range")
-        spec = info.plan.spec(terms)
+        spec = info.plan.release_spec(terms, index)
         prior = [
             event_from_json(e.dp_event)
             for e in self.ledger.store.entries(self.dataset)
@@ -339,7 +347,11 @@ class SourceReleaser:
         """Sample and add noise for an entry that is already durably in the ledger."""
         terms, info = self.session(session_id)
         x = self.features(session_id)
-        rel = self._draw(x, info.plan.spec(terms), info, index, entry)
+        spec = info.plan.release_spec(terms, index)
+        if isinstance(spec, MetricSpec):
+            rel = self._draw_metric(x, terms, spec, info, index, entry)
+        else:
+            rel = self._draw(x, spec, info, index, entry)
         self.ledger.store.update_signatures(self.dataset, entry.seq, rel.sha256(), "", "")
         return rel
 
@@ -365,6 +377,25 @@ class SourceReleaser:
         z = proj + gaussian_noise(proj.shape, spec.features.noise_std, rng)
         counts = label_counts(y[rows], info.n_classes)
         return BatchRelease(index, z, self._noisy_counts(counts, spec, rng), spec, entry.seq)
+
+    def _draw_metric(
+        self,
+        x: np.ndarray,
+        terms: SessionTerms,
+        spec: MetricSpec,
+        info: SessionInfo,
+        index: int,
+        entry: LedgerEntry,
+    ) -> BatchRelease:
+        """The learned ground cost W (``dpda.dp.metric``): rows projected, made finite and
+        clipped to the session's norm C as for every record-level release; the noise is the
+        spec's σ·2mG on each step's clipped pair-gradient sum. Nothing but W leaves (no counts)."""
+        y = self.domain.labels()
+        rng = self._noise[info.session_id]
+        with np.errstate(over="ignore", invalid="ignore"):
+            z = clip_rows(x @ info.projection, terms.clip_norm)
+        w = train_metric(z, y, metric_params(terms), terms.clip_norm, spec.noise_multiplier, rng)
+        return BatchRelease(index, w, np.zeros(0, dtype=np.int64), spec, entry.seq)
 
     @staticmethod
     def _noisy_counts(counts: np.ndarray, spec: BatchSpec, rng: np.random.Generator) -> np.ndarray:

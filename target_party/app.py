@@ -74,7 +74,8 @@ _TERMS_FROM_JOB = (
     "max_steps", "histogram_share", "calibration", "clip_norm", "release", "pate_teachers",
     "pate_aggregator", "pate_space", "synthetic_points",
     "synthetic_rows_per_point", "sinkhorn_steps", "sinkhorn_reg",
-    "sinkhorn_debias", "sinkhorn_learning_rate",
+    "sinkhorn_debias", "sinkhorn_learning_rate", "cost", "metric_share", "metric_dim",
+    "metric_pairs", "metric_margin", "metric_clip", "metric_steps", "metric_learning_rate",
 )  # fmt: skip
 
 

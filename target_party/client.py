@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 
 from dpda.data.preprocessing import PublicSpace
-from dpda.dp.events import event_from_json, event_to_json
+from dpda.dp.events import MetricSpec, event_from_json, event_to_json
 from dpda.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
 from dpda.dp.pate import answers_event
 from dpda.dp.sinkhorn_synthetic import points_per_class
@@ -506,7 +506,9 @@ class GrpcReleaseSource:
     def _release(self, session_id: str, index: int) -> BatchRelease:
         self.settle()
         terms, info = self._sessions[session_id]
-        spec = info.plan.spec(terms)
+        if not (0 <= index < info.plan.releases):
+            raise InvalidInput("batch index out of range")
+        spec = info.plan.release_spec(terms, index)
         rid = f"{session_id}/{index}"
         mine = self.ledger.store.entries(self.dataset)
         known = next((e for e in mine if e.request_id == rid), None)
@@ -633,12 +635,16 @@ class GrpcReleaseSource:
         rid: str,
         known: LedgerEntry | None,
     ) -> BatchRelease:
-        spec = info.plan.spec(terms)
+        spec = info.plan.release_spec(terms, index)
         ell = info.projection.shape[1]
         width = 2 * ell if terms.release == "class-gaussians" else ell
         rows = None if terms.release == "rows" else info.n_classes
-        counts = serde.from_pb(msg.noisy_counts, dtype="<i8", ndim=1, shape=(info.n_classes,))
-        if terms.release == "sinkhorn-synthetic":  # its size follows from the noisy counts
+        metric = isinstance(spec, MetricSpec)
+        n_counts = 0 if metric else info.n_classes
+        counts = serde.from_pb(msg.noisy_counts, dtype="<i8", ndim=1, shape=(n_counts,))
+        if metric:  # the learned W: d′ × ℓ, nothing else
+            rows, width = terms.metric_rows, ell
+        elif terms.release == "sinkhorn-synthetic":  # its size follows from the noisy counts
             rows = int(
                 points_per_class(
                     counts, terms.synthetic_points, terms.synthetic_rows_per_point
@@ -649,7 +655,7 @@ class GrpcReleaseSource:
         entry = LedgerEntry.from_json(msg.entry_json)
         if int(msg.index) != index:
             raise PeerMisbehaved("ledger entry is for another request")
-        more = index + 1 < info.plan.steps
+        more = index + 1 < info.plan.releases
         catch_up = [LedgerEntry.from_json(t) for t in msg.catch_up_json]
         self._verify_entry(
             entry, digest, msg.payload_sha256, rid, spec.dp_event(), known, more, catch_up

@@ -18,6 +18,7 @@ import numpy as np
 
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling, per_row
+from dpda.dp.events import BatchSpec
 from dpda.dp.mechanisms import counts_to_labels
 from dpda.dp.sinkhorn_synthetic import SinkhornSyntheticParams, synthetic_labels
 from dpda.dp.target_disclosure import Disclosure
@@ -201,11 +202,20 @@ def fit_points(
     view: TargetView,
     cfg: AdaptConfig,
     n_classes: int,
+    metric: np.ndarray | None = None,
 ) -> BatchFit:
     """Labeled source points (noisy rows, prototypes or synthetic points) with weights ``a``
-    → debiased cost → entropic + group-lasso OT → images in the target's own space."""
+    → debiased cost → entropic + group-lasso OT → images in the target's own space.
+
+    ``metric``: the session's learned W (``d′ × ℓ``): the cost is ``‖W(z_s − z_t)‖²`` (both
+    sides mapped by W, then squared Euclidean; the noise bias becomes ``σ²‖W‖_F²``); the plan
+    still maps the source onto the target's own rows."""
     mask = label_mask(ys, view.known) if np.any(view.known >= 0) else None
-    cost = dpot_cost(pts, xt_proj, noise_std, mask)
+    if metric is None:
+        cost = dpot_cost(pts, xt_proj, noise_std, mask)
+    else:
+        std = noise_std * float(np.linalg.norm(metric)) / np.sqrt(metric.shape[0])
+        cost = dpot_cost(pts @ metric.T, xt_proj @ metric.T, std, mask)
     res = sinkhorn_group_lasso(
         a,
         uniform(xt_proj.shape[0]),
@@ -326,8 +336,8 @@ class _Session:
     cfg: AdaptConfig
     info: SessionInfo
     xt_proj: np.ndarray
-
     compute: Compute = field(default_factory=Compute)
+    metric: np.ndarray | None = None  # cost = metric: the released W (d′ × ℓ)
     # the handles of what the tasks share (the projected rows, each view), sent once
     _shared: dict[int, tuple[object, Any]] = field(default_factory=dict, repr=False)
 
@@ -351,6 +361,7 @@ class _Session:
         else:
             n = rel.z.shape[0]
             pts, ys, a = rel.z, counts_to_labels(rel.noisy_counts, n), uniform(n)
+            assert isinstance(rel.spec, BatchSpec)  # a metric release is never fitted
             noise_std = rel.spec.features.noise_std
         rows: np.ndarray | None = None
         m = v.x.shape[0]
@@ -372,6 +383,7 @@ class _Session:
                 cfg,
                 q,
                 rows,
+                self.metric,
             )
             for i, j in spans
         ]
@@ -410,13 +422,15 @@ def fit_piece(
     cfg: AdaptConfig,
     n_classes: int,
     rows: np.ndarray | None,
+    metric: np.ndarray | None = None,
 ) -> BatchFit:
-    """One task: ``fit_points`` onto the target's rows (``rows``: a subset of them). A pure
-    function of its arguments: the same result on any worker, in any order."""
+    """One task: ``fit_points`` onto the target's rows (``rows``: a subset of them), in the
+    learned metric's space when there is one. A pure function of its arguments: the same
+    result on any worker, in any order."""
     if rows is not None:
         view = TargetView(view.x[rows], view.scaling, None, view.known[rows])
         xt_proj = xt_proj[rows]
-    return fit_points(pts, ys, a, noise_std, xt_proj, view, cfg, n_classes)
+    return fit_points(pts, ys, a, noise_std, xt_proj, view, cfg, n_classes, metric)
 
 
 def combine(pieces: list[BatchFit], shares: list[float], weights: np.ndarray) -> BatchFit:
@@ -459,7 +473,10 @@ def session_terms(
             view.x.shape[0],
             most,
         )
-        terms = terms.model_copy(update={"projection_dim": most})
+        update: dict[str, Any] = {"projection_dim": most}
+        if terms.metric_dim > most:  # W has at most as many rows as the projected space
+            update["metric_dim"] = most
+        terms = terms.model_copy(update=update)
     d = view.disclosure
     if d is not None:  # the DP basis and clip norm (post-processing of the noisy covariance)
         basis = None
@@ -516,6 +533,11 @@ def _release_all(
     out = _Fitted()
     steps = s.info.plan.steps
     pending: list[_PendingFit] = []
+    if s.info.plan.is_metric(steps):  # the learned cost first: every fit below uses it
+        t0 = time.perf_counter()
+        s.metric = s.source.release(s.info.session_id, steps).z
+        out.release_seconds += time.perf_counter() - t0
+        out.spend.append(spent())
     for i in range(steps):
         t0 = time.perf_counter()
         rel = s.source.release(s.info.session_id, i)

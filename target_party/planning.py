@@ -54,7 +54,7 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
     )
     events = []
     spec = plan.spec(terms)
-    channels: dict[str, list[Any]] = {"features": [], "histogram": [], "pate": []}
+    channels: dict[str, list[Any]] = {"features": [], "histogram": [], "metric": [], "pate": []}
     if terms.dpda:
         events += [spec.dp_event()] * plan.steps
         if terms.privacy_unit == "attribute":  # the histogram is uncharged under this unit
@@ -62,6 +62,10 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
         else:
             channels["features"] = [spec.features.dp_event()] * plan.steps
             channels["histogram"] = [spec.histogram.dp_event()] * plan.steps
+        metric = plan.metric_spec(terms)
+        if metric is not None:  # cost = metric: one more release of the session
+            events.append(metric.dp_event())
+            channels["metric"] = [metric.dp_event()]
     if plan.pate_scale is not None and plan.pate_queries > 0:
         pate = answers_event(terms.pate_aggregator, plan.pate_scale, plan.pate_queries)
         events.append(pate)

@@ -280,9 +280,8 @@ def tpami_pair(data_dir: str, src: str, tgt: str, run: int) -> dict:
     rel = releaser.release(info.session_id, 0)
     ys = counts_to_labels(rel.noisy_counts, rel.z.shape[0])
     xt_proj = view.x @ info.projection
-    out["dpda"] = _grid_scores(
-        rel.z, ys, rel.spec.features.noise_std, xt_proj, view.x, t.labels(), val, test
-    )
+    std = info.plan.spec(terms).features.noise_std
+    out["dpda"] = _grid_scores(rel.z, ys, std, xt_proj, view.x, t.labels(), val, test)
     out["dpda"]["epsilon_spent"] = ledger.spent("sub")
     out["seconds"] = time.perf_counter() - t0
     return out

@@ -245,6 +245,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from dpda.bench.accuracy import register_accuracy
     from dpda.bench.figures import register_figures
     from dpda.bench.load import register_load
+    from dpda.bench.metric import register_metric
     from dpda.bench.privacy import register_privacy
     from dpda.bench.public_source import register_public_source
     from dpda.bench.releases import register_releases
@@ -263,3 +264,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_public_source(bsub)
     register_target_privacy(bsub)
     register_scale(bsub)
+    register_metric(bsub)

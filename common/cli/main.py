@@ -322,7 +322,8 @@ TERM_FLAGS = (
     "noise_multiplier", "histogram_noise_ratio", "max_steps", "histogram_share", "calibration",
     "clip_norm", "release", "pate_teachers", "pate_aggregator", "pate_space",
     "synthetic_points", "synthetic_rows_per_point", "sinkhorn_steps", "sinkhorn_reg",
-    "sinkhorn_debias", "sinkhorn_learning_rate",
+    "sinkhorn_debias", "sinkhorn_learning_rate", "cost", "metric_share", "metric_dim",
+    "metric_pairs", "metric_margin", "metric_clip", "metric_steps", "metric_learning_rate",
 )  # fmt: skip
 # flags without a default of their own: SessionTerms fills them in from the unit and the release
 RELEASE_DEPENDENT_FLAGS = ("release", "histogram_share", "calibration")
@@ -338,6 +339,8 @@ TERM_HELP = {
     "release": "default: prototypes (record unit), rows (attribute unit, Algorithm 2); "
     "sinkhorn-synthetic: DP-Sinkhorn synthetic points (record unit)",
     "pate_teachers": "PATE: number of teachers T",
+    "cost": "OT ground cost: sqeuclidean in the projected space, or metric: a map W learned "
+    "under DP from the source's labels (one more release, same session ε)",
     "pate_space": "PATE queries in the projection space, or raw (opt-in)",
 }
 

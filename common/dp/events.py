@@ -24,6 +24,10 @@ composition of both events. Poisson-subsampled with rate ``p``: ``PoissonSampled
 Composed(Gaussian(σ_f), Gaussian(σ_h)))``, which equals one sampled Gaussian with multiplier
 ``(σ_f⁻² + σ_h⁻²)^(-1/2)`` (``accounting._gaussian_equivalent``).
 
+``MetricSpec`` — the learned ground cost (``dpda.dp.metric``): ``T`` full-batch Gaussian steps
+on the clipped pair-gradient sum, sensitivity ``2mG`` (replace-one), noise ``N(0, (σ·2mG)²)``;
+``SelfComposed(Gaussian(σ), T)``.
+
 ``RevealedSampledGaussianDpEvent`` — one Poisson-sampled Gaussian step accounted under the
 *attribute* relation, where sampling is revealed and amplifies δ but not ε (see its docstring).
 """
@@ -123,6 +127,30 @@ class BatchSpec:
                 self.features.noise_multiplier, self.sampling_rate
             )
         return dp_event.ComposedDpEvent([self.features.dp_event(), self.histogram.dp_event()])
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """The metric release of a session (``dpda.dp.metric``): W, d′ × ℓ."""
+
+    noise_multiplier: float  # σ of each step, per unit of sensitivity
+    sensitivity: float  # 2mG: Frobenius sensitivity of the clipped gradient sum (replace-one)
+    steps: int  # T full-batch steps
+    unit: str
+    relation: str
+    kind: str = "metric"
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of each step's noise, per coordinate of the gradient sum."""
+        return self.noise_multiplier * self.sensitivity
+
+    def dp_event(self) -> dp_event.DpEvent:
+        one = dp_event.GaussianDpEvent(self.noise_multiplier)
+        return one if self.steps == 1 else dp_event.SelfComposedDpEvent(one, self.steps)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -312,6 +312,9 @@ def report(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> dict[st
             continue
         entry = ledger_entries.get((r.dataset, r.ledger_seq))
         mech = RELEASE_METHODS[method]
+        spec = entry.params.get("spec") if entry is not None else None
+        if isinstance(spec, dict) and spec.get("kind") == "metric":
+            mech = "gaussian-metric-steps"  # the learned ground cost W (seed 003)
         d = releases.setdefault(
             f"{r.dataset}/{mech}",
             {"dataset": r.dataset, "releases": 0, "bytes": 0, "epsilon": 0.0, "mechanism": mech},

@@ -259,6 +259,14 @@ class TargetJob(_Strict):
     sinkhorn_reg: float = _term("sinkhorn_reg")
     sinkhorn_debias: float = _term("sinkhorn_debias")
     sinkhorn_learning_rate: float = _term("sinkhorn_learning_rate")
+    cost: Literal["sqeuclidean", "metric"] = _term("cost")
+    metric_share: float = _term("metric_share")
+    metric_dim: int = _term("metric_dim")
+    metric_pairs: int = _term("metric_pairs")
+    metric_margin: float = _term("metric_margin")
+    metric_clip: float = _term("metric_clip")
+    metric_steps: int = _term("metric_steps")
+    metric_learning_rate: float = _term("metric_learning_rate")
     pate_share: float = Field(
         default=PATE_SHARE, gt=0, lt=1, description="dpda+pate: PATE's ε share"
     )

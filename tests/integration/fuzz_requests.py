@@ -856,6 +856,16 @@ TEMPLATES: list[dict[str, Any]] = [
         pate_teachers=20,
     ),
     dict(epsilon=2.0, projection="target-pca", projection_dim=5),
+    # the learned metric (seed 003): W is one more release index of the session
+    dict(
+        epsilon=2.0,
+        projection="jl",
+        projection_dim=5,
+        cost="metric",
+        metric_dim=3,
+        metric_pairs=4,
+        metric_steps=5,
+    ),
     dict(
         epsilon=2.0,
         privacy_unit="attribute",

@@ -328,3 +328,35 @@ def test_sinkhorn_synthetic_over_the_service_equals_simulate(tmp_path) -> None:
     assert out["epsilon_spent"] == pytest.approx(sim.dpda.epsilon_spent, abs=1e-12)
     assert out["epsilon_spent"] <= 4.0
     assert out["rows_received"] == 2 * len(set(tgt.y.tolist()))
+
+
+def test_metric_cost_over_the_service_equals_simulate(tmp_path) -> None:
+    """cost = metric through the real daemons: W travels as one more signed release of the
+    session, the target recomputes its charge and the ledgers agree; the numbers equal the
+    in-process run with the same seed, and ε spent includes the metric's charge."""
+    job = {"cost": "metric", "metric_dim": 4, "metric_steps": 5}
+    dep = synthetic_deployment(tmp_path, seed=78, job=job)
+    with run_server(load_source(dep.source_config)) as rs:
+        out = _run_target(dep, rs.port)
+        source_entries = rs.handlers.ledger.store.entries("synthetic")
+    target_ledger, _ = open_state(load_target(dep.target_config))
+    target_entries = target_ledger.store.entries("synthetic")
+    assert [e.to_json() for e in source_entries] == [e.to_json() for e in target_entries]
+    kinds = [e.params["spec"].get("kind") for e in source_entries]
+    assert kinds == ["metric", None]  # the metric first, then the session's feature release
+    assert all(e.source_sig and e.target_sig and e.payload_sha256 for e in source_entries)
+    src, tgt = two_domains()
+    terms = SessionTerms(dataset="synthetic", epsilon=4.0, delta=DELTA, projection_dim=10, **job)
+    sim = simulate(src, tgt, terms, "raw", AdaptConfig(), seed=78, baselines=False)
+    assert out["accuracy"] == sim.dpda.accuracy
+    assert out["epsilon_spent"] == pytest.approx(sim.dpda.epsilon_spent, abs=1e-12)
+    assert out["epsilon_spent"] == pytest.approx(source_entries[-1].spend_after, abs=1e-12)
+    assert out["epsilon_spent"] <= 4.0
+    # the target's audit report lists W as its own mechanism, beside the feature release
+    from dpda.service.audit import AuditLog, report
+    from dpda.service.verify import open_state as verify_state
+
+    conn, store = verify_state(str(dep.target_state))
+    rep = report(AuditLog(conn, ""), {(e.dataset, e.seq): e for e in store.entries()})
+    mechs = {d["mechanism"]: d["releases"] for d in rep["releases_by_dataset"].values()}
+    assert mechs == {"gaussian-metric-steps": 1, "gaussian-features+counts": 1}
