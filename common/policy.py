@@ -85,9 +85,10 @@ class PrivacyPolicy(BaseModel):
     # shapes from ℓ = 1, 100 points to 20k rows, ℓ = 50; the default terms ask about 5e7)
     max_synthetic_work: float = Field(default=4e8, gt=0)
     # the learned ground cost (seed 003, ``dpda.dp.metric``): a record-level release (whole
-    # records, replace-one, an exact Gaussian charge), so offered by default; its work is bounded
-    # (``metric_work``: at the default bound about a second of numpy on one core)
-    allow_metric: bool = True
+    # records, replace-one, an exact Gaussian charge) of a new kind, reading the labels: an
+    # opt-in, as reweighting, so that an existing source does not start offering it on upgrade;
+    # its work is bounded (``metric_work``: at the default bound about a second on one core)
+    allow_metric: bool = False
     max_metric_work: float = Field(default=2e9, gt=0)
     # the reverse deployment (seed 001): this daemon's rows are the private target of a peer's
     # reweighting; every step reads them through their clipped second moment only
@@ -121,6 +122,7 @@ class PrivacyPolicy(BaseModel):
             attribute_unit_exposes_labels_and_membership=unit == "attribute",
             releases=(release,),  # type: ignore[arg-type]
             attribute_bound=attribute_bound,
+            allow_metric=True,  # asked for by the user's own cost = metric
         )
 
 

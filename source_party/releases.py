@@ -22,7 +22,7 @@ from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling, per_row
 from dpda.dp.accounting import CalibrationTimeout, time_limit
 from dpda.dp.events import BatchSpec, MetricSpec, event_from_json
-from dpda.dp.ledger import LedgerEntry, PrivacyLedger
+from dpda.dp.ledger import LedgerEntry, PrivacyLedger, spend_of
 from dpda.dp.mechanisms import (
     check_projection,
     class_sums,
@@ -244,6 +244,17 @@ class SourceReleaser:
         except (ValueError, ArithmeticError, RuntimeWarning):  # a library's text is not public
             raise InvalidInput("no release plan can be computed for these terms") from None
         check_plan(self.policy, plan, terms)
+        if plan.metric_noise_multiplier is not None:
+            # the metric takes a share of the Gaussian part's μ², which leaves the exact ε
+            # unchanged; the ledger composes the feature event and the metric's separately
+            # (more pessimistically at small ε): refused here rather than half-way, after W
+            charged = spend_of(plan.events(terms), terms.delta)
+            if charged > terms.epsilon * (1 + 1e-9):
+                raise PolicyRefused(
+                    f"metric_share: with the metric the session's releases compose to ε "
+                    f"{charged:.6g} in the ledger, above its ε {terms.epsilon:g} (ask for a "
+                    "larger ε or no metric)"
+                )
         bound = {
             "sensitivity": plan.feature_sensitivity,
             "attribute_bound": plan.attribute_bound,

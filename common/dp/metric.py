@@ -10,8 +10,14 @@ with ``u_i = z_i / C`` the source's projected rows clipped to the session's norm
 ``‖u_i‖ ≤ 1``; the loss is then well defined and the margin ``μ`` is a public number in units of
 ``C``, not the paper's mean distance of dissimilar pairs, which is data-dependent).
 
-The pair graph comes from record *indices* only. Record ``i`` is paired with partners drawn by a
-public generator from ``(n, m, seed)``: ``⌊m/2⌋`` random permutations ``π`` give the pairs
+The pair graph comes from record *positions* only, after a secret uniform shuffle of the records
+(drawn from the session's CSPRNG stream, never released): the source may store its rows in any
+order (sorted by class, say), and replacing one record can then move every row after it; the
+shuffle makes the release a function of the *set* of records (for two neighbouring sets, couple
+the shuffles so that the replaced record lands on the same position: the two shuffled sequences
+differ in that one position, and the bound below holds for each coupled pair, hence for the
+mixture). Position ``i`` is paired with partners drawn by a public generator from ``(n, m,
+seed)``: ``⌊m/2⌋`` random permutations ``π`` give the pairs
 ``(i, π(i))`` (each adds two pairs per record: ``i → π(i)`` and ``π⁻¹(i) → i``; fixed points are
 dropped) and, for odd ``m``, one random perfect matching adds one. So every record joins at most
 ``m`` = ``pairs_per_record`` pairs, a public cap, and the graph is the same for every dataset of
@@ -93,6 +99,13 @@ def pair_graph(n: int, pairs_per_record: int, seed: int = PAIR_GRAPH_SEED) -> np
     return np.concatenate(parts).astype(np.int64)
 
 
+def secret_order(n: int, rng: np.random.Generator) -> np.ndarray:
+    """The records' positions in the pair graph: a uniform permutation from the session's
+    stream (module docstring). The ε audit replaces it by the identity to reach the worst case
+    on every draw (the shuffle can only lower the privacy loss: a mixture)."""
+    return np.asarray(rng.permutation(n))
+
+
 def initial_metric(dim: int, ell: int) -> np.ndarray:
     """Public start: the first ``d′`` coordinates of the projected space (with the target's PCA
     basis, its leading principal directions)."""
@@ -108,9 +121,9 @@ def clipped_gradient_sum(
     gradient_clip: float,
 ) -> np.ndarray:
     """``Σ_p clip_G(∇_W ℓ_p)`` (``d′ × ℓ``) without forming the ``P × d′ × ℓ`` stack: each
-    gradient is ``c_p·W Δ_p Δ_pᵀ``, of Frobenius norm ``|c_p|·‖WΔ_p‖·‖Δ_p‖`` (rank one), so its
-    clipped version is ``s_p·W Δ_p Δ_pᵀ`` with a scalar ``s_p`` and the sum is
-    ``W·(Δᵀ diag(s) Δ)``."""
+    gradient is ``c_p·(W Δ_p) Δ_pᵀ``, of Frobenius norm ``|c_p|·‖WΔ_p‖·‖Δ_p‖`` (rank one), so its
+    clipped version is ``s_p·(W Δ_p) Δ_pᵀ`` with a scalar ``s_p`` and the sum is
+    ``(WΔ)ᵀ diag(s) Δ``."""
     if pairs.shape[0] == 0:
         return np.zeros_like(w)
     delta = u[pairs[:, 0]] - u[pairs[:, 1]]
@@ -122,7 +135,9 @@ def clipped_gradient_sum(
     coef = np.where(inside, -2.0 * (margin - dist) / np.maximum(dist, 1e-12), coef)
     norm = np.abs(coef) * dist * dn
     s = coef * np.minimum(1.0, gradient_clip / np.maximum(norm, 1e-300))
-    return np.asarray(w @ ((delta * s[:, None]).T @ delta))
+    # Σ s_p (WΔ_p) Δ_pᵀ from the very WΔ whose norm was clipped (not W·(Δᵀ diag(s) Δ), where the
+    # rounding of a huge s_p on a WΔ_p of ~0 is multiplied by W and escapes the clip)
+    return np.asarray((wd * s[:, None]).T @ delta)
 
 
 def contrastive_loss(
@@ -160,7 +175,8 @@ def train_metric(
     draw = gaussian_noise if noise is None else noise
     p = params
     n, ell = z.shape
-    u = z / clip_norm
+    order = secret_order(n, rng)  # the secret shuffle (module docstring); nothing of it leaves
+    u, labels = z[order] / clip_norm, np.asarray(labels)[order]
     pairs = pair_graph(n, p.pairs_per_record)
     similar = labels[pairs[:, 0]] == labels[pairs[:, 1]]
     n_pairs = max(int(pairs.shape[0]), 1)  # public: the graph depends on n and m only

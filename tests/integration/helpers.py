@@ -34,6 +34,7 @@ def synthetic_deployment(
     attribute_unit: bool = False,
     reweighting: bool = False,
     target_privacy: dict[str, Any] | None = None,
+    metric: bool = False,
 ) -> Deployment:
     """``attribute_unit``: the source opts into the attribute unit and row releases, and the job
     asks for it (per-row minibatches need it; the default policy releases record aggregates).
@@ -64,6 +65,8 @@ def synthetic_deployment(
         dataset["policy"] = dict(ATTRIBUTE_POLICY)
     if reweighting:
         dataset["policy"] = {**dataset.get("policy", {}), "allow_reweighting": True}
+    if metric:  # the source opts into the learned ground cost
+        dataset["policy"] = {**dataset.get("policy", {}), "allow_metric": True}
     base_job.update(job or {})
     return make_deployment(
         tmp,

@@ -335,7 +335,7 @@ def test_metric_cost_over_the_service_equals_simulate(tmp_path) -> None:
     session, the target recomputes its charge and the ledgers agree; the numbers equal the
     in-process run with the same seed, and ε spent includes the metric's charge."""
     job = {"cost": "metric", "metric_dim": 4, "metric_steps": 5}
-    dep = synthetic_deployment(tmp_path, seed=78, job=job)
+    dep = synthetic_deployment(tmp_path, seed=78, job=job, metric=True)
     with run_server(load_source(dep.source_config)) as rs:
         out = _run_target(dep, rs.port)
         source_entries = rs.handlers.ledger.store.entries("synthetic")

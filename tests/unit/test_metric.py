@@ -45,6 +45,7 @@ def _data(n: int = 400, q: int = 3, k: int = 8, seed: int = 0):
 
 
 def _releaser(x, y, q, budget=100.0, **kw):
+    kw.setdefault("policy", PrivacyPolicy(allow_metric=True))  # the source's opt-in
     return memory_releaser(
         Domain("d", x, y, q), "d", Budget(budget, 1e-5), np.random.default_rng(3), **kw
     )
@@ -220,10 +221,12 @@ def test_refusals_charge_nothing() -> None:
     with pytest.raises(PolicyRefused, match="learned metric"):
         rel.open_session(_terms(), d)
     terms = _terms(metric_steps=1000, metric_pairs=64)
-    rel, ledger = _releaser(x, y, 3, policy=PrivacyPolicy(max_metric_work=1e6))
+    rel, ledger = _releaser(x, y, 3, policy=PrivacyPolicy(allow_metric=True, max_metric_work=1e6))
     with pytest.raises(PolicyRefused, match="more work"):
         rel.open_session(terms, d)
-    rel, ledger = _releaser(x, y, 3, policy=PrivacyPolicy(min_noise_multiplier=5.0))
+    rel, ledger = _releaser(
+        x, y, 3, policy=PrivacyPolicy(allow_metric=True, min_noise_multiplier=5.0)
+    )
     with pytest.raises(PolicyRefused, match="noise multiplier"):
         rel.open_session(_terms(epsilon=100.0, metric_share=0.99, metric_steps=1), d)
     assert ledger.store.entries("d") == []
@@ -326,3 +329,35 @@ def test_a_budget_too_small_for_any_useful_metric_is_refused_before_the_charge()
     info = rel.open_session(t, d)
     w = rel.release(info.session_id, info.plan.steps).z
     assert np.all(np.isfinite(w))
+
+
+def test_each_clipped_pair_term_stays_within_the_clip_near_the_null_space_of_w() -> None:
+    """A dissimilar pair with WΔ ≈ 0 but Δ not small has a huge coefficient; the term is built
+    from the same WΔ whose norm was clipped, so rounding cannot carry it past G."""
+    rng = np.random.default_rng(0)
+    w = np.array([[1.0, -1.0, 0.0]])
+    worst = 0.0
+    for _ in range(2000):
+        a = rng.normal(size=3)
+        b = a - rng.normal() * np.array([1.0, 1.0, 0.0]) * (1 + 1e-15 * rng.normal())
+        u = np.stack([a, b])
+        g = M.clipped_gradient_sum(w, u, np.array([[0, 1]]), np.array([False]), 10.0, 1e-3)
+        worst = max(worst, float(np.linalg.norm(g)) / 1e-3)
+    assert worst <= 1.0 + 1e-9
+
+
+def test_the_pair_graph_is_laid_on_a_secret_shuffle_not_the_stored_order() -> None:
+    """Rows stored sorted by class: replacing one record with another class moves every row
+    between the classes; the pairs are drawn on positions of a secret uniform shuffle, so two
+    noise-free trainings with different streams pair the same rows differently (with no shuffle
+    they would be identical)."""
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=(60, 3)) * 0.3
+    y = np.sort(rng.integers(0, 3, 60))
+    params = M.MetricParams(dim=2, pairs_per_record=2, margin=1.0, gradient_clip=1.0, steps=3,
+                            learning_rate=1.0)  # fmt: skip
+    a = M.train_metric(z, y, params, 1.0, 0.0, np.random.default_rng(1))
+    b = M.train_metric(z, y, params, 1.0, 0.0, np.random.default_rng(2))
+    assert not np.allclose(a, b)
+    same = M.train_metric(z, y, params, 1.0, 0.0, np.random.default_rng(1))
+    assert np.array_equal(a, same)
