@@ -39,7 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dpda.dp.mechanisms import AGGREGATE_RELEASES, MIN_DISCRETE_LAPLACE_PARAMETER, ReleaseKind
-from dpda.dp.metric import metric_work
+from dpda.dp.metric import metric_memory, metric_work
 
 Unit = Literal["attribute", "record"]
 Release = ReleaseKind
@@ -90,6 +90,8 @@ class PrivacyPolicy(BaseModel):
     # its work is bounded (``metric_work``: at the default bound about a second on one core)
     allow_metric: bool = False
     max_metric_work: float = Field(default=2e9, gt=0)
+    # ... and its memory (``metric_memory``): the work bound alone allowed tens of GB at ℓ = 1
+    max_metric_bytes: float = Field(default=2**30, gt=0)
     # the reverse deployment (seed 001): this daemon's rows are the private target of a peer's
     # reweighting; every step reads them through their clipped second moment only
     allow_reweighting: bool = False  # an opt-in: a new kind of release of these rows
@@ -207,6 +209,13 @@ def check_work(policy: PrivacyPolicy, terms: Any, n_rows: int, n_classes: int) -
                 f"metric_steps {terms.metric_steps} × metric_pairs {terms.metric_pairs} at "
                 f"projection_dim {terms.projection_dim} is more work than this source allows "
                 f"({work:.3g} of {policy.max_metric_work:.3g}): ask for fewer steps or pairs"
+            )
+        mem = metric_memory(n_rows, terms.projection_dim, terms.metric_rows, terms.metric_pairs)
+        if mem > policy.max_metric_bytes:
+            _refuse(
+                f"metric_pairs {terms.metric_pairs} over this source's {n_rows} rows needs "
+                f"{mem / 2**20:.0f} MiB a step, more than it allows "
+                f"({policy.max_metric_bytes / 2**20:.0f} MiB): ask for fewer pairs"
             )
     if terms.dpda and terms.release == "sinkhorn-synthetic":
         work = synthetic_work(terms, n_rows, n_classes)

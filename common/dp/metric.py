@@ -202,3 +202,10 @@ def metric_work(n_rows: int, ell: int, dim: int, pairs_per_record: int, steps: i
     ``Δ`` and ``WΔ`` and adds ``Δ Δᵀ`` (``ℓ² + d′ℓ``), and one ``d′ × ℓ × ℓ`` product."""
     pairs = n_rows * pairs_per_record
     return float(steps * (pairs * (ell * ell + dim * ell + 2 * ell) + dim * ell * ell))
+
+
+def metric_memory(n_rows: int, ell: int, dim: int, pairs_per_record: int) -> float:
+    """Peak bytes of one step's temporaries, an upper bound: the pair indices (2 int64 a pair),
+    ``Δ`` and its scaled copy (ℓ each) and ``WΔ`` (d′), float64, plus a few per-pair scalars."""
+    pairs = n_rows * pairs_per_record
+    return float(8 * pairs * (2 + 2 * ell + dim + 6))

@@ -361,3 +361,13 @@ def test_the_pair_graph_is_laid_on_a_secret_shuffle_not_the_stored_order() -> No
     assert not np.allclose(a, b)
     same = M.train_metric(z, y, params, 1.0, 0.0, np.random.default_rng(1))
     assert np.array_equal(a, same)
+
+
+def test_a_metric_that_needs_more_memory_than_the_policy_allows_is_refused_uncharged() -> None:
+    x, y = np.random.default_rng(0).normal(size=(200, 6)), np.arange(200) % 3
+    rel, ledger = _releaser(x, y, 3, policy=PrivacyPolicy(allow_metric=True, max_metric_bytes=1e5))
+    terms = SessionTerms(dataset="d", epsilon=4.0, delta=1e-5, projection_dim=4, cost="metric",
+                         metric_dim=2, metric_pairs=8)  # fmt: skip
+    with pytest.raises(PolicyRefused, match="MiB"):
+        rel.open_session(terms, _disclosure(6, 4))
+    assert ledger.store.entries("d") == []
