@@ -17,8 +17,7 @@ import threading
 import time
 from typing import Any
 
-from dpda.bench.speed import _in_child, _rss_mb, _status_mb
-from dpda.dp.mechanisms import PrivacyUnit
+from dpda.bench.speed import _in_child, _rss_mb, _status_mb, job_inputs
 from dpda.service.output import add_json_option, write_json
 
 FULL = {"n_source": 150_000, "n_target": 50_000, "dim": 256, "batch_size": 1000, "steps": 150}
@@ -31,26 +30,12 @@ def _scale_child(spec: dict[str, Any], workers: int, conn) -> None:
     from distributed import get_task_stream
     from threadpoolctl import threadpool_limits
 
-    from dpda.data.synthetic import two_domains
     from dpda.simulation import simulate
     from dpda.target_party.compute import ComputeSpec, open_compute
-    from dpda.target_party.pipeline import AdaptConfig
-    from dpda.terms import SessionTerms
 
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    src, tgt = two_domains(spec["n_source"], spec["n_target"], k=spec["dim"], seed=spec["seed"])
-    terms = SessionTerms(
-        dataset="synthetic",
-        epsilon=spec["epsilon"],
-        delta=1.0 / (1.2 * spec["n_source"]),
-        projection_dim=spec["projection_dim"],
-        batch_size=spec["batch_size"],
-        steps=spec["steps"],
-        max_steps=spec["steps"],
-        privacy_unit=PrivacyUnit.ATTRIBUTE,
-    )
-    cfg = AdaptConfig(classifier=spec["classifier"], target_batch=0, select="none")
+    src, tgt, terms, cfg = job_inputs({**spec, "target_batch": 0})
     data_s = time.perf_counter() - t0
     memory = spec.get("memory_per_worker")
     with (

@@ -59,6 +59,30 @@ class PeakMemory:
         self.peak_mb = max((high if high is not None else _rss_mb()) - self.base, 0.0)
 
 
+def job_inputs(spec: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """The synthetic whole job of a spec (``dpda bench speed --visda``, ``dpda bench scale``):
+    the two domains, attribute-unit minibatch terms and the fixed-λ adaptation config."""
+    from dpda.data.synthetic import two_domains
+    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.terms import SessionTerms
+
+    src, tgt = two_domains(spec["n_source"], spec["n_target"], k=spec["dim"], seed=spec["seed"])
+    terms = SessionTerms(
+        dataset="synthetic",
+        epsilon=spec["epsilon"],
+        delta=1.0 / (1.2 * spec["n_source"]),
+        projection_dim=spec["projection_dim"],
+        batch_size=spec["batch_size"],
+        steps=spec["steps"],
+        max_steps=max(spec["steps"], 1),
+        privacy_unit=PrivacyUnit.ATTRIBUTE,
+    )
+    cfg = AdaptConfig(
+        classifier=spec["classifier"], target_batch=spec.get("target_batch", 0), select="none"
+    )
+    return src, tgt, terms, cfg
+
+
 def _in_child(target: Any, *args: Any) -> dict[str, Any]:
     """Run ``target(*args, conn)`` in a fresh interpreter; return what it sends."""
     import multiprocessing as mp
@@ -173,29 +197,13 @@ def solver_rows(sizes: list[int], pot_max_n: int) -> dict[str, list[dict[str, An
 
 # ------------------------------------------------------------------------------ (b) whole jobs
 def _job_child(spec: dict[str, Any], conn) -> None:
-    from dpda.data.synthetic import two_domains
     from dpda.simulation import simulate
-    from dpda.target_party.pipeline import AdaptConfig
-    from dpda.terms import SessionTerms
 
     # Linux keeps a process's maximum RSS across fork + exec, so ru_maxrss here would start at
     # the parent's size; reset the high-water mark and read it back instead.
     mem = PeakMemory().__enter__()
     t0 = time.perf_counter()
-    src, tgt = two_domains(spec["n_source"], spec["n_target"], k=spec["dim"], seed=spec["seed"])
-    terms = SessionTerms(
-        dataset="synthetic",
-        epsilon=spec["epsilon"],
-        delta=1.0 / (1.2 * spec["n_source"]),
-        projection_dim=spec["projection_dim"],
-        batch_size=spec["batch_size"],
-        steps=spec["steps"],
-        max_steps=max(spec["steps"], 1),
-        privacy_unit=PrivacyUnit.ATTRIBUTE,
-    )
-    cfg = AdaptConfig(
-        classifier=spec["classifier"], target_batch=spec["target_batch"], select="none"
-    )  # the solver is measured, at the fixed λe, λg
+    src, tgt, terms, cfg = job_inputs(spec)  # the solver is measured, at the fixed λe, λg
     data_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     out = simulate(src, tgt, terms, "raw", cfg, seed=spec["seed"], baselines=False)
