@@ -10,7 +10,10 @@ except through ``common.dp.pate.noisy_argmax``.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
 
@@ -51,7 +54,9 @@ class TeacherEnsemble:
                 self.teachers.append(_Constant(int(labels[0]) if part.size else 0))
                 continue
             clf = LogisticRegression(max_iter=500, C=1.0)
-            clf.fit(x[part], labels)
+            with warnings.catch_warnings():  # an unconverged teacher still votes; its vote is
+                warnings.simplefilter("ignore", ConvergenceWarning)  # what the noise protects
+                clf.fit(x[part], labels)
             self.teachers.append(clf)
 
     def votes(self, queries: np.ndarray) -> np.ndarray:
