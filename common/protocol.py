@@ -28,6 +28,14 @@ def payload_digest(*parts: bytes) -> str:
     return h.hexdigest()
 
 
+def array_digest(a: np.ndarray | None) -> str:
+    """SHA-256 of an array as float64 little-endian (``""`` for None): binds a ledger entry to
+    the projection and scaling its sensitivity was computed from (both parties compute it)."""
+    if a is None:
+        return ""
+    return hashlib.sha256(np.ascontiguousarray(a, dtype="<f8").tobytes()).hexdigest()
+
+
 @dataclass(frozen=True)
 class TargetDisclosure:
     """What the target discloses about its own data when it opens a session (it logs it)."""

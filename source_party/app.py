@@ -143,6 +143,8 @@ def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
             public=public if public is not None else public_rng(),
             insecure_seed=cfg.seed is not None,
         )
+        if domains[d.name].y is not None:  # labeled: it serves release sessions
+            releasers[d.name].rows()  # its per-row representation, once, before any session
     peers = {p.cert_fingerprint: p for p in cfg.peers}
     handlers = handlers_cls(
         conn,

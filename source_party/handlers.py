@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -47,12 +48,14 @@ from dpda.protocol import (
     payload_digest,
     queries_digest,
 )
-from dpda.service import signing
+from dpda.service import responsive_io_threads, signing
 from dpda.service.config import Peer, SourceLimits
 from dpda.service.crashpoints import crash_point
 from dpda.source_party import reweighting as RW
 from dpda.source_party.releases import PreparedSession, SourceReleaser
 from dpda.terms import ReweightingTerms, SessionTerms, terms_error
+
+log = logging.getLogger("dpda.source")
 
 T = TypeVar("T", SessionTerms, ReweightingTerms)
 
@@ -161,6 +164,12 @@ class SourceHandlers:
         # reverse-deployment sessions (seed 001): in memory; after a restart the peer opens a
         # new one (the charges already made stay in the ledger and keep counting)
         self.reweighting: dict[str, RW.ReweightingSession] = {}
+        # a new session's first release computed ahead, outside the lock (``_warm``): one at a
+        # time; an open that finds the worker busy is not warmed (its release does the work)
+        self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpda-warm")
+        responsive_io_threads()
+        self._warm_slot = threading.BoundedSemaphore(1)
+        self._warming: dict[str, Future[None]] = {}
 
     # ------------------------------------------------------------------------- preflight
     def describe(self, peer: str, dataset: str) -> dict[str, Any]:
@@ -242,9 +251,43 @@ class SourceHandlers:
                 self._store_session(peer, terms, info, scaling)
                 crash_point("source.open_session.stored")
                 self.last_used[sid] = time.monotonic()
+            self._warm(peer, releaser, sid)
         plan_json = info.plan.model_dump_json()
         sig = signing.sign(self.key, (terms.model_dump_json() + plan_json).encode())
         return info, plan_json, sig
+
+    def _warm(self, peer: str, releaser: SourceReleaser, sid: str, index: int = 0) -> None:
+        """Start ``SourceReleaser.warm`` for the session's release ``index`` in the background
+        (after OpenSession, while the target reads the plan and checks its own budget; after a
+        release, while it fits that one); the release waits for it (outside the lock) and then
+        finds the features prepared and its charge's ε composed."""
+        if not self._warm_slot.acquire(blocking=False):
+            return
+        name = self.peers[peer].name
+        cap = self.peers[peer].epsilon_cap
+
+        def run() -> None:
+            try:
+                ds = releaser.dataset
+                prior = [
+                    event_from_json(e.dp_event)
+                    for e in self.ledger.store.entries(ds)
+                    if e.peer == name
+                ]
+                releaser.warm(sid, [("peer", cap, prior)], index)
+            except Exception:  # only caches: the release computes (and reports) for itself
+                log.debug("warming session %s failed", sid, exc_info=True)
+            finally:
+                self._warm_slot.release()
+
+        with self.lock:
+            self._warming[sid] = self._warmer.submit(run)
+
+    def _await_warm(self, sid: str) -> None:
+        with self.lock:
+            pending = self._warming.pop(sid, None)
+        if pending is not None:
+            pending.result()
 
     def _signed_terms(
         self, peer: str, terms_json: str, target_sig: str, model: type[T]
@@ -278,6 +321,7 @@ class SourceHandlers:
                 self.conn.execute("UPDATE sessions SET closed=1 WHERE session_id=?", (sid,))
                 self.releasers[ds].close_session(sid)
                 self.last_used.pop(sid, None)
+                self._warming.pop(sid, None)
 
     def _store_session(
         self, peer: str, terms: SessionTerms, info: SessionInfo, scaling: Scaling | None
@@ -339,6 +383,7 @@ class SourceHandlers:
             self.conn.execute("UPDATE sessions SET closed=1 WHERE session_id=?", (session_id,))
             releaser.close_session(session_id)
             self.last_used.pop(session_id, None)
+            self._warming.pop(session_id, None)
             return self._uncountersigned(releaser.dataset, self.peers[peer].name)
 
     def _uncountersigned(self, dataset: str, name: str) -> list[int]:
@@ -381,6 +426,7 @@ class SourceHandlers:
         releaser, info = self._session(peer, session_id)
         if start + count > info.plan.releases:
             raise InvalidInput("batch range out of bounds")
+        self._await_warm(session_id)  # outside the lock: the work it did is not done twice
         with self.lock:
             known = self._known_prefix(releaser.dataset, ledger_head, ledger_length)
         call = {f"{session_id}/{i}" for i in range(start, start + count)}
@@ -390,6 +436,9 @@ class SourceHandlers:
                 signed, known = self._with_catch_up(releaser.dataset, signed, known)
                 crash_point("source.release.signed")
             yield signed
+        # the last one is on its way (gRPC asks for more once it has sent it): the session's
+        # next release is composed while the target fits this one
+        self._warm(peer, releaser, session_id, start + count)
 
     def _known_prefix(self, dataset: str, ledger_head: str, ledger_length: int) -> int:
         """How many of the dataset's entries the peer holds: its head must be our head, or the

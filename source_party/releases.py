@@ -46,7 +46,14 @@ from dpda.policy import (
     check_terms,
     check_work,
 )
-from dpda.protocol import BatchRelease, PateAnswer, SessionInfo, TargetDisclosure, queries_digest
+from dpda.protocol import (
+    BatchRelease,
+    PateAnswer,
+    SessionInfo,
+    TargetDisclosure,
+    array_digest,
+    queries_digest,
+)
 from dpda.source_party.teachers import TeacherEnsemble
 from dpda.terms import (
     PlanRefused,
@@ -101,20 +108,20 @@ def prepare_features(x_raw: np.ndarray, representation: str, scaling: Scaling | 
     """Per-row transform, then the target's public scaling, clamped to ±CLAMP (all DP-clean:
     per-row or elementwise maps with public parameters). Clipping (record unit) happens after
     the projection, on finite rows (``mechanisms.clip_rows``)."""
-    x = per_row(x_raw, representation)
+    return scaled_features(per_row(x_raw, representation), scaling)
+
+
+def scaled_features(rows: np.ndarray, scaling: Scaling | None) -> np.ndarray:
+    """``prepare_features`` from rows already in their per-row representation (the part that
+    needs no input from the target): a new array, ``rows`` untouched; element for element the
+    same arithmetic as ``Scaling.apply``, in place, without its temporaries."""
+    x = np.array(rows, dtype=np.float64)
     if scaling is not None:
         with np.errstate(over="ignore", invalid="ignore"):
-            x = scaling.apply(x)
-    x = np.clip(x, -CLAMP, CLAMP)  # ±inf → ±CLAMP
-    return np.nan_to_num(x, nan=0.0)
-
-
-def digest(a: np.ndarray | None) -> str:
-    """SHA-256 of an array as float64 little-endian (``""`` for None): binds a ledger entry to
-    the basis and scaling its sensitivity was computed from."""
-    if a is None:
-        return ""
-    return hashlib.sha256(np.ascontiguousarray(a, dtype="<f8").tobytes()).hexdigest()
+            x -= scaling.mean
+            x /= scaling.std
+    np.clip(x, -CLAMP, CLAMP, out=x)  # ±inf → ±CLAMP
+    return np.nan_to_num(x, nan=0.0, copy=False)
 
 
 def teacher_assignment(n_rows: int, n_teachers: int, key: bytes) -> np.ndarray:
@@ -163,7 +170,9 @@ class SourceReleaser:
         self.insecure_seed = insecure_seed
         self._sessions: dict[str, tuple[SessionTerms, SessionInfo, Scaling | None]] = {}
         self._features: dict[str, np.ndarray] = {}  # scaling digest → prepared features (LRU)
+        self._rows: np.ndarray | None = None  # the per-row representation (``rows``)
         self._feat_lock = threading.Lock()
+        self._rows_lock = threading.Lock()
         self._ens_lock = threading.Lock()
         self._bound: dict[str, dict[str, Any]] = {}  # session → what its charges depend on
         self._noise: dict[str, np.random.Generator] = {}  # session → its own noise stream
@@ -258,11 +267,11 @@ class SourceReleaser:
         bound = {
             "sensitivity": plan.feature_sensitivity,
             "attribute_bound": plan.attribute_bound,
-            "projection_sha256": digest(m),
-            "scaling_mean_sha256": digest(
+            "projection_sha256": array_digest(m),
+            "scaling_mean_sha256": array_digest(
                 None if disclosure.scaling is None else disclosure.scaling.mean
             ),
-            "scaling_std_sha256": digest(std),
+            "scaling_std_sha256": array_digest(std),
             **({"insecure_seed": True} if self.insecure_seed else {}),
         }
         return PreparedSession(terms, disclosure.scaling, m, plan, bound)
@@ -279,20 +288,64 @@ class SourceReleaser:
         self._bound[sid] = prepared.bound
         return info
 
+    def rows(self) -> np.ndarray:
+        """The dataset in its per-row representation: needs nothing from any target, so it is
+        computed once (read-only) and shared by every scaling; the daemon computes it when it
+        starts."""
+        with self._rows_lock:
+            if self._rows is None:
+                x = self.domain.x
+                r = np.asarray(x, np.float64) if self.representation == "raw" else None
+                r = (per_row(x, self.representation) if r is None else r).view()
+                r.setflags(write=False)
+                self._rows = r
+            return self._rows
+
     def features(self, session_id: str) -> np.ndarray:
         """The session's prepared features (per-row map, the target's scaling, clamp): one
         read-only copy per distinct scaling, at most ``FEATURE_CACHE`` of them kept."""
         scaling = self._sessions[session_id][2]
-        key = "" if scaling is None else digest(scaling.mean) + digest(scaling.std)
+        key = "" if scaling is None else array_digest(scaling.mean) + array_digest(scaling.std)
+        rows = self.rows()
         with self._feat_lock:
             x = self._features.pop(key, None)
             if x is None:
-                x = prepare_features(self.domain.x, self.representation, scaling)
+                x = scaled_features(rows, scaling)
                 x.setflags(write=False)
             self._features[key] = x  # most recently used last
             while len(self._features) > FEATURE_CACHE:
                 self._features.pop(next(iter(self._features)))
         return x
+
+    def warm(
+        self,
+        session_id: str,
+        extra_caps: Sequence[tuple[str, float, Sequence[Any]]] = (),
+        index: int = 0,
+    ) -> None:
+        """What the session's release ``index`` will compute, computed ahead: the prepared
+        features (``features``) and the ε of its charge on every cap (the accountant's
+        composition cache). Nothing is charged, drawn or sent: the release still checks and
+        charges for itself, and finds these cached. The daemon runs this after ``OpenSession``
+        for the first release, and after each release for the next, while the target fits the
+        last one (cold, a composition costs 20–130 ms and otherwise sits inside the release,
+        under the handlers' lock)."""
+        terms, info = self.session(session_id)
+        if not (0 <= index < info.plan.releases):
+            return
+        self.features(session_id)
+        event = info.plan.release_spec(terms, index).dp_event()
+        prior = [
+            event_from_json(e.dp_event)
+            for e in self.ledger.store.entries(self.dataset)
+            if e.session == session_id
+        ]
+        try:
+            self.ledger.check(
+                self.dataset, [event], [("session", terms.epsilon, prior), *extra_caps]
+            )
+        except BudgetExceeded:
+            pass  # the release will say so, with the numbers
 
     def session(self, session_id: str) -> tuple[SessionTerms, SessionInfo]:
         try:

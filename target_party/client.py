@@ -42,9 +42,10 @@ from dpda.protocol import (
     ReweightingInfo,
     SessionInfo,
     TargetDisclosure,
+    array_digest,
     payload_digest,
 )
-from dpda.service import serde, signing
+from dpda.service import responsive_io_threads, serde, signing
 from dpda.service.audit import AuditLog, ClientAuditInterceptor
 from dpda.service.config import TargetConfig
 from dpda.service.crashpoints import crash_point
@@ -185,7 +186,10 @@ class GrpcReleaseSource:
         # session so the source can check the claim; "" under the exact opt-in
         self.target_claim = ""
         self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpda-verify")
+        responsive_io_threads()
         self._pending: Future[None] | None = None
+        self._warm: Future[None] | None = None  # the first charge composed ahead (open_session)
+        self.facts: pb.DescribeDatasetResponse | None = None  # the source's, from ``describe``
 
     def _guard(self, dropped: bool) -> None:
         """Before a call: if the connection dropped since the last check (a state change or an
@@ -256,6 +260,7 @@ class GrpcReleaseSource:
             or not all(math.isfinite(v) and v >= 0 for v in budget)
         ):
             raise PeerMisbehaved("the source's description of its dataset is out of range")
+        self.facts = resp
         return resp
 
     def preflight(
@@ -439,23 +444,30 @@ class GrpcReleaseSource:
             req.scaling_std.CopyFrom(serde.to_pb(disclosure.scaling.std))
         if disclosure.basis is not None:
             req.basis.CopyFrom(serde.to_pb(disclosure.basis))
+        std = None if disclosure.scaling is None else disclosure.scaling.std
+        self._warm_first_charge(terms, disclosure.basis, std)
         try:
             resp = self.stub.OpenSession(req, timeout=self.cfg.timeout_s)
-            proj = self.stub.GetProjection(
-                pb.GetProjectionRequest(session_id=resp.session_id), timeout=self.cfg.timeout_s
-            )
+            if disclosure.basis is not None and terms.dpda:
+                # the source must use the target's own basis: every release's ledger entry,
+                # signed, binds the digest of the projection it was computed with (``_accept``)
+                m = np.asarray(disclosure.basis, dtype=np.float64)
+            else:  # the source's JL matrix, or PATE alone (its answers bind no projection)
+                proj = self.stub.GetProjection(
+                    pb.GetProjectionRequest(session_id=resp.session_id),
+                    timeout=self.cfg.timeout_s,
+                )
+                m = serde.from_pb(proj.projection, dtype="<f8", ndim=2)
         except grpc.RpcError as exc:
             raise _translate(exc) from None
+        if disclosure.basis is not None and not np.array_equal(m, disclosure.basis):
+            raise PeerMisbehaved("the source uses a projection other than the target's basis")
         crash_point("target.open_session.received")
         if not signing.verify(
             self.source_pub, (terms.model_dump_json() + resp.plan_json).encode(), resp.source_sig
         ):
             raise PeerMisbehaved("session terms are not signed by the pinned source key")
-        m = serde.from_pb(proj.projection, dtype="<f8", ndim=2)
-        if disclosure.basis is not None and not np.array_equal(m, disclosure.basis):
-            raise PeerMisbehaved("the source uses a projection other than the target's basis")
         plan = ReleasePlan.model_validate_json(resp.plan_json)
-        std = None if disclosure.scaling is None else disclosure.scaling.std
         bound = plan.attribute_bound if plan.attribute_bound is not None else 1.0
         recomputed = plan_batches(
             terms, int(resp.n_rows), m, attribute_bound=bound, scaling_std=std
@@ -476,6 +488,30 @@ class GrpcReleaseSource:
             )
         )
         return info
+
+    def _warm_first_charge(
+        self, terms: SessionTerms, basis: np.ndarray | None, std: np.ndarray | None
+    ) -> None:
+        """Compose the session's first charge ahead, while ``OpenSession`` is in flight: the
+        plan from the source's public facts (``describe``) and the target's own basis, and the
+        ε its first release adds to the target's ledger — what the pre-check (1) computes once
+        the signed plan is back (cold: 20–50 ms of PLD on the critical path). Only caches are
+        filled; the plan and the check are computed again, from what the source signs. Not
+        with a JL projection (the source draws it) or before ``describe``."""
+        facts = self.facts
+        if basis is None or facts is None:
+            return
+        n_rows = int(facts.n_rows)
+
+        def run() -> None:
+            try:
+                plan = plan_batches(terms, n_rows, basis, scaling_std=std)
+                if plan.releases > 0:
+                    self.ledger.would_spend(self.dataset, [plan.release_spec(terms, 0).dp_event()])
+            except Exception:  # caches only: the real plan and check report for themselves
+                log.debug("composing the first charge ahead failed", exc_info=True)
+
+        self._warm = self._checker.submit(run)
 
     def close_session(self, session_id: str) -> None:
         self.settle()
@@ -505,6 +541,9 @@ class GrpcReleaseSource:
 
     def _release(self, session_id: str, index: int) -> BatchRelease:
         self.settle()
+        warm, self._warm = self._warm, None
+        if warm is not None:  # its result is in the caches the check reads
+            warm.result()
         terms, info = self._sessions[session_id]
         if not (0 <= index < info.plan.releases):
             raise InvalidInput("batch index out of range")
@@ -655,6 +694,8 @@ class GrpcReleaseSource:
         entry = LedgerEntry.from_json(msg.entry_json)
         if int(msg.index) != index:
             raise PeerMisbehaved("ledger entry is for another request")
+        if entry.params.get("projection_sha256") != array_digest(info.projection):
+            raise PeerMisbehaved("the release was computed with another projection")
         more = index + 1 < info.plan.releases
         catch_up = [LedgerEntry.from_json(t) for t in msg.catch_up_json]
         self._verify_entry(

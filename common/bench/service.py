@@ -1,19 +1,29 @@
 """``dpda bench service``: the same DPDA job in-process and through the two daemons.
 
-Both arms run in the same invocation on the same data with the same seed, ``--repeats`` times
-each, alternated (so a slow spell of a shared machine hits both), and their medians compared:
-the in-process arm calls the job directly against ``SourceReleaser``; the service arm starts
-``dpda source serve`` as a process (mTLS, SQLite ledger, audit log on) and runs ``dpda target
-run`` as another. The job time of each (opening the session to the results, every charge
-countersigned, as measured inside the job; the channel's teardown after it is not counted), the
-whole-process wall time of the service arm, their ratio and the bytes on the wire (from both
-audit logs) are printed and written as JSON.
+Three arms run in the same invocation on the same data with the same seed, ``--repeats``
+times each, alternated (so a slow spell of a shared machine hits all of them), and their
+medians compared:
+
+* **in-process, fresh process** (the baseline of ``ratio``): the job called directly against
+  ``SourceReleaser`` in a process of its own, as the service's ``dpda target run`` is one and
+  the source daemon is freshly started — every arm's caches start cold;
+* **service**: ``dpda source serve`` as a process (mTLS, SQLite ledger, audit log on) and
+  ``dpda target run`` as another;
+* **in-process, warm** (``ratio_vs_warm``): the job repeated in this process after an untimed
+  run, every cache warm — what a service whose processes are fresh cannot have.
+
+The job time of each (opening the session to the results, every charge countersigned, as
+measured inside the job; the channel's teardown after it is not counted), the whole-process
+wall time of the service arm, the ratios and the bytes on the wire (from both audit logs) are
+printed and written as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +48,83 @@ def _in_process(src, tgt, terms, rep: str, scaling: str, seed: int) -> dict[str,
         "accuracy": out.dpda.accuracy,
         "epsilon_spent": out.dpda.epsilon_spent,
     }
+
+
+def _inputs(spec: dict[str, Any]) -> tuple[Any, ...]:
+    """(source, target, terms, representation, scaling, source dataset table, target job
+    table) of one case: built alike in this process and in a fresh one (``in_process_child``)."""
+    from dpda.data.loaders import load_domain
+    from dpda.data.synthetic import two_domains
+    from dpda.terms import SessionTerms
+
+    if spec["case"] == "office":
+        src = load_domain(spec["data_dir"], "office-caltech", "C")
+        tgt = load_domain(spec["data_dir"], "office-caltech", "A")
+        delta = 1 / (1.2 * src.x.shape[0])
+        terms = SessionTerms(dataset="C", epsilon=8.0, delta=delta)
+        common = {"representation": "sqrt", "epsilon": 8.0, "delta": delta}
+        dataset = {"name": "C", "kind": "office-caltech", "path": spec["data_dir"],
+                   "domain": "C", **common}  # fmt: skip
+        job = {"dataset": "C", "data_kind": "office-caltech", "data_path": spec["data_dir"],
+               "domain": "A", **common}  # fmt: skip
+        return src, tgt, terms, "sqrt", "zscore", dataset, job
+    n, batch, steps = spec["rows"], spec["batch_size"], spec["steps"]
+    src, tgt = two_domains(n, n)
+    delta = 1 / (1.2 * n)
+    terms = SessionTerms(
+        dataset="syn",
+        epsilon=8.0,
+        delta=delta,
+        projection_dim=10,
+        batch_size=batch,
+        steps=steps,
+        privacy_unit=PrivacyUnit.ATTRIBUTE,
+    )
+    dataset = {
+        "name": "syn",
+        "kind": "synthetic",
+        "synthetic_rows": [n, n],
+        "epsilon": 8.0,
+        "delta": delta,
+        "policy": {
+            "units": ["attribute"],
+            "attribute_unit_exposes_labels_and_membership": True,
+            "releases": ["rows"],
+        },
+    }
+    job = {
+        "dataset": "syn",
+        "data_kind": "synthetic",
+        "synthetic_rows": [n, n],
+        "epsilon": 8.0,
+        "delta": delta,
+        "projection_dim": 10,
+        "batch_size": batch,
+        "steps": steps,
+        "privacy_unit": "attribute",
+    }
+    return src, tgt, terms, "raw", "zscore", dataset, job
+
+
+def in_process_child(spec_json: str) -> None:
+    """One in-process job in this (fresh) process; prints its JSON on the last line."""
+    spec = json.loads(spec_json)
+    src, tgt, terms, rep, scaling, _, _ = _inputs(spec)
+    print(json.dumps(_in_process(src, tgt, terms, rep, scaling, spec["seed"])), flush=True)
+
+
+def _in_process_fresh(spec: dict[str, Any]) -> dict[str, Any]:
+    """The in-process job in a process of its own, as ``dpda target run`` is one: its caches
+    (the accountant's compositions, first calls) start as cold as the service's do."""
+    code = (
+        "import sys; from dpda.bench.service import in_process_child; in_process_child(sys.argv[1])"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True, timeout=3600
+    )
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-2000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _service(workdir: Path, dataset: dict, job: dict, seed: int) -> dict[str, Any]:
@@ -75,153 +162,73 @@ def _service(workdir: Path, dataset: dict, job: dict, seed: int) -> dict[str, An
     }
 
 
-def _case(
-    name: str,
-    src,
-    tgt,
-    terms,
-    dataset: dict,
-    job: dict,
-    rep_name: str,
-    scaling: str,
-    seed: int,
-    root: Path,
-    repeats: int,
-) -> dict[str, Any]:
-    ins: list[dict[str, Any]] = []
+def _arm(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "seconds": float(np.median([r["seconds"] for r in runs])),
+        "runs": runs,
+        "accuracy": runs[0]["accuracy"],
+        "epsilon_spent": runs[0]["epsilon_spent"],
+    }
+
+
+def _case(name: str, spec: dict[str, Any], root: Path, repeats: int) -> dict[str, Any]:
+    """Three arms, alternated run by run (a slow spell of a shared machine hits all three):
+    the in-process job in a fresh process; the service (a fresh source daemon and ``dpda
+    target run``, each a fresh process); the in-process job again in this process, after one
+    untimed run, its caches warm."""
+    src, tgt, terms, rep_name, scaling, dataset, job = _inputs(spec)
+    seed = spec["seed"]
+    fresh: list[dict[str, Any]] = []
     svc: list[dict[str, Any]] = []
-    for rep in range(repeats):  # alternated, so a slow spell of the machine hits both arms
-        print(f"[{name}] in-process, run {rep + 1}/{repeats} …", flush=True)
-        ins.append(_in_process(src, tgt, terms, rep_name, scaling, seed))
+    warm: list[dict[str, Any]] = []
+    _in_process(src, tgt, terms, rep_name, scaling, seed)  # warms this process's caches
+    for rep in range(repeats):
+        print(f"[{name}] in-process, fresh process, run {rep + 1}/{repeats} …", flush=True)
+        fresh.append(_in_process_fresh(spec))
         print(f"[{name}] service (two daemons, mTLS, ledger + audit), run {rep + 1} …", flush=True)
         svc.append(_service(root / f"{name} #{rep}", dataset, job, seed))
-    a = {
-        "seconds": float(np.median([r["seconds"] for r in ins])),
-        "runs": ins,
-        "accuracy": ins[0]["accuracy"],
-        "epsilon_spent": ins[0]["epsilon_spent"],
-    }
+        print(f"[{name}] in-process, warm (this process), run {rep + 1} …", flush=True)
+        warm.append(_in_process(src, tgt, terms, rep_name, scaling, seed))
+    a, w = _arm(fresh), _arm(warm)
     b = {
-        **svc[0],
-        "seconds": float(np.median([r["seconds"] for r in svc])),
-        "runs": svc,
+        **_arm(svc),
         "process_wall_seconds": float(np.median([r["process_wall_seconds"] for r in svc])),
+        "bytes_on_wire": svc[0]["bytes_on_wire"],
     }
-    ratio = b["seconds"] / a["seconds"]
+    ratio, ratio_warm = b["seconds"] / a["seconds"], b["seconds"] / w["seconds"]
     print(
-        f"[{name}] median of {repeats}: in-process {a['seconds']:.2f} s | service "
-        f"{b['seconds']:.2f} s (processes {b['process_wall_seconds']:.2f} s) | ratio "
-        f"{ratio:.3f} | {b['bytes_on_wire']:,} bytes on the wire | accuracy "
-        f"{a['accuracy']:.2f} vs {b['accuracy']:.2f}",
+        f"[{name}] median of {repeats}: in-process {a['seconds']:.3f} s (fresh process) / "
+        f"{w['seconds']:.3f} s (warm) | service {b['seconds']:.3f} s (processes "
+        f"{b['process_wall_seconds']:.2f} s) | ratio {ratio:.3f} (vs warm {ratio_warm:.3f}) | "
+        f"{b['bytes_on_wire']:,} bytes on the wire | accuracy {a['accuracy']:.2f} vs "
+        f"{b['accuracy']:.2f}",
         flush=True,
     )
     return {
         "case": name,
         "repeats": repeats,
         "in_process": a,
+        "in_process_warm": w,
         "service": b,
         "ratio": ratio,
-        "same_result": all(r["accuracy"] == a["accuracy"] for r in ins + svc),
+        "ratio_vs_warm": ratio_warm,
+        "same_result": all(r["accuracy"] == a["accuracy"] for r in fresh + svc + warm),
     }
 
 
 def run_bench_service(args: argparse.Namespace) -> int:
-    from dpda.data.loaders import default_data_dir, load_domain
-    from dpda.data.synthetic import two_domains
-    from dpda.terms import SessionTerms
+    from dpda.data.loaders import default_data_dir
 
     root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dpda-bench-"))
     results = []
-    seed = 0
     data_dir = args.data_dir or default_data_dir()
     if data_dir is not None and not args.skip_office:
-        src = load_domain(data_dir, "office-caltech", "C")
-        tgt = load_domain(data_dir, "office-caltech", "A")
-        delta = 1 / (1.2 * src.x.shape[0])
-        terms = SessionTerms(dataset="C", epsilon=8.0, delta=delta)
-        dataset = {
-            "name": "C",
-            "kind": "office-caltech",
-            "path": str(data_dir),
-            "domain": "C",
-            "representation": "sqrt",
-            "epsilon": 8.0,
-            "delta": delta,
-        }
-        job = {
-            "dataset": "C",
-            "data_kind": "office-caltech",
-            "data_path": str(data_dir),
-            "domain": "A",
-            "representation": "sqrt",
-            "epsilon": 8.0,
-            "delta": delta,
-        }
-        results.append(
-            _case(
-                "office-caltech C->A",
-                src,
-                tgt,
-                terms,
-                dataset,
-                job,
-                "sqrt",
-                "zscore",
-                seed,
-                root,
-                args.repeats,
-            )
-        )
+        spec = {"case": "office", "data_dir": str(data_dir), "seed": 0}
+        results.append(_case("office-caltech C->A", spec, root, args.repeats))
     n = args.synthetic_rows
-    src, tgt = two_domains(n, n)
-    delta = 1 / (1.2 * n)
-    terms = SessionTerms(
-        dataset="syn",
-        epsilon=8.0,
-        delta=delta,
-        projection_dim=10,
-        batch_size=args.batch_size,
-        steps=args.steps,
-        privacy_unit=PrivacyUnit.ATTRIBUTE,
-    )
-    dataset = {
-        "name": "syn",
-        "kind": "synthetic",
-        "synthetic_rows": [n, n],
-        "epsilon": 8.0,
-        "delta": delta,
-        "policy": {
-            "units": ["attribute"],
-            "attribute_unit_exposes_labels_and_membership": True,
-            "releases": ["rows"],
-        },
-    }
-    job = {
-        "dataset": "syn",
-        "data_kind": "synthetic",
-        "synthetic_rows": [n, n],
-        "epsilon": 8.0,
-        "delta": delta,
-        "projection_dim": 10,
-        "batch_size": args.batch_size,
-        "steps": args.steps,
-        "privacy_unit": "attribute",
-    }
-    results.append(
-        _case(
-            f"synthetic {n}x{n}",
-            src,
-            tgt,
-            terms,
-            dataset,
-            job,
-            "raw",
-            "zscore",
-            seed,
-            root,
-            args.repeats,
-        )
-    )
+    spec = {"case": "synthetic", "rows": n, "batch_size": args.batch_size, "steps": args.steps,
+            "seed": 0}  # fmt: skip
+    results.append(_case(f"synthetic {n}x{n}", spec, root, args.repeats))
     out = {"benchmark": "service", "cases": results, "workdir": str(root)}
     write_json(args, out)
     return 0

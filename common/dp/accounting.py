@@ -548,6 +548,7 @@ _STEP_CACHE: OrderedDict[tuple[str, int, float], Any] = OrderedDict()
 _FOLD_CACHE: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 64  # PLDs of ~0.1–1 MB each
+_EPSILON_CACHE: OrderedDict[tuple[Any, ...], float] = OrderedDict()  # one float per entry
 _NOT_DP = object()  # a group with no DP guarantee: ε = ∞
 
 
@@ -620,6 +621,15 @@ def ledger_epsilon(
     _tick()
     if not groups:
         return 0.0
+    # the groups' keys are their events' canonical JSON: equal keys, equal ε (reading ε off a
+    # cached PLD still costs 2–3 ms, and a charge reads it for each cap, on both sides)
+    key = (tuple((k, n) for k, _, n in groups), delta, pld_interval)
+    return float(_cached(_EPSILON_CACHE, key, lambda: _ledger_epsilon(groups, delta, pld_interval)))
+
+
+def _ledger_epsilon(
+    groups: Sequence[tuple[str, dp_event.DpEvent, int]], delta: float, pld_interval: float
+) -> float:
     rewritten = [(k, _for_accountant(e, Accountant.PLD), n) for k, e, n in groups]
     gauss = [(k, e, n) for k, e, n in rewritten if _gaussian_equivalent(e) is not None]
     rest = [(k, e, n) for k, e, n in rewritten if _gaussian_equivalent(e) is None]

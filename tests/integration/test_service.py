@@ -12,6 +12,7 @@ from dpda.data.synthetic import two_domains
 from dpda.deployment import set_source_address
 from dpda.dp.ledger import LedgerEntry
 from dpda.errors import BudgetExceeded, PeerMisbehaved
+from dpda.protocol import TargetDisclosure
 from dpda.service.config import load_source, load_target
 from dpda.simulation import simulate
 from dpda.source_party.app import run_server
@@ -96,6 +97,31 @@ def test_target_detects_a_misbehaving_source(tmp_path, mode: str) -> None:
             _run_target(dep, rs.port)
     target_ledger, _ = open_state(load_target(dep.target_config))
     assert target_ledger.store.entries("synthetic") == []  # nothing accepted
+
+
+class _OtherBasis(SourceHandlers):
+    """Plans and releases with an orthonormal basis of its own instead of the target's."""
+
+    def _plan(self, releaser, terms, disclosure, projection=None):
+        if disclosure.basis is not None and projection is None:
+            rng = np.random.default_rng(0)
+            q, _ = np.linalg.qr(rng.normal(size=np.asarray(disclosure.basis).shape))
+            disclosure = TargetDisclosure(disclosure.scaling, q)
+        return super()._plan(releaser, terms, disclosure, projection)
+
+
+def test_target_detects_a_source_using_another_projection(tmp_path) -> None:
+    """The target does not ask its own basis back (no GetProjection round trip under
+    target-pca): every release's signed ledger entry binds the digest of the projection it was
+    computed with, and one that is not the target's basis is refused, nothing accepted."""
+    dep = synthetic_deployment(tmp_path)
+    with run_server(load_source(dep.source_config), _OtherBasis) as rs:
+        with pytest.raises(PeerMisbehaved, match="computed with another projection"):
+            _run_target(dep, rs.port)
+        methods = {r.method.rsplit("/", 1)[-1] for r, _ in rs.audit.records()}
+        assert "GetProjection" not in methods and "ReleaseBatches" in methods
+    target_ledger, _ = open_state(load_target(dep.target_config))
+    assert target_ledger.store.entries("synthetic") == []
 
 
 def test_service_equals_simulate_for_a_fixed_seed(tmp_path) -> None:

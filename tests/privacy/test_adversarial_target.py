@@ -27,11 +27,11 @@ from dpda.errors import PUBLIC_CATALOG, ConfigError
 from dpda.pb import dpda_pb2 as pb
 from dpda.pb import dpda_pb2_grpc as pb_grpc
 from dpda.policy import SCALING_MEAN_MAX, SCALING_STD_RANGE
+from dpda.protocol import array_digest as digest
 from dpda.service import serde, signing
 from dpda.service.config import load_source
 from dpda.service.tls import channel_credentials
 from dpda.source_party.app import run_server
-from dpda.source_party.releases import digest
 from tests.integration.helpers import SignedStub
 
 pytestmark = pytest.mark.slow  # every test here takes seconds (real daemons or long runs)

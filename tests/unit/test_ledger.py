@@ -111,5 +111,6 @@ def test_a_charge_recomposes_only_what_changed(monkeypatch: pytest.MonkeyPatch) 
 
     accounting._FOLD_CACHE.clear()
     accounting._STEP_CACHE.clear()
+    accounting._EPSILON_CACHE.clear()  # else ε itself comes back from the cache
     fresh = spend_of([*events, events[-1]], 1e-5)
     assert fresh == pytest.approx(led.store.entries()[-1].spend_after, abs=1e-12)

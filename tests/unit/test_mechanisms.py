@@ -206,3 +206,51 @@ def test_a_peers_basis_with_huge_entries_is_refused_without_overflow() -> None:
             check_projection(m, 40, orthonormal=True)
     q, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(40, 5)))
     check_projection(q, 40, orthonormal=True)  # a real orthonormal basis passes
+
+
+def test_warming_a_session_charges_draws_and_writes_nothing() -> None:
+    """``SourceReleaser.warm`` (the daemon runs it after OpenSession): the features prepared
+    and the first charge composed, with no ledger entry and no noise drawn — also when the
+    budget would refuse the release (which then refuses with the numbers, as without it)."""
+    from dpda.errors import BudgetExceeded
+
+    src = _zero_source(100, 5, 2)
+    terms = SessionTerms(dataset="z", epsilon=4, delta=1e-5, projection="jl", projection_dim=2)
+    gen = np.random.default_rng(0)
+    rel, ledger = memory_releaser(src, "z", Budget(5, 1e-5), gen)
+    disc = TargetDisclosure(Scaling(np.zeros(5), np.ones(5)))
+    info = rel.open_session(terms, disc)
+    before = gen.bit_generator.state
+    rel.warm(info.session_id, [("peer", 100.0, [])])
+    assert gen.bit_generator.state == before and ledger.store.entries() == []
+    assert rel.features(info.session_id) is rel.features(info.session_id)  # cached, shared
+    rel.release(info.session_id, 0)
+    info2 = rel.open_session(terms, disc)
+    rel.warm(info2.session_id)  # over the dataset's cap: no exception, nothing written
+    assert len(ledger.store.entries()) == 1
+    with pytest.raises(BudgetExceeded, match="cap ε 5"):
+        rel.release(info2.session_id, 0)
+
+
+def test_scaled_features_are_the_per_row_map_then_the_scaling_and_clamp() -> None:
+    """``scaled_features`` (per-row part computed once per dataset, the target's scaling in
+    place per session) equals the plain formula bit for bit, infinities and NaN included, and
+    leaves the shared rows untouched."""
+    from dpda.data.preprocessing import per_row
+    from dpda.source_party.releases import CLAMP, prepare_features, scaled_features
+
+    rng = np.random.default_rng(3)
+    x = np.abs(rng.normal(size=(40, 6)))
+    x[0, 0], x[1, :] = 1e308, 0.0
+    scaling = Scaling(rng.normal(size=6), np.array([1e-300, 1.0, 2.0, 0.5, 3.0, 1e300]))
+    for rep in ("sqrt", "raw", "l2"):
+        with np.errstate(all="ignore"):  # l2: the 1e308 row's norm overflows (as in a daemon)
+            rows = per_row(x, rep)
+            plain = np.nan_to_num(np.clip((rows - scaling.mean) / scaling.std, -CLAMP, CLAMP))
+            from_raw = prepare_features(x, rep, scaling)
+        kept = rows.copy()
+        got = scaled_features(rows, scaling)
+        assert np.array_equal(got, plain) and np.array_equal(rows, kept)
+        assert np.array_equal(from_raw, plain)
+        unscaled = np.nan_to_num(np.clip(rows, -CLAMP, CLAMP))
+        assert np.array_equal(scaled_features(rows, None), unscaled)
