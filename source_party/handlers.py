@@ -57,6 +57,7 @@ from dpda.terms import ReweightingTerms, SessionTerms, terms_error
 
 log = logging.getLogger("dpda.source")
 
+
 T = TypeVar("T", SessionTerms, ReweightingTerms)
 
 _SCHEMA = """
@@ -166,10 +167,11 @@ class SourceHandlers:
         self.reweighting: dict[str, RW.ReweightingSession] = {}
         # a new session's first release computed ahead, outside the lock (``_warm``): one at a
         # time; an open that finds the worker busy is not warmed (its release does the work)
-        self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpda-warm")
+        self._warmer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpda-warm")
         responsive_io_threads()
         self._warm_slot = threading.BoundedSemaphore(1)
         self._warming: dict[str, Future[None]] = {}
+        self._warm_lock = threading.Lock()  # guards ``_warming``: taken last, for a dict op only
 
     # ------------------------------------------------------------------------- preflight
     def describe(self, peer: str, dataset: str) -> dict[str, Any]:
@@ -257,34 +259,42 @@ class SourceHandlers:
         return info, plan_json, sig
 
     def _warm(self, peer: str, releaser: SourceReleaser, sid: str, index: int = 0) -> None:
-        """Start ``SourceReleaser.warm`` for the session's release ``index`` in the background
-        (after OpenSession, while the target reads the plan and checks its own budget; after a
-        release, while it fits that one); the release waits for it (outside the lock) and then
-        finds the features prepared and its charge's ε composed."""
+        """``SourceReleaser.warm`` for the session's release ``index``, in the background and
+        its two halves side by side (the features are numpy work that leaves the interpreter
+        lock to the composition): after OpenSession, while the target reads the plan; after a
+        release, while it fits that one. The release waits for it (outside the lock) and then
+        finds the features prepared and its charge's ε composed. One warm-up at a time: an
+        open or a release that finds one running is not warmed (its release does the work)."""
         if not self._warm_slot.acquire(blocking=False):
             return
         name = self.peers[peer].name
         cap = self.peers[peer].epsilon_cap
 
+        def charge() -> None:
+            ds = releaser.dataset
+            prior = [
+                event_from_json(e.dp_event) for e in self.ledger.store.entries(ds) if e.peer == name
+            ]
+            releaser.warm_charge(sid, [("peer", cap, prior)], index)
+
         def run() -> None:
-            try:
-                ds = releaser.dataset
-                prior = [
-                    event_from_json(e.dp_event)
-                    for e in self.ledger.store.entries(ds)
-                    if e.peer == name
-                ]
-                releaser.warm(sid, [("peer", cap, prior)], index)
+            try:  # (two workers, one warm-up at a time: the second is free for the features)
+                features = None
+                if index == 0:  # later releases find the session's features cached
+                    features = self._warmer.submit(releaser.warm_features, sid)
+                charge()
+                if features is not None:
+                    features.result()
             except Exception:  # only caches: the release computes (and reports) for itself
                 log.debug("warming session %s failed", sid, exc_info=True)
             finally:
                 self._warm_slot.release()
 
-        with self.lock:
+        with self._warm_lock:
             self._warming[sid] = self._warmer.submit(run)
 
     def _await_warm(self, sid: str) -> None:
-        with self.lock:
+        with self._warm_lock:
             pending = self._warming.pop(sid, None)
         if pending is not None:
             pending.result()
@@ -321,7 +331,8 @@ class SourceHandlers:
                 self.conn.execute("UPDATE sessions SET closed=1 WHERE session_id=?", (sid,))
                 self.releasers[ds].close_session(sid)
                 self.last_used.pop(sid, None)
-                self._warming.pop(sid, None)
+                with self._warm_lock:
+                    self._warming.pop(sid, None)
 
     def _store_session(
         self, peer: str, terms: SessionTerms, info: SessionInfo, scaling: Scaling | None
@@ -383,7 +394,8 @@ class SourceHandlers:
             self.conn.execute("UPDATE sessions SET closed=1 WHERE session_id=?", (session_id,))
             releaser.close_session(session_id)
             self.last_used.pop(session_id, None)
-            self._warming.pop(session_id, None)
+            with self._warm_lock:
+                self._warming.pop(session_id, None)
             return self._uncountersigned(releaser.dataset, self.peers[peer].name)
 
     def _uncountersigned(self, dataset: str, name: str) -> list[int]:

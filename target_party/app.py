@@ -396,6 +396,7 @@ def run_job(
         # [compute]: the fits on Dask workers; releases and ledger stay in this process
         with open_compute(spec_of(cfg.compute)) as compute:
             t0 = time.perf_counter()
+            source.compose_ahead(terms, view.scaling.std)  # while the target computes its basis
             res = run_dpda(source, view, terms, acfg, source.spent, progress, rq, compute)
             # the job ends with its results in hand and every charge checked and countersigned
             # (``spent`` settled them); tearing the channel (and cluster) down is not job time

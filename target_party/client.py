@@ -188,7 +188,7 @@ class GrpcReleaseSource:
         self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpda-verify")
         responsive_io_threads()
         self._pending: Future[None] | None = None
-        self._warm: Future[None] | None = None  # the first charge composed ahead (open_session)
+        self._ahead: Future[None] | None = None  # sync + first charge composed (compose_ahead)
         self.facts: pb.DescribeDatasetResponse | None = None  # the source's, from ``describe``
 
     def _guard(self, dropped: bool) -> None:
@@ -427,15 +427,20 @@ class GrpcReleaseSource:
     def open_session(
         self, terms: SessionTerms, disclosure: TargetDisclosure, session_id: str | None = None
     ) -> SessionInfo:
-        self.sync_ledger()  # settles the last release first
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.result()  # the sync (and the first charge composed) started with the job
+        else:
+            self.sync_ledger()  # settles the last release first
         # the audit record of this request carries the id of the target's own ledger entry for
         # what it discloses under DP (``audit report`` joins the two), else the terms' hash
         claim_id = json.loads(self.target_claim)["request_id"] if self.target_claim else ""
+        resume = session_id or self._saved_session(terms)
         req = pb.OpenSessionRequest(
             request_id=claim_id
             or hashlib.sha256(terms.model_dump_json().encode()).hexdigest()[:32],
             terms_json=terms.model_dump_json(),
-            session_id=session_id or self._saved_session(terms),
+            session_id=resume,
             target_sig=signing.sign(self.key, terms.model_dump_json().encode()),
             target_claim_json=self.target_claim,
         )
@@ -445,14 +450,17 @@ class GrpcReleaseSource:
         if disclosure.basis is not None:
             req.basis.CopyFrom(serde.to_pb(disclosure.basis))
         std = None if disclosure.scaling is None else disclosure.scaling.std
-        self._warm_first_charge(terms, disclosure.basis, std)
         try:
             resp = self.stub.OpenSession(req, timeout=self.cfg.timeout_s)
-            if disclosure.basis is not None and terms.dpda:
+            if disclosure.basis is not None and terms.dpda and not resume:
                 # the source must use the target's own basis: every release's ledger entry,
-                # signed, binds the digest of the projection it was computed with (``_accept``)
+                # signed, binds the digest of the projection it was computed with (checked
+                # before the release is accepted)
                 m = np.asarray(disclosure.basis, dtype=np.float64)
-            else:  # the source's JL matrix, or PATE alone (its answers bind no projection)
+            else:
+                # the source's JL matrix; PATE alone (its answers bind no projection); a
+                # resumed session (the source keeps the projection it stored: one that is
+                # not this run's basis is refused here, before anything is charged)
                 proj = self.stub.GetProjection(
                     pb.GetProjectionRequest(session_id=resp.session_id),
                     timeout=self.cfg.timeout_s,
@@ -489,29 +497,33 @@ class GrpcReleaseSource:
         )
         return info
 
-    def _warm_first_charge(
-        self, terms: SessionTerms, basis: np.ndarray | None, std: np.ndarray | None
-    ) -> None:
-        """Compose the session's first charge ahead, while ``OpenSession`` is in flight: the
-        plan from the source's public facts (``describe``) and the target's own basis, and the
-        ε its first release adds to the target's ledger — what the pre-check (1) computes once
-        the signed plan is back (cold: 20–50 ms of PLD on the critical path). Only caches are
-        filled; the plan and the check are computed again, from what the source signs. Not
-        with a JL projection (the source draws it) or before ``describe``."""
+    def compose_ahead(self, terms: SessionTerms, scaling_std: np.ndarray | None) -> None:
+        """Started as the job starts, in the background while the target computes its own
+        part of the session (its basis, the clip norm): the ledger sync ``open_session`` would
+        do first, then the session's first charge composed onto the synced ledger — what the
+        pre-check (1) computes once the signed plan is back (cold, 30–90 ms of PLD, measured,
+        that would otherwise sit between OpenSession and the first release). A release's event
+        depends on the terms and the source's size (``describe``), not on the projection or
+        the clip norm (only its sensitivity does), so an identity basis stands in for the
+        target's; the real plan and check are computed again from what the source signs. A
+        failed sync is ``open_session``'s error; a failed composition only leaves the cache
+        cold."""
         facts = self.facts
-        if basis is None or facts is None:
-            return
-        n_rows = int(facts.n_rows)
 
         def run() -> None:
+            self.sync_ledger()
+            if facts is None:
+                return
             try:
-                plan = plan_batches(terms, n_rows, basis, scaling_std=std)
+                n_rows, k = int(facts.n_rows), int(facts.n_features)
+                m = np.eye(k, min(terms.projection_dim, k, n_rows))
+                plan = plan_batches(terms, n_rows, m, scaling_std=scaling_std)
                 if plan.releases > 0:
                     self.ledger.would_spend(self.dataset, [plan.release_spec(terms, 0).dp_event()])
             except Exception:  # caches only: the real plan and check report for themselves
                 log.debug("composing the first charge ahead failed", exc_info=True)
 
-        self._warm = self._checker.submit(run)
+        self._ahead = self._checker.submit(run)
 
     def close_session(self, session_id: str) -> None:
         self.settle()
@@ -541,9 +553,6 @@ class GrpcReleaseSource:
 
     def _release(self, session_id: str, index: int) -> BatchRelease:
         self.settle()
-        warm, self._warm = self._warm, None
-        if warm is not None:  # its result is in the caches the check reads
-            warm.result()
         terms, info = self._sessions[session_id]
         if not (0 <= index < info.plan.releases):
             raise InvalidInput("batch index out of range")
@@ -613,9 +622,11 @@ class GrpcReleaseSource:
         known: LedgerEntry | None,
         more: bool = False,
         catch_up: list[LedgerEntry] | None = None,
+        projection: np.ndarray | None = None,
     ) -> None:
-        """Payload hash, signature, request and event now; the charge check, append and
-        countersignature in the background (``settle`` waits for them)."""
+        """Payload hash, signature, request, event (and for a release the projection it
+        was computed with) now; the charge check, append and countersignature in the
+        background (``settle`` waits for them)."""
         if digest != claimed or entry.payload_sha256 != digest:
             raise PeerMisbehaved("payload hash does not match")
         if not signing.verify(self.source_pub, entry.signed_message(), entry.source_sig):
@@ -626,6 +637,10 @@ class GrpcReleaseSource:
             raise PeerMisbehaved("the charged event differs from the agreed mechanism")
         if known is not None and known.body() != entry.body():
             raise PeerMisbehaved("a retried release came back with a different entry")
+        if projection is not None and entry.params.get("projection_sha256") != array_digest(
+            projection
+        ):
+            raise PeerMisbehaved("the release was computed with another projection")
         for e in catch_up or []:
             if e.source_sig and not signing.verify(
                 self.source_pub, e.signed_message(), e.source_sig
@@ -694,13 +709,12 @@ class GrpcReleaseSource:
         entry = LedgerEntry.from_json(msg.entry_json)
         if int(msg.index) != index:
             raise PeerMisbehaved("ledger entry is for another request")
-        if entry.params.get("projection_sha256") != array_digest(info.projection):
-            raise PeerMisbehaved("the release was computed with another projection")
         more = index + 1 < info.plan.releases
         catch_up = [LedgerEntry.from_json(t) for t in msg.catch_up_json]
         self._verify_entry(
-            entry, digest, msg.payload_sha256, rid, spec.dp_event(), known, more, catch_up
-        )
+            entry, digest, msg.payload_sha256, rid, spec.dp_event(), known, more, catch_up,
+            info.projection,
+        )  # fmt: skip
         return BatchRelease(index, z, counts, spec, entry.seq)
 
     # ---------------------------------------------------- reweighting (the reverse shape)

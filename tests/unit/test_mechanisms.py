@@ -232,6 +232,27 @@ def test_warming_a_session_charges_draws_and_writes_nothing() -> None:
         rel.release(info2.session_id, 0)
 
 
+def test_a_warm_up_never_pushes_another_scaling_out_of_the_feature_cache() -> None:
+    """Opening sessions costs a peer nothing: its warm-ups fill free slots of the feature
+    cache only, so they cannot evict the features other sessions' releases use."""
+    from dpda.source_party.releases import FEATURE_CACHE
+
+    src = _zero_source(50, 5, 2)
+    terms = SessionTerms(dataset="z", epsilon=1, delta=1e-5, projection="jl", projection_dim=2)
+    rel, _ = memory_releaser(src, "z", Budget(1e6, 1e-5))
+    sids = [
+        rel.open_session(terms, TargetDisclosure(Scaling(np.full(5, float(i)), np.ones(5))))
+        for i in range(FEATURE_CACHE + 1)
+    ]
+    for info in sids[:FEATURE_CACHE]:
+        rel.features(info.session_id)
+    held = list(rel._features)
+    rel.warm(sids[-1].session_id)
+    assert list(rel._features) == held  # full: the warm-up skipped the features
+    rel.features(sids[-1].session_id)  # a release's own call still evicts the oldest
+    assert list(rel._features)[:-1] == held[1:]
+
+
 def test_scaled_features_are_the_per_row_map_then_the_scaling_and_clamp() -> None:
     """``scaled_features`` (per-row part computed once per dataset, the target's scaling in
     place per session) equals the plain formula bit for bit, infinities and NaN included, and
@@ -254,3 +275,11 @@ def test_scaled_features_are_the_per_row_map_then_the_scaling_and_clamp() -> Non
         assert np.array_equal(from_raw, plain)
         unscaled = np.nan_to_num(np.clip(rows, -CLAMP, CLAMP))
         assert np.array_equal(scaled_features(rows, None), unscaled)
+    # float32 rows (an in-process caller's own Domain): the same dtypes as Scaling.apply gives
+    rows32 = per_row(x[2:].astype(np.float32), "sqrt")
+    for sc in (None, scaling, Scaling(scaling.mean.astype(np.float32), np.ones(6, np.float32))):
+        with np.errstate(all="ignore"):
+            ref = rows32 if sc is None else sc.apply(rows32)
+            ref = np.nan_to_num(np.clip(ref, -CLAMP, CLAMP))
+        got = scaled_features(rows32, sc)
+        assert got.dtype == ref.dtype and np.array_equal(got, ref)
