@@ -12,6 +12,10 @@ medians compared:
 * **in-process, warm** (``ratio_vs_warm``): the job repeated in this process after an untimed
   run, every cache warm — what a service whose processes are fresh cannot have.
 
+Every process of every arm runs its linear algebra on ``--blas-threads`` threads (default 1:
+two parties sharing one small machine would otherwise fight over its cores, as parties on their
+own machines do not; 0 leaves the libraries' default).
+
 The job time of each (opening the session to the results, every charge countersigned, as
 measured inside the job; the channel's teardown after it is not counted), the whole-process
 wall time of the service arm, the ratios and the bytes on the wire (from both audit logs) are
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -216,7 +221,23 @@ def _case(name: str, spec: dict[str, Any], root: Path, repeats: int) -> dict[str
     }
 
 
+BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def run_bench_service(args: argparse.Namespace) -> int:
+    """With ``--blas-threads N`` (default 1) every process of every arm runs its linear
+    algebra on N threads: two parties on one small machine would otherwise each start a BLAS
+    thread per core and fight over the cores, which parties on their own machines do not."""
+    from threadpoolctl import threadpool_limits
+
+    if args.blas_threads > 0:
+        os.environ.update({k: str(args.blas_threads) for k in BLAS_ENV})  # the child processes
+        with threadpool_limits(limits=args.blas_threads):  # this process's warm arm
+            return _run(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from dpda.data.loaders import default_data_dir
 
     root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dpda-bench-"))
@@ -229,7 +250,12 @@ def run_bench_service(args: argparse.Namespace) -> int:
     spec = {"case": "synthetic", "rows": n, "batch_size": args.batch_size, "steps": args.steps,
             "seed": 0}  # fmt: skip
     results.append(_case(f"synthetic {n}x{n}", spec, root, args.repeats))
-    out = {"benchmark": "service", "cases": results, "workdir": str(root)}
+    out = {
+        "benchmark": "service",
+        "blas_threads": args.blas_threads or None,
+        "cases": results,
+        "workdir": str(root),
+    }
     write_json(args, out)
     return 0
 
@@ -246,7 +272,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--batch-size", type=int, default=500)
     s.add_argument("--steps", type=int, default=4)
     s.add_argument(
-        "--repeats", type=int, default=3, help="runs of each arm, alternated; medians compared"
+        "--repeats", type=int, default=5, help="runs of each arm, alternated; medians compared"
+    )
+    s.add_argument(
+        "--blas-threads",
+        type=int,
+        default=1,
+        help="BLAS threads of every process of every arm (0: the libraries' default)",
     )
     s.set_defaults(func=run_bench_service)
     from dpda.bench.accuracy import register_accuracy

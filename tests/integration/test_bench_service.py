@@ -26,3 +26,7 @@ def test_bench_service_short(tmp_path: Path) -> None:
     assert len(case["in_process"]["runs"]) == len(case["service"]["runs"]) == 2
     assert case["ratio"] == case["service"]["seconds"] / case["in_process"]["seconds"] > 0
     assert case["service"]["bytes_on_wire"] > 0
+    # the warm arm (this process, after an untimed run) is reported beside the fresh one
+    assert len(case["in_process_warm"]["runs"]) == 2
+    assert case["ratio_vs_warm"] == case["service"]["seconds"] / case["in_process_warm"]["seconds"]
+    assert json.loads(out.read_text())["blas_threads"] == 1
