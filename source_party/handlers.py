@@ -167,7 +167,7 @@ class SourceHandlers:
         self.reweighting: dict[str, RW.ReweightingSession] = {}
         # a new session's first release computed ahead, outside the lock (``_warm``): one at a
         # time; an open that finds the worker busy is not warmed (its release does the work)
-        self._warmer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpda-warm")
+        self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpda-warm")
         responsive_io_threads()
         self._warm_slot = threading.BoundedSemaphore(1)
         self._warming: dict[str, Future[None]] = {}
@@ -259,32 +259,25 @@ class SourceHandlers:
         return info, plan_json, sig
 
     def _warm(self, peer: str, releaser: SourceReleaser, sid: str, index: int = 0) -> None:
-        """``SourceReleaser.warm`` for the session's release ``index``, in the background and
-        its two halves side by side (the features are numpy work that leaves the interpreter
-        lock to the composition): after OpenSession, while the target reads the plan; after a
-        release, while it fits that one. The release waits for it (outside the lock) and then
-        finds the features prepared and its charge's ε composed. One warm-up at a time: an
-        open or a release that finds one running is not warmed (its release does the work)."""
+        """``SourceReleaser.warm_charge`` for the session's release ``index``, in the
+        background: after OpenSession, while the target reads the plan; after a release, while
+        it fits that one. The release waits for it (outside the lock) and then finds its
+        charge's ε composed. One warm-up at a time: an open or a release that finds one running
+        is not warmed (its release does the work)."""
         if not self._warm_slot.acquire(blocking=False):
             return
         name = self.peers[peer].name
         cap = self.peers[peer].epsilon_cap
 
-        def charge() -> None:
-            ds = releaser.dataset
-            prior = [
-                event_from_json(e.dp_event) for e in self.ledger.store.entries(ds) if e.peer == name
-            ]
-            releaser.warm_charge(sid, [("peer", cap, prior)], index)
-
         def run() -> None:
-            try:  # (two workers, one warm-up at a time: the second is free for the features)
-                features = None
-                if index == 0:  # later releases find the session's features cached
-                    features = self._warmer.submit(releaser.warm_features, sid)
-                charge()
-                if features is not None:
-                    features.result()
+            try:
+                ds = releaser.dataset
+                prior = [
+                    event_from_json(e.dp_event)
+                    for e in self.ledger.store.entries(ds)
+                    if e.peer == name
+                ]
+                releaser.warm_charge(sid, [("peer", cap, prior)], index)
             except Exception:  # only caches: the release computes (and reports) for itself
                 log.debug("warming session %s failed", sid, exc_info=True)
             finally:

@@ -310,13 +310,6 @@ class SourceReleaser:
         """The session's prepared features (per-row map, the target's scaling, clamp): one
         read-only copy per distinct scaling, at most ``FEATURE_CACHE`` of them kept, computed
         outside the cache's lock (a session with another scaling does not wait for it)."""
-        x = self._cached_features(session_id, evict=True)
-        assert x is not None
-        return x
-
-    def _cached_features(self, session_id: str, evict: bool) -> np.ndarray | None:
-        """``features``; with ``evict=False`` (a warm-up) None rather than push another
-        scaling's copy out of a full cache."""
         scaling = self._sessions[session_id][2]
         key = "" if scaling is None else array_digest(scaling.mean) + array_digest(scaling.std)
         with self._feat_lock:
@@ -324,8 +317,6 @@ class SourceReleaser:
             if x is not None:
                 self._features[key] = x  # most recently used last
                 return x
-            if not evict and len(self._features) >= FEATURE_CACHE:
-                return None
         x = scaled_features(self.rows(), scaling)
         x.setflags(write=False)
         with self._feat_lock:
@@ -335,36 +326,20 @@ class SourceReleaser:
                 self._features.pop(next(iter(self._features)))
         return x
 
-    def warm(
-        self,
-        session_id: str,
-        extra_caps: Sequence[tuple[str, float, Sequence[Any]]] = (),
-        index: int = 0,
-    ) -> None:
-        """What the session's release ``index`` will compute, computed ahead: the prepared
-        features and the ε of its charge on every cap (``warm_features``, ``warm_charge``;
-        the daemon runs the two side by side). Nothing is charged, drawn or sent: the release
-        still checks and charges for itself, and finds these cached. The daemon warms after
-        ``OpenSession`` for the first release, and after each release for the next, while the
-        target fits the last one (cold, 30–45 ms for the features and 20–130 ms for a
-        composition on Office-Caltech, that otherwise sit inside the release, under the
-        handlers' lock)."""
-        self.warm_features(session_id)
-        self.warm_charge(session_id, extra_caps, index)
-
-    def warm_features(self, session_id: str) -> None:
-        """The session's features, into a free slot of the cache only (a peer's warm-ups
-        never push another scaling's copy out)."""
-        self._cached_features(session_id, evict=False)
-
     def warm_charge(
         self,
         session_id: str,
         extra_caps: Sequence[tuple[str, float, Sequence[Any]]] = (),
         index: int = 0,
     ) -> None:
-        """The ε of release ``index``'s charge on the dataset, the session and ``extra_caps``
-        (as ``release`` will check them), composed into the accountant's cache."""
+        """The ε of release ``index``'s charge on the dataset, the session and ``extra_caps``,
+        composed ahead into the accountant's cache, as ``release`` will check them. Nothing is
+        charged, drawn or written: the release still checks and charges for itself and finds
+        the composition cached. The daemon runs this after ``OpenSession`` for the first
+        release, and after each release for the next, while the target fits the last one
+        (cold, a composition costs 30–130 ms, measured, that otherwise sits inside the
+        release, under the handlers' lock). The features are not prepared ahead: a session
+        costs no memory until a release needs it (issue 12, item 4)."""
         terms, info = self.session(session_id)
         if not (0 <= index < info.plan.releases):
             return

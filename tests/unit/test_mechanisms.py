@@ -208,10 +208,11 @@ def test_a_peers_basis_with_huge_entries_is_refused_without_overflow() -> None:
     check_projection(q, 40, orthonormal=True)  # a real orthonormal basis passes
 
 
-def test_warming_a_session_charges_draws_and_writes_nothing() -> None:
-    """``SourceReleaser.warm`` (the daemon runs it after OpenSession): the features prepared
-    and the first charge composed, with no ledger entry and no noise drawn — also when the
-    budget would refuse the release (which then refuses with the numbers, as without it)."""
+def test_warming_a_charge_charges_draws_prepares_and_writes_nothing() -> None:
+    """``SourceReleaser.warm_charge`` (the daemon runs it after OpenSession and after each
+    release): the charge composed ahead, with no ledger entry, no noise drawn and no features
+    prepared (a session costs no memory before a release) — also when the budget would refuse
+    the release, which then refuses with the numbers, as without it."""
     from dpda.errors import BudgetExceeded
 
     src = _zero_source(100, 5, 2)
@@ -221,36 +222,15 @@ def test_warming_a_session_charges_draws_and_writes_nothing() -> None:
     disc = TargetDisclosure(Scaling(np.zeros(5), np.ones(5)))
     info = rel.open_session(terms, disc)
     before = gen.bit_generator.state
-    rel.warm(info.session_id, [("peer", 100.0, [])])
+    rel.warm_charge(info.session_id, [("peer", 100.0, [])])
     assert gen.bit_generator.state == before and ledger.store.entries() == []
-    assert rel.features(info.session_id) is rel.features(info.session_id)  # cached, shared
+    assert rel._features == {}
     rel.release(info.session_id, 0)
     info2 = rel.open_session(terms, disc)
-    rel.warm(info2.session_id)  # over the dataset's cap: no exception, nothing written
+    rel.warm_charge(info2.session_id)  # over the dataset's cap: no exception, nothing written
     assert len(ledger.store.entries()) == 1
     with pytest.raises(BudgetExceeded, match="cap ε 5"):
         rel.release(info2.session_id, 0)
-
-
-def test_a_warm_up_never_pushes_another_scaling_out_of_the_feature_cache() -> None:
-    """Opening sessions costs a peer nothing: its warm-ups fill free slots of the feature
-    cache only, so they cannot evict the features other sessions' releases use."""
-    from dpda.source_party.releases import FEATURE_CACHE
-
-    src = _zero_source(50, 5, 2)
-    terms = SessionTerms(dataset="z", epsilon=1, delta=1e-5, projection="jl", projection_dim=2)
-    rel, _ = memory_releaser(src, "z", Budget(1e6, 1e-5))
-    sids = [
-        rel.open_session(terms, TargetDisclosure(Scaling(np.full(5, float(i)), np.ones(5))))
-        for i in range(FEATURE_CACHE + 1)
-    ]
-    for info in sids[:FEATURE_CACHE]:
-        rel.features(info.session_id)
-    held = list(rel._features)
-    rel.warm(sids[-1].session_id)
-    assert list(rel._features) == held  # full: the warm-up skipped the features
-    rel.features(sids[-1].session_id)  # a release's own call still evicts the oldest
-    assert list(rel._features)[:-1] == held[1:]
 
 
 def test_scaled_features_are_the_per_row_map_then_the_scaling_and_clamp() -> None:
