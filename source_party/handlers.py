@@ -168,6 +168,7 @@ class SourceHandlers:
         # a new session's first release computed ahead, outside the lock (``_warm``): one at a
         # time; an open that finds the worker busy is not warmed (its release does the work)
         self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpda-warm")
+        self._warmer.submit(lambda: None)  # its thread started now, not inside an OpenSession
         responsive_io_threads()
         self._warm_slot = threading.BoundedSemaphore(1)
         self._warming: dict[str, Future[None]] = {}

@@ -188,7 +188,8 @@ class GrpcReleaseSource:
         self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpda-verify")
         responsive_io_threads()
         self._pending: Future[None] | None = None
-        self._ahead: Future[None] | None = None  # sync + first charge composed (compose_ahead)
+        self._ahead: Future[None] | None = None  # the ledger sync of compose_ahead
+        self._composing: Future[None] | None = None  # and its first charge composed
         self.facts: pb.DescribeDatasetResponse | None = None  # the source's, from ``describe``
 
     def _guard(self, dropped: bool) -> None:
@@ -217,7 +218,17 @@ class GrpcReleaseSource:
             self._dropped.set()  # not listening yet: check again before the next attempt
 
     def settle(self) -> None:
-        """Wait for the last release's charge check and countersignature; raise what failed."""
+        """Wait for the last release's charge check and countersignature; raise what failed.
+        Also for ``compose_ahead``'s composition: the ledger is then read by one thread at a
+        time (a charge's pre-check would wait for that composition anyway)."""
+        if self._composing is not None:
+            composing, self._composing = self._composing, None
+            composing.result()  # never raises: a failed composition only leaves a cache cold
+        self._settle_release()
+
+    def _settle_release(self) -> None:
+        """``settle`` without the composition: ``sync_ledger`` runs on the checker's one
+        thread ahead of that composition, so it must not wait for it."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.result()
@@ -299,7 +310,7 @@ class GrpcReleaseSource:
         * our own releases the source holds without our countersignature (a ``Countersign``
           lost in a crash) are countersigned again, so the source may release the next one.
         """
-        self.settle()
+        self._settle_release()
         mine = self.ledger.store.entries(self.dataset)
         resp = self._get_ledger(len(mine))
         if resp.length < len(mine):
@@ -429,7 +440,9 @@ class GrpcReleaseSource:
     ) -> SessionInfo:
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            ahead.result()  # the sync (and the first charge composed) started with the job
+            # the sync started with the job; the first charge's composition may still run
+            # (the pre-check and the plan check below wait for it, not for a second one)
+            ahead.result()
         else:
             self.sync_ledger()  # settles the last release first
         # the audit record of this request carries the id of the target's own ledger entry for
@@ -500,9 +513,11 @@ class GrpcReleaseSource:
     def compose_ahead(self, terms: SessionTerms, scaling_std: np.ndarray | None) -> None:
         """Started as the job starts, in the background while the target computes its own
         part of the session (its basis, the clip norm): the ledger sync ``open_session`` would
-        do first, then the session's first charge composed onto the synced ledger — what the
-        pre-check (1) computes once the signed plan is back (cold, 30–90 ms of PLD, measured,
-        that would otherwise sit between OpenSession and the first release). A release's event
+        do first, then the session's plan and first charge composed onto the synced ledger —
+        what the plan check and the pre-check (1) compute once the signed plan is back (cold,
+        30–90 ms of PLD, measured, that would otherwise sit between OpenSession and the first
+        release; the accountant's caches make a later ask wait for a composition in flight
+        rather than start its own). ``open_session`` waits for the sync only. A release's event
         depends on the terms and the source's size (``describe``), not on the projection or
         the clip norm (only its sensitivity does), so an identity basis stands in for the
         target's; the real plan and check are computed again from what the source signs. A
@@ -510,8 +525,7 @@ class GrpcReleaseSource:
         cold."""
         facts = self.facts
 
-        def run() -> None:
-            self.sync_ledger()
+        def compose() -> None:
             if facts is None:
                 return
             try:
@@ -523,7 +537,10 @@ class GrpcReleaseSource:
             except Exception:  # caches only: the real plan and check report for themselves
                 log.debug("composing the first charge ahead failed", exc_info=True)
 
-        self._ahead = self._checker.submit(run)
+        # one worker, in order: the composition runs after the sync, and ``open_session``
+        # waits for the sync only
+        self._ahead = self._checker.submit(self.sync_ledger)
+        self._composing = self._checker.submit(compose)
 
     def close_session(self, session_id: str) -> None:
         self.settle()

@@ -469,7 +469,17 @@ def revealed_sampled_epsilon(
     event = dp_event.SelfComposedDpEvent(
         RevealedSampledGaussianDpEvent(sigma, sampling_rate), steps
     )
-    return epsilon_of([event], delta, accountant, pld_interval)
+    # a pure function of public numbers, asked for again by every plan of the same terms: by
+    # the target ahead of its session, by the source, by the target checking the source's plan
+    key = (sigma, sampling_rate, steps, delta, pld_interval, Accountant(accountant).value)
+    return float(
+        _cached(
+            _SAMPLED_CACHE,
+            key,
+            lambda: epsilon_of([event], delta, accountant, pld_interval),
+            size=1024,  # a calibration asks for ~20 σ; one float per entry
+        )
+    )
 
 
 # Search range of the revealed-σ calibration. Below the floor no σ is returned: at σ → 0 every
@@ -549,20 +559,42 @@ _FOLD_CACHE: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 64  # PLDs of ~0.1–1 MB each
 _EPSILON_CACHE: OrderedDict[tuple[Any, ...], float] = OrderedDict()  # one float per entry
+_SAMPLED_CACHE: OrderedDict[tuple[Any, ...], float] = OrderedDict()  # revealed_sampled_epsilon
 _NOT_DP = object()  # a group with no DP guarantee: ε = ∞
+_MAKING: dict[tuple[int, Any], threading.Event] = {}  # (cache, key) being made now
 
 
-def _cached(cache: OrderedDict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
-    with _CACHE_LOCK:
-        if key in cache:
-            cache.move_to_end(key)
-            return cache[key]
-    value = make()
-    with _CACHE_LOCK:
-        cache[key] = value
-        while len(cache) > _CACHE_SIZE:
-            cache.popitem(last=False)
-    return value
+def _cached(
+    cache: OrderedDict[Any, Any], key: Any, make: Callable[[], Any], size: int = _CACHE_SIZE
+) -> Any:
+    """``cache[key]``, made by ``make`` on a miss, once: a thread that finds the same key being
+    made waits for it rather than making it again (a charge's pre-check waits for the
+    composition started ahead of it instead of repeating 30–100 ms of PLD). Keys nest one way
+    only (ε → fold of a prefix → step; a fold's prefix is shorter), so no wait is circular. If
+    the maker fails, a waiter makes the value itself (and meets the same error)."""
+    slot = (id(cache), key)
+    while True:
+        with _CACHE_LOCK:
+            if key in cache:
+                cache.move_to_end(key)
+                return cache[key]
+            busy = _MAKING.get(slot)
+            if busy is None:
+                _MAKING[slot] = mine = threading.Event()
+        if busy is not None:
+            busy.wait()
+            continue
+        try:
+            value = make()
+            with _CACHE_LOCK:
+                cache[key] = value
+                while len(cache) > size:
+                    cache.popitem(last=False)
+            return value
+        finally:
+            with _CACHE_LOCK:
+                del _MAKING[slot]
+            mine.set()
 
 
 def _pld_of(key: str, event: dp_event.DpEvent, count: int, interval: float) -> Any:

@@ -175,3 +175,66 @@ def test_the_ledger_takes_the_bounded_range_of_exponential_mechanism_steps() -> 
     # no exponential step: the PLD figure, unchanged
     g = dp_event.GaussianDpEvent(2.0)
     assert spend_of([g], delta) == pytest.approx(epsilon_of([g], delta, "pld", 1e-4), rel=1e-3)
+
+
+def test_a_composition_in_flight_is_waited_for_not_made_twice() -> None:
+    """The accountant's caches are single-flight: a thread asking for a value another thread
+    is making waits for it (the target's pre-check waits for the composition started ahead of
+    it instead of repeating it). A maker that fails leaves the key free: the next asker makes
+    it again, and meets the same error."""
+    import threading
+    import time
+    from collections import OrderedDict
+
+    from dpda.dp import accounting
+
+    cache: OrderedDict = OrderedDict()
+    made: list[str] = []
+    started = threading.Event()
+
+    def slow() -> float:
+        made.append(threading.current_thread().name)
+        started.set()
+        time.sleep(0.2)
+        return 42.0
+
+    got: list[float] = []
+    first = threading.Thread(target=lambda: got.append(accounting._cached(cache, "k", slow)))
+    first.start()
+    assert started.wait(5)
+    # asked while the first is making it: waits, and does not call its own maker
+    assert accounting._cached(cache, "k", lambda: pytest.fail("made twice")) == 42.0
+    first.join()
+    assert got == [42.0] and len(made) == 1 and not accounting._MAKING
+
+    def broken() -> float:
+        raise RuntimeError("no")
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            accounting._cached(cache, "bad", broken)
+    assert "bad" not in cache and not accounting._MAKING
+    assert accounting._cached(cache, "bad", lambda: 1.0) == 1.0
+
+
+def test_revealed_sampled_epsilon_is_remembered_exactly() -> None:
+    """Every plan of the same terms asks for the same ε (target ahead, source, target's check
+    of the source's plan): the second ask is the first's value, bit for bit, and both are the
+    composition ``epsilon_of`` makes from scratch."""
+    from dpda.dp import accounting
+    from dpda.dp.events import RevealedSampledGaussianDpEvent
+
+    args = (1.3, 0.03, 5, 1e-5)
+    first = accounting.revealed_sampled_epsilon(*args)
+    key = (*args, accounting.LEDGER_PLD_INTERVAL, "pld")
+    assert accounting._SAMPLED_CACHE[key] == first
+    assert accounting.revealed_sampled_epsilon(*args) == first
+    fresh = epsilon_of(
+        [dp_event.SelfComposedDpEvent(RevealedSampledGaussianDpEvent(1.3, 0.03), 5)],
+        1e-5,
+        "pld",
+        accounting.LEDGER_PLD_INTERVAL,
+    )
+    assert fresh == first
+    # the accountant is part of the key: RDP is not served PLD's figure
+    assert accounting.revealed_sampled_epsilon(*args, accountant="rdp") != first
