@@ -19,7 +19,10 @@ own machines do not; 0 leaves the libraries' default).
 The job time of each (opening the session to the results, every charge countersigned, as
 measured inside the job; the channel's teardown after it is not counted), the whole-process
 wall time of the service arm, the ratios and the bytes on the wire (from both audit logs) are
-printed and written as JSON.
+printed and written as JSON. Beside ``ratio`` (service median over fresh in-process median):
+``ratio_interval``, a 90% bootstrap interval of that ratio, and
+``ratio_paired``, the median of the run-by-run ratios (each service run over the fresh run
+just before it, which a slow spell hits alike).
 """
 
 from __future__ import annotations
@@ -201,10 +204,15 @@ def _case(name: str, spec: dict[str, Any], root: Path, repeats: int) -> dict[str
         "bytes_on_wire": svc[0]["bytes_on_wire"],
     }
     ratio, ratio_warm = b["seconds"] / a["seconds"], b["seconds"] / w["seconds"]
+    s_sec = [r["seconds"] for r in svc]
+    f_sec = [r["seconds"] for r in fresh]
+    paired = float(np.median([x / y for x, y in zip(s_sec, f_sec, strict=True)]))
+    low, high = ratio_interval(s_sec, f_sec)
     print(
         f"[{name}] median of {repeats}: in-process {a['seconds']:.3f} s (fresh process) / "
         f"{w['seconds']:.3f} s (warm) | service {b['seconds']:.3f} s (processes "
-        f"{b['process_wall_seconds']:.2f} s) | ratio {ratio:.3f} (vs warm {ratio_warm:.3f}) | "
+        f"{b['process_wall_seconds']:.2f} s) | ratio {ratio:.3f} (90% bootstrap interval "
+        f"{low:.3f}–{high:.3f}; run by run {paired:.3f}; vs warm {ratio_warm:.3f}) | "
         f"{b['bytes_on_wire']:,} bytes on the wire | accuracy {a['accuracy']:.2f} vs "
         f"{b['accuracy']:.2f}",
         flush=True,
@@ -216,9 +224,28 @@ def _case(name: str, spec: dict[str, Any], root: Path, repeats: int) -> dict[str
         "in_process_warm": w,
         "service": b,
         "ratio": ratio,
+        "ratio_interval": [low, high],
+        "ratio_paired": paired,
         "ratio_vs_warm": ratio_warm,
         "same_result": all(r["accuracy"] == a["accuracy"] for r in fresh + svc + warm),
     }
+
+
+def ratio_interval(
+    service: list[float], baseline: list[float], resamples: int = 2000, level: float = 0.90
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of median(service) / median(baseline), each arm's runs
+    resampled on their own (fixed seed: the same runs give the same interval). With five runs
+    an arm's median moves by its spread, so the ratio alone does not say whether a bar is met;
+    the interval does, as far as the runs can."""
+    rng = np.random.default_rng(0)
+    s, b = np.asarray(service, dtype=float), np.asarray(baseline, dtype=float)
+    si = rng.integers(0, s.size, (resamples, s.size))
+    bi = rng.integers(0, b.size, (resamples, b.size))
+    ratios = np.median(s[si], axis=1) / np.median(b[bi], axis=1)
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(ratios, [tail, 1.0 - tail])
+    return float(lo), float(hi)
 
 
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -272,7 +299,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--batch-size", type=int, default=500)
     s.add_argument("--steps", type=int, default=4)
     s.add_argument(
-        "--repeats", type=int, default=5, help="runs of each arm, alternated; medians compared"
+        "--repeats",
+        type=int,
+        default=9,
+        help="runs of each arm, alternated; medians compared, with a bootstrap interval",
     )
     s.add_argument(
         "--blas-threads",

@@ -7,6 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from dpda.deployment import dpda_command
 
 
@@ -30,3 +32,23 @@ def test_bench_service_short(tmp_path: Path) -> None:
     assert len(case["in_process_warm"]["runs"]) == 2
     assert case["ratio_vs_warm"] == case["service"]["seconds"] / case["in_process_warm"]["seconds"]
     assert json.loads(out.read_text())["blas_threads"] == 1
+    lo, hi = case["ratio_interval"]
+    assert lo <= case["ratio"] <= hi
+    svc, fresh = case["service"]["runs"], case["in_process"]["runs"]
+    runs = [s["seconds"] / f["seconds"] for s, f in zip(svc, fresh, strict=True)]
+    assert case["ratio_paired"] == pytest.approx(sum(runs) / 2, rel=1e-12)  # median of two
+
+
+def test_the_ratio_interval_covers_what_the_runs_allow() -> None:
+    """The bootstrap interval of median / median: reproducible (fixed seed), ordered, it holds
+    the ratio of the medians, it is a point when neither arm varies, and it widens with the
+    spread of the runs."""
+    from dpda.bench.service import ratio_interval
+
+    svc, base = [1.10, 1.02, 1.31, 1.05, 1.07], [1.00, 0.98, 1.04, 1.20, 1.01]
+    lo, hi = ratio_interval(svc, base)
+    assert (lo, hi) == ratio_interval(svc, base)
+    assert lo <= 1.07 / 1.01 <= hi and lo < hi
+    assert ratio_interval([2.0] * 5, [1.0] * 5) == (2.0, 2.0)
+    narrow = ratio_interval([1.05, 1.06, 1.05, 1.06, 1.05], [1.0, 1.01, 1.0, 1.01, 1.0])
+    assert narrow[1] - narrow[0] < hi - lo
