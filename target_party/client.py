@@ -179,6 +179,7 @@ class GrpcReleaseSource:
         self._watch = watch
         self._raw_channel = channel
         self._sessions: dict[str, tuple[SessionTerms, SessionInfo]] = {}
+        self._scalings: dict[str, tuple[str, str]] = {}  # session → the scaling it must bind
         self.job_file = cfg.state_dir / "job.json"
         # the charge check, append and countersignature of a received release run here, while
         # the job adapts to the release; every next request (and ``spent``) waits for them
@@ -483,6 +484,15 @@ class GrpcReleaseSource:
             raise _translate(exc) from None
         if disclosure.basis is not None and not np.array_equal(m, disclosure.basis):
             raise PeerMisbehaved("the source uses a projection other than the target's basis")
+        scaling = self._scaling_digests(disclosure)
+        if resume:  # this run's scaling must be the one the session's releases so far bound
+            for e in self.ledger.store.entries(self.dataset):
+                if e.session == resp.session_id and self._bound_scaling(e) != scaling:
+                    raise InvalidInput(
+                        "the saved session was opened with another scaling of the target's "
+                        "data (did the data change?): remove job.json to open a new session",
+                        public=True,
+                    )
         crash_point("target.open_session.received")
         if not signing.verify(
             self.source_pub, (terms.model_dump_json() + resp.plan_json).encode(), resp.source_sig
@@ -499,6 +509,7 @@ class GrpcReleaseSource:
             resp.session_id, int(resp.n_rows), int(resp.n_features), int(resp.n_classes), m, plan
         )
         self._sessions[info.session_id] = (terms, info)
+        self._scalings[info.session_id] = scaling
         self.job_file.write_text(
             json.dumps(
                 {
@@ -509,6 +520,23 @@ class GrpcReleaseSource:
             )
         )
         return info
+
+    @staticmethod
+    def _scaling_digests(disclosure: TargetDisclosure) -> tuple[str, str]:
+        """The digests of the scaling the target sent, as a ledger entry binds them."""
+        sc = disclosure.scaling
+        return (
+            array_digest(None if sc is None else sc.mean),
+            array_digest(None if sc is None else sc.std),
+        )
+
+    @staticmethod
+    def _bound_scaling(entry: LedgerEntry) -> tuple[str, str]:
+        """The scaling digests a (signed) ledger entry binds its release to."""
+        return (
+            str(entry.params.get("scaling_mean_sha256", "")),
+            str(entry.params.get("scaling_std_sha256", "")),
+        )
 
     def compose_ahead(self, terms: SessionTerms, scaling_std: np.ndarray | None) -> None:
         """Started as the job starts, in the background while the target computes its own
@@ -640,10 +668,11 @@ class GrpcReleaseSource:
         more: bool = False,
         catch_up: list[LedgerEntry] | None = None,
         projection: np.ndarray | None = None,
+        scaling: tuple[str, str] | None = None,
     ) -> None:
-        """Payload hash, signature, request, event (and for a release the projection it
-        was computed with) now; the charge check, append and countersignature in the
-        background (``settle`` waits for them)."""
+        """Payload hash, signature, request, event (and for a release the projection and
+        the scaling it was computed with) now; the charge check, append and countersignature
+        in the background (``settle`` waits for them)."""
         if digest != claimed or entry.payload_sha256 != digest:
             raise PeerMisbehaved("payload hash does not match")
         if not signing.verify(self.source_pub, entry.signed_message(), entry.source_sig):
@@ -658,6 +687,8 @@ class GrpcReleaseSource:
             projection
         ):
             raise PeerMisbehaved("the release was computed with another projection")
+        if scaling is not None and self._bound_scaling(entry) != scaling:
+            raise PeerMisbehaved("the release was computed with another scaling")
         for e in catch_up or []:
             if e.source_sig and not signing.verify(
                 self.source_pub, e.signed_message(), e.source_sig
@@ -730,7 +761,7 @@ class GrpcReleaseSource:
         catch_up = [LedgerEntry.from_json(t) for t in msg.catch_up_json]
         self._verify_entry(
             entry, digest, msg.payload_sha256, rid, spec.dp_event(), known, more, catch_up,
-            info.projection,
+            info.projection, self._scalings.get(info.session_id),
         )  # fmt: skip
         return BatchRelease(index, z, counts, spec, entry.seq)
 

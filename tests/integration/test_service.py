@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 
+from dpda.data.preprocessing import Scaling
 from dpda.data.synthetic import two_domains
 from dpda.deployment import set_source_address
 from dpda.dp.ledger import LedgerEntry
-from dpda.errors import BudgetExceeded, PeerMisbehaved
+from dpda.errors import BudgetExceeded, InvalidInput, PeerMisbehaved
 from dpda.protocol import TargetDisclosure
 from dpda.service.config import load_source, load_target
 from dpda.simulation import simulate
@@ -122,6 +123,64 @@ def test_target_detects_a_source_using_another_projection(tmp_path) -> None:
         assert "GetProjection" not in methods and "ReleaseBatches" in methods
     target_ledger, _ = open_state(load_target(dep.target_config))
     assert target_ledger.store.entries("synthetic") == []
+
+
+class _OtherScaling(SourceHandlers):
+    """Releases with a column mean of its own instead of the target's (the plan, which reads
+    only the std, is unchanged)."""
+
+    def _plan(self, releaser, terms, disclosure, projection=None):
+        if disclosure.scaling is not None:
+            sc = disclosure.scaling
+            disclosure = TargetDisclosure(Scaling(sc.mean + 1.0, sc.std), disclosure.basis)
+        return super()._plan(releaser, terms, disclosure, projection)
+
+
+def test_target_detects_a_source_using_another_scaling(tmp_path) -> None:
+    """Every release's signed entry binds the digests of the scaling its features were
+    computed with; one that is not the scaling the target sent is refused, nothing accepted."""
+    dep = synthetic_deployment(tmp_path)
+    with run_server(load_source(dep.source_config), _OtherScaling) as rs:
+        with pytest.raises(PeerMisbehaved, match="computed with another scaling"):
+            _run_target(dep, rs.port)
+    target_ledger, _ = open_state(load_target(dep.target_config))
+    assert target_ledger.store.entries("synthetic") == []
+
+
+class _FailSecond(SourceHandlers):
+    """Refuses the session's second release once (the job stops with its session saved)."""
+
+    failed = False
+
+    def _release_one(self, peer, releaser, session_id, index, call) -> SignedRelease:
+        if index == 1 and not type(self).failed:
+            type(self).failed = True
+            raise InvalidInput("not now", public=True)
+        return super()._release_one(peer, releaser, session_id, index, call)
+
+
+def test_a_resumed_session_with_another_scaling_is_refused_before_any_charge(tmp_path) -> None:
+    """A job that stopped after its first release resumes its session on the rerun. If the
+    target's scaling changed in between (here the scaling mode; the data changing does the
+    same), the session's releases would not fit this run's view: the rerun says so, naming
+    job.json, before anything more is charged."""
+    job = {"batch_size": 120, "steps": 3, "projection": "jl"}  # a JL basis is kept on resume
+    dep = synthetic_deployment(tmp_path, job=job, attribute_unit=True)
+    with run_server(load_source(dep.source_config), _FailSecond) as rs:
+        set_source_address(dep, f"127.0.0.1:{rs.port}")
+        with pytest.raises(InvalidInput, match="not now"):
+            run(load_target(dep.target_config), progress=False)
+        assert len(rs.handlers.ledger.store.entries("synthetic")) == 1
+        cfg = load_target(dep.target_config)
+        assert (cfg.state_dir / "job.json").is_file()
+        other = cfg.model_copy(update={"job": cfg.job.model_copy(update={"scaling": "uniform"})})
+        with pytest.raises(InvalidInput, match="opened with another scaling"):
+            run(other, progress=False)
+        assert len(rs.handlers.ledger.store.entries("synthetic")) == 1  # nothing more charged
+        # the same scaling as before resumes the session and finishes it
+        out = run(load_target(dep.target_config), progress=False)
+        assert out["batches"] == 3
+        assert len(rs.handlers.ledger.store.entries("synthetic")) == 3
 
 
 def test_service_equals_simulate_for_a_fixed_seed(tmp_path) -> None:
