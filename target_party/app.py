@@ -418,6 +418,7 @@ def run_job(
         "epsilon_job": spend_of([event_from_json(e.dp_event) for e in mine], terms.delta),
         "epsilon_dataset_total": res.epsilon_spent,
         "job_seconds": job_seconds,
+        "source_seconds": res.source_seconds,  # of job_seconds: calls to the source
         "compute": where,  # where the per-batch fits ran ([compute])
         "method": cfg.job.method,
         "predictions": str(preds),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -145,6 +145,7 @@ class DPDAResult:
     session_id: str = ""
     selection: dict[str, Any] = field(default_factory=dict)  # the unsupervised model choice
     release_seconds: float = 0.0  # wall time of the source's releases (charge + draw + transfer)
+    source_seconds: float = 0.0  # wall time of every call to the source (``_TimedSource``)
     # what was transported, in the session's projected space, and the target's rows there
     source_points: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
     source_point_labels: np.ndarray = field(
@@ -648,6 +649,8 @@ def run_dpda(
     """
     if cfg.target_batch and terms.pate_queries:  # checked before anything is spent
         raise ConfigError("target_batch: target-side minibatches are not combined with PATE yet")
+    timed = _TimedSource(source, spent)
+    source, spent = timed, timed.spent
     s = _open(source, view, terms, cfg, compute)
     done = _release_all(s, spent, progress)
     by_method: dict[str, float | None] = {}
@@ -660,7 +663,41 @@ def run_dpda(
     if s.info.plan.pate_queries > 0:
         _pate(s, done, by_method, row_queries or RowQueries())
     source.close_session(s.info.session_id)
-    return _result(s, done, by_method, spent(), selection)
+    return replace(_result(s, done, by_method, spent(), selection), source_seconds=timed.seconds)
+
+
+class _TimedSource:
+    """The job's source, the wall time of each call summed (``DPDAResult.source_seconds``):
+    what the job spends on the source — asking it, and through ``spent`` waiting for its
+    charges to be checked. The rest of a job is the target's own compute, the same
+    in-process and through the daemons (``dpda bench service`` reports the two apart)."""
+
+    def __init__(self, source: ReleaseSource, spent: Callable[[], float]) -> None:
+        self.inner, self._spent, self.seconds = source, spent, 0.0
+
+    def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def open_session(
+        self, terms: SessionTerms, disclosure: TargetDisclosure, session_id: str | None = None
+    ) -> SessionInfo:
+        return self._timed(self.inner.open_session, terms, disclosure, session_id)
+
+    def release(self, session_id: str, index: int, peer: str = "in-process") -> BatchRelease:
+        return self._timed(self.inner.release, session_id, index)
+
+    def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
+        return self._timed(self.inner.query_teachers, session_id, index, queries)
+
+    def close_session(self, session_id: str) -> None:
+        self._timed(self.inner.close_session, session_id)
+
+    def spent(self) -> float:
+        return float(self._timed(self._spent))
 
 
 def _result(

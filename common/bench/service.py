@@ -19,7 +19,10 @@ own machines do not; 0 leaves the libraries' default).
 The job time of each (opening the session to the results, every charge countersigned, as
 measured inside the job; the channel's teardown after it is not counted), the whole-process
 wall time of the service arm, the ratios and the bytes on the wire (from both audit logs) are
-printed and written as JSON. Beside ``ratio`` (service median over fresh in-process median):
+printed and written as JSON; each arm's job time also split into its calls to the source
+(``source_seconds``: opening, releases, closing, and waiting for the charges to be checked)
+and the rest, the target's own compute (``target_seconds``, the same work in every arm).
+Beside ``ratio`` (service median over fresh in-process median):
 ``ratio_interval``, a 90% bootstrap interval of that ratio, and
 ``ratio_paired``, the median of the run-by-run ratios (each service run over the fresh run
 just before it, which a slow spell hits alike).
@@ -53,6 +56,7 @@ def _in_process(src, tgt, terms, rep: str, scaling: str, seed: int) -> dict[str,
     )
     return {
         "seconds": time.perf_counter() - t0,
+        "source_seconds": out.dpda.source_seconds,
         "accuracy": out.dpda.accuracy,
         "epsilon_spent": out.dpda.epsilon_spent,
     }
@@ -163,6 +167,7 @@ def _service(workdir: Path, dataset: dict, job: dict, seed: int) -> dict[str, An
         wire += sum(m["bytes"] for m in rep["outgoing_by_method"].values())
     return {
         "seconds": out["job_seconds"],
+        "source_seconds": out["source_seconds"],
         "process_wall_seconds": wall,
         "accuracy": out["accuracy"],
         "epsilon_spent": out["epsilon_spent"],
@@ -171,8 +176,12 @@ def _service(workdir: Path, dataset: dict, job: dict, seed: int) -> dict[str, An
 
 
 def _arm(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of an arm's runs: the job; of it, the calls to the source; the rest, the
+    target's own compute (the same work in every arm)."""
     return {
         "seconds": float(np.median([r["seconds"] for r in runs])),
+        "source_seconds": float(np.median([r["source_seconds"] for r in runs])),
+        "target_seconds": float(np.median([r["seconds"] - r["source_seconds"] for r in runs])),
         "runs": runs,
         "accuracy": runs[0]["accuracy"],
         "epsilon_spent": runs[0]["epsilon_spent"],
@@ -214,7 +223,11 @@ def _case(name: str, spec: dict[str, Any], root: Path, repeats: int) -> dict[str
         f"{b['process_wall_seconds']:.2f} s) | ratio {ratio:.3f} (90% bootstrap interval "
         f"{low:.3f}–{high:.3f}; run by run {paired:.3f}; vs warm {ratio_warm:.3f}) | "
         f"{b['bytes_on_wire']:,} bytes on the wire | accuracy {a['accuracy']:.2f} vs "
-        f"{b['accuracy']:.2f}",
+        f"{b['accuracy']:.2f}\n[{name}] of which calls to the source: in-process "
+        f"{a['source_seconds'] * 1e3:.1f} ms (fresh) / {w['source_seconds'] * 1e3:.1f} ms (warm) | "
+        f"service {b['source_seconds'] * 1e3:.1f} ms; the target's own compute: "
+        f"{a['target_seconds'] * 1e3:.1f} / {w['target_seconds'] * 1e3:.1f} | "
+        f"{b['target_seconds'] * 1e3:.1f} ms",
         flush=True,
     )
     return {

@@ -32,6 +32,12 @@ def test_bench_service_short(tmp_path: Path) -> None:
     assert len(case["in_process_warm"]["runs"]) == 2
     assert case["ratio_vs_warm"] == case["service"]["seconds"] / case["in_process_warm"]["seconds"]
     assert json.loads(out.read_text())["blas_threads"] == 1
+    # each job split: its calls to the source, and the target's own compute (the rest)
+    for arm in ("in_process", "service", "in_process_warm"):
+        for run in case[arm]["runs"]:
+            assert 0 < run["source_seconds"] < run["seconds"]
+        rest = sorted(r["seconds"] - r["source_seconds"] for r in case[arm]["runs"])
+        assert case[arm]["target_seconds"] == pytest.approx(sum(rest) / 2, rel=1e-12)
     lo, hi = case["ratio_interval"]
     assert lo <= case["ratio"] <= hi
     svc, fresh = case["service"]["runs"], case["in_process"]["runs"]
