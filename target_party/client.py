@@ -220,8 +220,9 @@ class GrpcReleaseSource:
 
     def settle(self) -> None:
         """Wait for the last release's charge check and countersignature; raise what failed.
-        Also for ``compose_ahead``'s composition: the ledger is then read by one thread at a
-        time (a charge's pre-check would wait for that composition anyway)."""
+        Also for ``compose_ahead``'s composition, so that the first pre-check finds it
+        composed (it would wait for it in the accountant's cache anyway; the ledger store
+        itself is locked)."""
         if self._composing is not None:
             composing, self._composing = self._composing, None
             composing.result()  # never raises: a failed composition only leaves a cache cold
@@ -450,6 +451,11 @@ class GrpcReleaseSource:
         # what it discloses under DP (``audit report`` joins the two), else the terms' hash
         claim_id = json.loads(self.target_claim)["request_id"] if self.target_claim else ""
         resume = session_id or self._saved_session(terms)
+        scaling = self._scaling_digests(disclosure)
+        if resume:
+            # the source keeps the scaling a session was opened with: this run's must be it,
+            # checked before anything is asked (a release would be charged, then refused)
+            self._check_resumed_scaling(resume, scaling)
         req = pb.OpenSessionRequest(
             request_id=claim_id
             or hashlib.sha256(terms.model_dump_json().encode()).hexdigest()[:32],
@@ -484,15 +490,6 @@ class GrpcReleaseSource:
             raise _translate(exc) from None
         if disclosure.basis is not None and not np.array_equal(m, disclosure.basis):
             raise PeerMisbehaved("the source uses a projection other than the target's basis")
-        scaling = self._scaling_digests(disclosure)
-        if resume:  # this run's scaling must be the one the session's releases so far bound
-            for e in self.ledger.store.entries(self.dataset):
-                if e.session == resp.session_id and self._bound_scaling(e) != scaling:
-                    raise InvalidInput(
-                        "the saved session was opened with another scaling of the target's "
-                        "data (did the data change?): remove job.json to open a new session",
-                        public=True,
-                    )
         crash_point("target.open_session.received")
         if not signing.verify(
             self.source_pub, (terms.model_dump_json() + resp.plan_json).encode(), resp.source_sig
@@ -516,6 +513,7 @@ class GrpcReleaseSource:
                     "session_id": info.session_id,
                     "terms": terms.model_dump_json(),
                     "privacy": self.cfg.privacy.model_dump_json(),
+                    "scaling": list(scaling),  # the digests its releases bind
                 }
             )
         )
@@ -529,6 +527,25 @@ class GrpcReleaseSource:
             array_digest(None if sc is None else sc.mean),
             array_digest(None if sc is None else sc.std),
         )
+
+    def _check_resumed_scaling(self, session_id: str, scaling: tuple[str, str]) -> None:
+        """A resumed session's scaling is the one it was opened with: as job.json recorded it
+        (saved since the digests were) and as its release entries so far bind it (PATE
+        answers bind none)."""
+        known: set[tuple[str, str]] = set()
+        if self.job_file.is_file():
+            saved = json.loads(self.job_file.read_text())
+            if saved.get("session_id") == session_id and saved.get("scaling"):
+                known.add((str(saved["scaling"][0]), str(saved["scaling"][1])))
+        for e in self.ledger.store.entries(self.dataset):
+            if e.session == session_id and "scaling_mean_sha256" in e.params:
+                known.add(self._bound_scaling(e))
+        if known - {scaling}:
+            raise InvalidInput(
+                "the saved session was opened with another scaling of the target's data (did "
+                "the data or job.scaling change?): remove job.json to open a new session",
+                public=True,
+            )
 
     @staticmethod
     def _bound_scaling(entry: LedgerEntry) -> tuple[str, str]:
@@ -580,6 +597,7 @@ class GrpcReleaseSource:
             raise _translate(exc) from None
         self._countersign_again(resp.uncountersigned)
         self.job_file.unlink(missing_ok=True)
+        self._scalings.pop(session_id, None)
 
     # -------------------------------------------------------------------------- releases
     def _synced(self, fn, *args):

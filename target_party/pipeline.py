@@ -670,7 +670,8 @@ class _TimedSource:
     """The job's source, the wall time of each call summed (``DPDAResult.source_seconds``):
     what the job spends on the source — asking it, and through ``spent`` waiting for its
     charges to be checked. The rest of a job is the target's own compute, the same
-    in-process and through the daemons (``dpda bench service`` reports the two apart)."""
+    arithmetic in-process and through the daemons (``dpda bench service`` reports the two
+    apart; in-process, the rest also holds setting up the view and the releaser)."""
 
     def __init__(self, source: ReleaseSource, spent: Callable[[], float]) -> None:
         self.inner, self._spent, self.seconds = source, spent, 0.0
@@ -687,8 +688,10 @@ class _TimedSource:
     ) -> SessionInfo:
         return self._timed(self.inner.open_session, terms, disclosure, session_id)
 
-    def release(self, session_id: str, index: int, peer: str = "in-process") -> BatchRelease:
-        return self._timed(self.inner.release, session_id, index)
+    def release(self, session_id: str, index: int, peer: str | None = None) -> BatchRelease:
+        if peer is None:  # each source's own default
+            return self._timed(self.inner.release, session_id, index)
+        return self._timed(self.inner.release, session_id, index, peer)
 
     def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
         return self._timed(self.inner.query_teachers, session_id, index, queries)

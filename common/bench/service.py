@@ -21,7 +21,9 @@ measured inside the job; the channel's teardown after it is not counted), the wh
 wall time of the service arm, the ratios and the bytes on the wire (from both audit logs) are
 printed and written as JSON; each arm's job time also split into its calls to the source
 (``source_seconds``: opening, releases, closing, and waiting for the charges to be checked)
-and the rest, the target's own compute (``target_seconds``, the same work in every arm).
+and the rest, the target's own compute (``target_seconds``: the same arithmetic in every arm;
+in-process it also holds setting up the view and the releaser, which the service does before
+its job starts).
 Beside ``ratio`` (service median over fresh in-process median):
 ``ratio_interval``, a 90% bootstrap interval of that ratio, and
 ``ratio_paired``, the median of the run-by-run ratios (each service run over the fresh run
@@ -177,7 +179,7 @@ def _service(workdir: Path, dataset: dict, job: dict, seed: int) -> dict[str, An
 
 def _arm(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians of an arm's runs: the job; of it, the calls to the source; the rest, the
-    target's own compute (the same work in every arm)."""
+    target's own compute (the same arithmetic in every arm)."""
     return {
         "seconds": float(np.median([r["seconds"] for r in runs])),
         "source_seconds": float(np.median([r["source_seconds"] for r in runs])),
@@ -248,9 +250,9 @@ def ratio_interval(
     service: list[float], baseline: list[float], resamples: int = 2000, level: float = 0.90
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of median(service) / median(baseline), each arm's runs
-    resampled on their own (fixed seed: the same runs give the same interval). With five runs
-    an arm's median moves by its spread, so the ratio alone does not say whether a bar is met;
-    the interval does, as far as the runs can."""
+    resampled on their own (fixed seed: the same runs give the same interval). With a handful
+    of runs an arm's median moves by its spread, so the ratio alone does not say whether a bar
+    is met; the interval does, as far as the runs can."""
     rng = np.random.default_rng(0)
     s, b = np.asarray(service, dtype=float), np.asarray(baseline, dtype=float)
     si = rng.integers(0, s.size, (resamples, s.size))

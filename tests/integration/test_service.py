@@ -147,36 +147,45 @@ def test_target_detects_a_source_using_another_scaling(tmp_path) -> None:
     assert target_ledger.store.entries("synthetic") == []
 
 
-class _FailSecond(SourceHandlers):
-    """Refuses the session's second release once (the job stops with its session saved)."""
+class _FailOnce(SourceHandlers):
+    """Refuses the session's release ``index`` once (the job stops with its session saved)."""
 
+    index = 1
     failed = False
 
     def _release_one(self, peer, releaser, session_id, index, call) -> SignedRelease:
-        if index == 1 and not type(self).failed:
+        if index == self.index and not type(self).failed:
             type(self).failed = True
             raise InvalidInput("not now", public=True)
         return super()._release_one(peer, releaser, session_id, index, call)
 
 
-def test_a_resumed_session_with_another_scaling_is_refused_before_any_charge(tmp_path) -> None:
-    """A job that stopped after its first release resumes its session on the rerun. If the
-    target's scaling changed in between (here the scaling mode; the data changing does the
-    same), the session's releases would not fit this run's view: the rerun says so, naming
-    job.json, before anything more is charged."""
+@pytest.mark.parametrize("stop_at", [0, 1])
+def test_a_resumed_session_with_another_scaling_is_refused_before_anything_is_asked(
+    tmp_path, stop_at: int
+) -> None:
+    """A job that stopped (before its first release, or after it) resumes its session on the
+    rerun. If the target's scaling changed in between (here the scaling mode; the data changing
+    does the same), the source would still release under the session's old scaling: the
+    rerun says so, naming job.json, before it asks anything (job.json records the scaling's
+    digests; the session's release entries bind them too)."""
     job = {"batch_size": 120, "steps": 3, "projection": "jl"}  # a JL basis is kept on resume
     dep = synthetic_deployment(tmp_path, job=job, attribute_unit=True)
-    with run_server(load_source(dep.source_config), _FailSecond) as rs:
+    handlers = type("FailAt", (_FailOnce,), {"index": stop_at})
+    with run_server(load_source(dep.source_config), handlers) as rs:
         set_source_address(dep, f"127.0.0.1:{rs.port}")
         with pytest.raises(InvalidInput, match="not now"):
             run(load_target(dep.target_config), progress=False)
-        assert len(rs.handlers.ledger.store.entries("synthetic")) == 1
+        assert len(rs.handlers.ledger.store.entries("synthetic")) == stop_at
         cfg = load_target(dep.target_config)
         assert (cfg.state_dir / "job.json").is_file()
+        asked = len(rs.audit.records())
         other = cfg.model_copy(update={"job": cfg.job.model_copy(update={"scaling": "uniform"})})
         with pytest.raises(InvalidInput, match="opened with another scaling"):
             run(other, progress=False)
-        assert len(rs.handlers.ledger.store.entries("synthetic")) == 1  # nothing more charged
+        assert len(rs.handlers.ledger.store.entries("synthetic")) == stop_at  # nothing charged
+        opened = [r for r, _ in rs.audit.records()[asked:] if r.method.endswith("OpenSession")]
+        assert opened == []  # refused before the session was even asked for
         # the same scaling as before resumes the session and finishes it
         out = run(load_target(dep.target_config), progress=False)
         assert out["batches"] == 3
