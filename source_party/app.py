@@ -24,7 +24,7 @@ from dpda.dp.ledger import Budget, PrivacyLedger
 from dpda.dp.rng import public_rng, secure_rng, testing_streams
 from dpda.errors import ConfigError
 from dpda.pb import dpda_pb2_grpc as pb_grpc
-from dpda.service import serde, signing
+from dpda.service import serde, settle_heap, signing
 from dpda.service.admin import AdminApp, AdminServer, Metrics
 from dpda.service.audit import RELEASE_METHODS, AuditLog, AuditRecord, ServerAuditInterceptor
 from dpda.service.auth import Admission, AdmissionInterceptor, Denial, method_limits
@@ -261,6 +261,7 @@ def serve(cfg: SourceConfig) -> int:
             _write_atomic(cfg.state_dir / "admin_port", str(rs.admin_port))
             admin_host = cfg.admin.listen.rsplit(":", 1)[0]
             print(f"dpda source admin API on http://{admin_host}:{rs.admin_port}", flush=True)
+        settle_heap()  # started: what it keeps stays out of the collector's way
         _write_atomic(cfg.state_dir / "port", str(rs.port))
         host = cfg.listen.rsplit(":", 1)[0]
         log.info("source listening on %s:%d (mTLS, %d peers)", host, rs.port, len(cfg.peers))

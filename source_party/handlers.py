@@ -175,12 +175,24 @@ class SourceHandlers:
         self._warm_lock = threading.Lock()  # guards ``_warming``: taken last, for a dict op only
 
     # ------------------------------------------------------------------------- preflight
-    def describe(self, peer: str, dataset: str) -> dict[str, Any]:
+    def describe(self, peer: str, dataset: str, planned_terms_json: str = "") -> dict[str, Any]:
         """The public facts of a dataset for a pinned peer (``DescribeDataset``): its shape, the
-        policy, δ, and the budget numbers against both caps that bind this peer."""
+        policy, δ, and the budget numbers against both caps that bind this peer. With
+        ``planned_terms_json`` (the terms the peer means to open a session under), their plan
+        and first charge are composed ahead in the background (``_warm_plan``)."""
         releaser = self.releasers.get(dataset)
         if releaser is None:
             raise InvalidInput("unknown dataset")
+        planned = None
+        if planned_terms_json:
+            try:
+                planned = SessionTerms.model_validate_json(planned_terms_json)
+            except ValidationError as exc:
+                raise TermsInvalid(f"planned_terms_json: {terms_error(exc)}") from None
+            if planned.dataset != dataset:
+                raise InvalidInput(
+                    "planned_terms_json: its dataset is not the one described", public=True
+                )
         with self.lock:
             entries = self.ledger.store.entries(dataset)
         budget = self.ledger.budgets[dataset]
@@ -190,7 +202,7 @@ class SourceHandlers:
         peer_spent = spend_of(mine, budget.delta)
         cap = self.peers[peer].epsilon_cap
         d = releaser.domain
-        return {
+        facts = {
             "n_rows": d.x.shape[0],
             "n_features": d.x.shape[1],
             "n_classes": d.n_classes,
@@ -203,6 +215,38 @@ class SourceHandlers:
             "peer_epsilon_spent": peer_spent,
             "epsilon_remaining": max(0.0, min(budget.epsilon - spent, cap - peer_spent)),
         }
+        if planned is not None:
+            self._warm_plan(peer, releaser, planned)
+        return facts
+
+    def _warm_plan(self, peer: str, releaser: SourceReleaser, terms: SessionTerms) -> None:
+        """``SourceReleaser.warm_plan`` in the background, while the peer computes its basis
+        (on the short Office-Caltech job the first charge's composition otherwise ran between
+        ``OpenSession`` and the first release: 18 ms that the release waited for, with every
+        I/O thread slowed meanwhile). The warm-up worker's one slot bounds the work as after
+        ``OpenSession``: a hint that finds it busy is dropped; the plan runs under the time
+        limit of any plan. Only caches change; a failure is the later ``OpenSession``'s to
+        report."""
+        if not self._warm_slot.acquire(blocking=False):
+            return
+        name = self.peers[peer].name
+        cap = self.peers[peer].epsilon_cap
+
+        def run() -> None:
+            try:
+                ds = releaser.dataset
+                prior = [
+                    event_from_json(e.dp_event)
+                    for e in self.ledger.store.entries(ds)
+                    if e.peer == name
+                ]
+                releaser.warm_plan(terms, [("peer", cap, prior)], self.limits.plan_seconds)
+            except Exception:  # only caches: OpenSession checks and reports for itself
+                log.debug("planning ahead for %s failed", name, exc_info=True)
+            finally:
+                self._warm_slot.release()
+
+        self._warmer.submit(run)
 
     # -------------------------------------------------------------------------- sessions
     def _plan(

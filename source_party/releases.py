@@ -356,6 +356,31 @@ class SourceReleaser:
         except BudgetExceeded:
             pass  # the release will say so, with the numbers
 
+    def warm_plan(
+        self,
+        terms: SessionTerms,
+        extra_caps: Sequence[tuple[str, float, Sequence[Any]]] = (),
+        plan_seconds: float | None = None,
+    ) -> None:
+        """The plan of ``terms`` and the charge of their first release on a new session,
+        composed ahead into the accountant's caches, before any session exists: what a peer's
+        ``DescribeDataset`` with planned terms asks for while it computes its basis. The same
+        checks and time limit as ``prepare``; an identity basis and no scaling stand in for the
+        target's (a release's event depends on the terms and the dataset's size, not on the
+        projection, the scaling or the clip norm: only its sensitivity does). Nothing is stored,
+        charged, drawn or prepared: ``OpenSession`` checks and plans its own terms again and
+        finds the work cached. Refused terms raise as ``prepare`` would."""
+        k, n = self.domain.x.shape[1], self.domain.x.shape[0]
+        stand_in = np.eye(k, max(1, min(terms.projection_dim, k, n)))
+        prepared = self.prepare(terms, TargetDisclosure(None), stand_in, plan_seconds)
+        if prepared.plan.releases < 1:
+            return
+        event = prepared.plan.release_spec(terms, 0).dp_event()
+        try:
+            self.ledger.check(self.dataset, [event], [("session", terms.epsilon, []), *extra_caps])
+        except BudgetExceeded:
+            pass  # OpenSession's release will say so, with the numbers
+
     def session(self, session_id: str) -> tuple[SessionTerms, SessionInfo]:
         try:
             terms, info, _ = self._sessions[session_id]

@@ -70,7 +70,9 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
     def DescribeDataset(
         self, request: pb.DescribeDatasetRequest, context: Any
     ) -> pb.DescribeDatasetResponse:
-        return pb.DescribeDatasetResponse(**self.h.describe(self._peer(context), request.dataset))
+        return pb.DescribeDatasetResponse(
+            **self.h.describe(self._peer(context), request.dataset, request.planned_terms_json)
+        )
 
     @_guard
     def OpenSession(self, request: pb.OpenSessionRequest, context: Any) -> pb.OpenSessionResponse:

@@ -34,7 +34,7 @@ from dpda.dp.target_disclosure import (
 )
 from dpda.errors import ConfigError, LedgerCorrupt
 from dpda.protocol import payload_digest
-from dpda.service import signing
+from dpda.service import settle_heap, signing
 from dpda.service.audit import AuditLog
 from dpda.service.config import TargetConfig
 from dpda.service.ledger_store import SqliteLedgerStore, connect
@@ -360,8 +360,10 @@ def run_job(
     cfg: TargetConfig,
     progress: Callable[[int, int], None] | None = None,
     seed: int = 0,
+    settle: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One job: (the results written to ``results.json``, the arrays the report plots)."""
+    """One job: (the results written to ``results.json``, the arrays the report plots).
+    ``settle``: the process's entry point asks for ``settle_heap`` once the data is loaded."""
     if cfg.job.setting == "public-source":
         return run_public_source_job(cfg, progress), {}
     ledger, audit = open_state(cfg)
@@ -388,13 +390,16 @@ def run_job(
     source = GrpcReleaseSource(cfg, ledger, audit)
     source.target_claim = own[1].to_json() if own else ""
     try:
-        source.preflight(view.x.shape[1], terms.delta)  # clear errors before anything is asked
+        # clear errors before anything is asked; the source plans the terms meanwhile
+        source.preflight(view.x.shape[1], terms.delta, planned=terms)
     except BaseException:
         source.close()
         raise
     try:
         # [compute]: the fits on Dask workers; releases and ledger stay in this process
         with open_compute(spec_of(cfg.compute)) as compute:
+            if settle:
+                settle_heap()
             t0 = time.perf_counter()
             source.compose_ahead(terms, view.scaling.std)  # while the target computes its basis
             res = run_dpda(source, view, terms, acfg, source.spent, progress, rq, compute)
@@ -475,4 +480,4 @@ def run_public_source_job(
 def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, Any]:
     """``dpda target run``: one job with a progress bar on a terminal."""
     bar = Progress("releases", enabled=None if progress else False)
-    return run_job(cfg, bar, seed)[0]
+    return run_job(cfg, bar, seed, settle=True)[0]

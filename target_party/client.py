@@ -251,12 +251,16 @@ class GrpcReleaseSource:
         self.channel.close()
 
     # ------------------------------------------------------------------------- preflight
-    def describe(self) -> pb.DescribeDatasetResponse:
-        """The source's public facts and budget numbers for this dataset; charges nothing."""
+    def describe(self, planned: SessionTerms | None = None) -> pb.DescribeDatasetResponse:
+        """The source's public facts and budget numbers for this dataset; charges nothing.
+        ``planned``: the terms this job means to open its session under, sent so the source
+        plans them and composes their first charge while the target computes its basis (the
+        terms are public to the source anyway; ``OpenSession`` sends them signed)."""
+        req = pb.DescribeDatasetRequest(dataset=self.dataset)
+        if planned is not None:
+            req.planned_terms_json = planned.model_dump_json()
         try:
-            resp = self.stub.DescribeDataset(
-                pb.DescribeDatasetRequest(dataset=self.dataset), timeout=self.cfg.timeout_s
-            )
+            resp = self.stub.DescribeDataset(req, timeout=self.cfg.timeout_s)
         except grpc.RpcError as exc:
             raise _translate(exc) from None
         budget = (
@@ -277,11 +281,16 @@ class GrpcReleaseSource:
         return resp
 
     def preflight(
-        self, n_features: int, delta: float, labeled: bool = True
+        self,
+        n_features: int,
+        delta: float,
+        labeled: bool = True,
+        planned: SessionTerms | None = None,
     ) -> pb.DescribeDatasetResponse:
         """What the target can check before it asks for anything: the source's public facts
-        against its own rows and terms; a mismatch is a ``ConfigError`` naming the field."""
-        facts = self.describe()
+        against its own rows and terms; a mismatch is a ``ConfigError`` naming the field.
+        ``planned``: the job's terms, for the source to plan ahead (``describe``)."""
+        facts = self.describe(planned)
         if labeled and facts.n_classes < 1:
             raise ConfigError(
                 f"job.setting: the source's dataset {self.dataset!r} has no labels; it serves "

@@ -49,6 +49,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from dpda.errors import ConfigError, DpdaError, public_message
+from dpda.service import settle_heap
 from dpda.service.admin import AdminApp, AdminServer, Metrics, Refusal
 from dpda.service.config import TargetConfig, TargetJob
 from dpda.service.keyfiles import write_private
@@ -342,6 +343,7 @@ def serve(cfg: TargetConfig) -> int:
     host, port = cfg.admin.listen.rsplit(":", 1)
     server = AdminServer(app, host.strip("[]"), int(port))
     server.start()
+    settle_heap()  # started: what it keeps stays out of the collector's way during jobs
     tmp = cfg.state_dir / "admin_port.tmp"
     tmp.write_text(str(server.port))
     tmp.replace(cfg.state_dir / "admin_port")

@@ -122,8 +122,11 @@ def _inputs(spec: dict[str, Any]) -> tuple[Any, ...]:
 
 def in_process_child(spec_json: str) -> None:
     """One in-process job in this (fresh) process; prints its JSON on the last line."""
+    from dpda.service import settle_heap
+
     spec = json.loads(spec_json)
     src, tgt, terms, rep, scaling, _, _ = _inputs(spec)
+    settle_heap()  # as ``dpda target run`` does once its data is loaded
     print(json.dumps(_in_process(src, tgt, terms, rep, scaling, spec["seed"])), flush=True)
 
 

@@ -562,6 +562,7 @@ _EPSILON_CACHE: OrderedDict[tuple[Any, ...], float] = OrderedDict()  # one float
 _SAMPLED_CACHE: OrderedDict[tuple[Any, ...], float] = OrderedDict()  # revealed_sampled_epsilon
 _NOT_DP = object()  # a group with no DP guarantee: ε = ∞
 _MAKING: dict[tuple[int, Any], threading.Event] = {}  # (cache, key) being made now
+_WAIT_TICK_S = 0.05  # how often a thread waiting for another's composition checks its deadline
 
 
 def _cached(
@@ -574,17 +575,20 @@ def _cached(
     the maker fails, a waiter makes the value itself (and meets the same error)."""
     slot = (id(cache), key)
     while True:
-        with _CACHE_LOCK:
-            if key in cache:
-                cache.move_to_end(key)
-                return cache[key]
-            busy = _MAKING.get(slot)
-            if busy is None:
-                _MAKING[slot] = mine = threading.Event()
-        if busy is not None:
-            busy.wait()
-            continue
+        mine: threading.Event | None = None
         try:
+            with _CACHE_LOCK:
+                if key in cache:
+                    cache.move_to_end(key)
+                    return cache[key]
+                busy = _MAKING.get(slot)
+                if busy is None:
+                    mine = threading.Event()
+                    _MAKING[slot] = mine
+            if busy is not None:
+                while not busy.wait(_WAIT_TICK_S):
+                    _tick()  # a waiter keeps its own time limit (a plan's), not the maker's
+                continue
             value = make()
             with _CACHE_LOCK:
                 cache[key] = value
@@ -592,9 +596,13 @@ def _cached(
                     cache.popitem(last=False)
             return value
         finally:
-            with _CACHE_LOCK:
-                del _MAKING[slot]
-            mine.set()
+            # registered and cleared inside one ``try``: an exception anywhere after the key is
+            # registered (KeyboardInterrupt included) frees it for the threads waiting on it
+            if mine is not None:
+                with _CACHE_LOCK:
+                    if _MAKING.get(slot) is mine:
+                        del _MAKING[slot]
+                mine.set()
 
 
 def _pld_of(key: str, event: dp_event.DpEvent, count: int, interval: float) -> Any:

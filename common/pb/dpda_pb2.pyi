@@ -528,15 +528,24 @@ class DescribeDatasetRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DATASET_FIELD_NUMBER: _builtins.int
+    PLANNED_TERMS_JSON_FIELD_NUMBER: _builtins.int
     dataset: _builtins.str
+    planned_terms_json: _builtins.str
+    """Optional: the session terms (SessionTerms JSON) the caller means to open a session under.
+    The source plans them and composes their first charge ahead, in the background, while the
+    caller computes its basis: OpenSession and the first release then find both in the
+    accountant's caches. A hint only: nothing is stored, charged or drawn, and OpenSession
+    checks and plans its own (signed) terms again.
+    """
     def __init__(
         self,
         *,
         dataset: _builtins.str = ...,
+        planned_terms_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "planned_terms_json", b"planned_terms_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,6 +1,7 @@
 """Infrastructure both daemons share: wire (de)serialization, TLS and pinning, admission,
 signatures, the audit log, the admin API, configuration, key files, crash points, progress."""
 
+import gc
 import sys
 
 SWITCH_INTERVAL_S = 0.0005  # CPython's default is 0.005
@@ -14,3 +15,15 @@ def responsive_io_threads() -> None:
     composition); a 0.5 ms interval keeps them responsive. Process-wide, only ever lowered."""
     if sys.getswitchinterval() > SWITCH_INTERVAL_S:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
+def settle_heap() -> None:
+    """Collect once, then freeze what survives (``gc.freeze``): the modules, data and caches a
+    process keeps for its lifetime leave the cyclic collector's view, so a full collection
+    during a job scans only what the job allocated. Measured on the synthetic service job: one
+    full collection of 54–68 ms per job in the source daemon (inside a release, or in its
+    warm-up beside one) and 48–64 ms in the job's process. Objects freed by reference counting
+    are freed as before; cycles among frozen objects are never collected, so this is called
+    once, after start-up, by a process's entry point (the daemons, ``dpda target run``)."""
+    gc.collect()
+    gc.freeze()

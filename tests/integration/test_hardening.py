@@ -162,6 +162,91 @@ def test_a_plan_past_its_time_limit_is_refused_uncharged(tmp_path: Path) -> None
         gen.close()
 
 
+def _describe(src: _Source, planned: str = "") -> pb.DescribeDatasetResponse:
+    req = pb.DescribeDatasetRequest(dataset="synthetic", planned_terms_json=planned)
+    return src.stub.DescribeDataset(req, timeout=TIMEOUT)
+
+
+def _warm_worker_idle(src: _Source) -> None:
+    """Wait until the source's one warm-up worker has run everything submitted before."""
+    src.rs.handlers._warmer.submit(lambda: None).result(timeout=TIMEOUT)
+
+
+def test_planned_terms_are_composed_ahead_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DescribeDataset`` with the terms the peer means to open (``planned_terms_json``, sent
+    by the target while it computes its basis): the source plans them and composes their first
+    charge in the background, so the session's release composes nothing more; nothing is
+    charged, stored or prepared, and the facts are those of a plain describe."""
+    from dpda.dp import accounting
+
+    gen = _start(tmp_path)
+    src = next(gen)
+    try:
+        releaser = src.rs.handlers.releasers["synthetic"]
+        before = set(accounting._EPSILON_CACHE)  # an ε no other test plans, below
+        assert _describe(src, _terms(epsilon=0.7321)) == _describe(src)
+        _warm_worker_idle(src)
+        assert set(accounting._EPSILON_CACHE) - before  # the first charge, composed ahead
+        assert src.entries() == [] and releaser._features == {} and releaser._sessions == {}
+        (n,) = src.rs.handlers.conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
+        assert n == 0
+        made: list[Any] = []
+        real = accounting._ledger_epsilon
+
+        def counted(*args: Any) -> float:
+            made.append(args)
+            return real(*args)
+
+        monkeypatch.setattr(accounting, "_ledger_epsilon", counted)
+        sid = src.open(epsilon=0.7321)  # the JL basis is the source's: not the stand-in
+        src.countersign(src.release(sid))
+        _warm_worker_idle(src)
+        assert made == []  # every cap of the charge was composed ahead
+        assert len(src.entries()) == 1
+    finally:
+        gen.close()
+
+
+def test_planned_terms_are_checked_and_bounded_like_a_plan(tmp_path: Path) -> None:
+    """Malformed planned terms, or terms of another dataset, are refused naming the field, with
+    nothing changed; terms whose plan outruns the time limit (the 9ac3bc1 lock-up) cost the
+    caller nothing more than that limit on the one warm-up worker, and an honest session runs
+    meanwhile."""
+    gen = _start(tmp_path, plan_seconds=0.2)
+    src = next(gen)
+    try:
+        for bad, says in (
+            ("{", "TERMS_INVALID: the session terms are invalid: planned_terms_json:"),
+            (_terms(dataset="another"), "planned_terms_json: its dataset is not the one"),
+        ):
+            with pytest.raises(grpc.RpcError) as e:
+                _describe(src, bad)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert says in e.value.details(), e.value.details()
+        slow = _terms(
+            privacy_unit="attribute",
+            release="rows",
+            batch_size=1,
+            noise_multiplier=0.0,
+            steps=100_000,
+            epsilon=8.0,
+        )
+        t0 = time.monotonic()
+        _describe(src, slow)
+        assert time.monotonic() - t0 < 1.0  # answered at once; the plan runs in the background
+        sid = src.open()
+        src.countersign(src.release(sid))
+        _warm_worker_idle(src)
+        assert time.monotonic() - t0 < 5.0  # the slow plan gave up at its limit
+        assert len(src.entries()) == 1  # the honest release, and nothing else
+        (n,) = src.rs.handlers.conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
+        assert n == 1
+    finally:
+        gen.close()
+
+
 # ---------------------------------------------------------- 2/3. admission: role, size, threads
 class _Ctx:
     """The two ServicerContext calls admission makes; no certificate (an unpinned caller)."""

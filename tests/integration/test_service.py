@@ -387,8 +387,8 @@ def test_plan_says_when_a_job_does_not_fit_and_spends_nothing(tmp_path) -> None:
 )
 def test_a_source_lying_in_its_description_is_refused_before_anything(tmp_path, lie) -> None:
     class Lying(SourceHandlers):
-        def describe(self, peer: str, dataset: str) -> dict:
-            return {**super().describe(peer, dataset), **lie}
+        def describe(self, peer: str, dataset: str, planned_terms_json: str = "") -> dict:
+            return {**super().describe(peer, dataset, planned_terms_json), **lie}
 
     dep = synthetic_deployment(tmp_path)
     with run_server(load_source(dep.source_config), Lying) as rs:

@@ -217,6 +217,43 @@ def test_a_composition_in_flight_is_waited_for_not_made_twice() -> None:
     assert accounting._cached(cache, "bad", lambda: 1.0) == 1.0
 
 
+def test_a_waiter_keeps_its_own_time_limit_and_an_interrupted_maker_frees_the_key() -> None:
+    """A plan waiting for a composition another thread is making still ends at its own time
+    limit (``CalibrationTimeout``), while the maker finishes and caches its value; a maker
+    interrupted by a ``BaseException`` (KeyboardInterrupt) leaves no key registered."""
+    import threading
+    import time
+    from collections import OrderedDict
+
+    from dpda.dp import accounting
+
+    cache: OrderedDict = OrderedDict()
+    started = threading.Event()
+
+    def slow() -> float:
+        started.set()
+        time.sleep(1.0)
+        return 7.0
+
+    first = threading.Thread(target=lambda: accounting._cached(cache, "k", slow))
+    first.start()
+    assert started.wait(5)
+    t0 = time.monotonic()
+    with pytest.raises(accounting.CalibrationTimeout):
+        with accounting.time_limit(0.1):
+            accounting._cached(cache, "k", lambda: pytest.fail("made twice"))
+    assert time.monotonic() - t0 < 0.6  # not the maker's whole second
+    first.join()
+    assert cache["k"] == 7.0 and not accounting._MAKING
+
+    def interrupted() -> float:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        accounting._cached(cache, "i", interrupted)
+    assert not accounting._MAKING and accounting._cached(cache, "i", lambda: 2.0) == 2.0
+
+
 def test_revealed_sampled_epsilon_is_remembered_exactly() -> None:
     """Every plan of the same terms asks for the same ε (target ahead, source, target's check
     of the source's plan): the second ask is the first's value, bit for bit, and both are the

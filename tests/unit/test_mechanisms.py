@@ -233,6 +233,29 @@ def test_warming_a_charge_charges_draws_prepares_and_writes_nothing() -> None:
         rel.release(info2.session_id, 0)
 
 
+def test_planning_ahead_charges_draws_prepares_and_stores_nothing() -> None:
+    """``SourceReleaser.warm_plan`` (a peer's ``DescribeDataset`` with planned terms): the plan
+    and the first charge composed ahead with no session, no entry, no noise and no features —
+    also when the budget would refuse the release; terms ``prepare`` refuses raise the same."""
+    from dpda.dp import accounting
+    from dpda.errors import PolicyRefused
+
+    src = _zero_source(100, 5, 2)
+    # an ε no other test plans: its composition is not in the (process-wide) cache yet
+    terms = SessionTerms(dataset="z", epsilon=3.71, delta=1e-5, projection="jl", projection_dim=2)
+    gen = np.random.default_rng(0)
+    rel, ledger = memory_releaser(src, "z", Budget(5, 1e-5), gen)
+    before, cached = gen.bit_generator.state, set(accounting._EPSILON_CACHE)
+    rel.warm_plan(terms, [("peer", 100.0, [])])
+    assert set(accounting._EPSILON_CACHE) - cached  # composed ahead
+    assert gen.bit_generator.state == before and ledger.store.entries() == []
+    assert rel._features == {} and rel._sessions == {}
+    rel.warm_plan(terms.model_copy(update={"epsilon": 50.0}))  # over the cap: nothing raised
+    with pytest.raises(PolicyRefused, match="delta differs"):
+        rel.warm_plan(terms.model_copy(update={"delta": 1e-6}))
+    assert gen.bit_generator.state == before and ledger.store.entries() == []
+
+
 def test_scaled_features_are_the_per_row_map_then_the_scaling_and_clamp() -> None:
     """``scaled_features`` (per-row part computed once per dataset, the target's scaling in
     place per session) equals the plain formula bit for bit, infinities and NaN included, and
