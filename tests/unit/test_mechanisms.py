@@ -256,6 +256,39 @@ def test_planning_ahead_charges_draws_prepares_and_stores_nothing() -> None:
     assert gen.bit_generator.state == before and ledger.store.entries() == []
 
 
+def test_large_features_go_into_memory_mapped_ahead_with_the_same_values() -> None:
+    """Features past ``POPULATE_MIN_BYTES`` are computed into memory the kernel mapped in one
+    call (``MAP_POPULATE`` where the platform has it): the same values and dtypes as the plain
+    formula, writable until the cache freezes them; small ones are plain ``np.empty``."""
+    import mmap
+
+    from dpda.source_party.releases import (
+        CLAMP,
+        POPULATE_MIN_BYTES,
+        populated_empty,
+        scaled_features,
+    )
+
+    def root(a: np.ndarray) -> object:
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        return a.base.obj if isinstance(a.base, memoryview) else a.base
+
+    rng = np.random.default_rng(4)
+    rows = np.abs(rng.normal(size=(POPULATE_MIN_BYTES // (8 * 60) + 5, 60)))
+    rows[0, 0], rows[1, 1] = np.inf, np.nan
+    scaling = Scaling(rng.normal(size=60), rng.uniform(0.5, 2.0, size=60))
+    with np.errstate(all="ignore"):
+        plain = np.nan_to_num(np.clip((rows - scaling.mean) / scaling.std, -CLAMP, CLAMP))
+    got = scaled_features(rows, scaling)
+    assert got.dtype == plain.dtype and np.array_equal(got, plain) and got.flags.writeable
+    populated = hasattr(mmap, "MAP_POPULATE")
+    assert isinstance(root(got), mmap.mmap) == populated
+    assert np.array_equal(scaled_features(rows, None), np.nan_to_num(np.clip(rows, -CLAMP, CLAMP)))
+    small = populated_empty((4, 4), np.float32)
+    assert small.dtype == np.float32 and small.shape == (4, 4) and root(small) is None
+
+
 def test_scaled_features_are_the_per_row_map_then_the_scaling_and_clamp() -> None:
     """``scaled_features`` (per-row part computed once per dataset, the target's scaling in
     place per session) equals the plain formula bit for bit, infinities and NaN included, and
