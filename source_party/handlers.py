@@ -171,6 +171,10 @@ class SourceHandlers:
         self._warmer.submit(lambda: None)  # its thread started now, not inside an OpenSession
         responsive_io_threads()
         self._warm_slot = threading.BoundedSemaphore(1)
+        # planned terms (``DescribeDataset``) on a worker of their own: a hint never delays or
+        # displaces a session's warm-up, which its release waits for
+        self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpda-plan-ahead")
+        self._plan_slot = threading.BoundedSemaphore(1)
         self._warming: dict[str, Future[None]] = {}
         self._warm_lock = threading.Lock()  # guards ``_warming``: taken last, for a dict op only
 
@@ -223,11 +227,15 @@ class SourceHandlers:
         """``SourceReleaser.warm_plan`` in the background, while the peer computes its basis
         (on the short Office-Caltech job the first charge's composition otherwise ran between
         ``OpenSession`` and the first release: 18 ms that the release waited for, with every
-        I/O thread slowed meanwhile). The warm-up worker's one slot bounds the work as after
-        ``OpenSession``: a hint that finds it busy is dropped; the plan runs under the time
-        limit of any plan. Only caches change; a failure is the later ``OpenSession``'s to
+        I/O thread slowed meanwhile). Bounded below a session's own warm-up: one hint at a
+        time, on a worker of its own (a hint that finds it busy is dropped, so one peer's slow
+        hints cost the others only their head start, never a session's warm-up); plan and
+        composition under ``plan_seconds``; none for a peer at its session limit, which could
+        not open the session. Only caches change; a failure is the later ``OpenSession``'s to
         report."""
-        if not self._warm_slot.acquire(blocking=False):
+        with self.lock:
+            full = self._open_sessions(peer) >= self.limits.sessions_per_peer
+        if full or not self._plan_slot.acquire(blocking=False):
             return
         name = self.peers[peer].name
         cap = self.peers[peer].epsilon_cap
@@ -244,9 +252,9 @@ class SourceHandlers:
             except Exception:  # only caches: OpenSession checks and reports for itself
                 log.debug("planning ahead for %s failed", name, exc_info=True)
             finally:
-                self._warm_slot.release()
+                self._plan_slot.release()
 
-        self._warmer.submit(run)
+        self._planner.submit(run)
 
     # -------------------------------------------------------------------------- sessions
     def _plan(
@@ -350,12 +358,15 @@ class SourceHandlers:
         except ValidationError as exc:
             raise TermsInvalid(terms_error(exc)) from None
 
-    def _check_session_limit(self, peer: str) -> None:
+    def _open_sessions(self, peer: str) -> int:
         (n,) = self.conn.execute(
             "SELECT COUNT(*) FROM sessions WHERE peer=? AND closed=0", (peer,)
         ).fetchone()
+        return int(n)
+
+    def _check_session_limit(self, peer: str) -> None:
         cap = self.limits.sessions_per_peer
-        if n >= cap:
+        if self._open_sessions(peer) >= cap:
             raise PolicyRefused(f"this peer has {cap} open sessions, the limit: close one first")
 
     def _expire_idle(self) -> None:

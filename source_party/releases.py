@@ -86,6 +86,10 @@ CLAMP = 1e100
 # distinct target scalings whose prepared features are kept (each is one n × k float64 copy)
 FEATURE_CACHE = 4
 POPULATE_MIN_BYTES = 1 << 20  # below this, first-touch faults cost less than a mapping
+# above this, np.empty: the mapping call holds the GIL while the kernel maps every page (256 MiB
+# stalled the daemon's other threads for 62–75 ms, found by review); numpy's loop faults pages
+# in with the GIL released
+POPULATE_MAX_BYTES = 32 << 20
 
 
 def check_scaling(scaling: Scaling | None, n_features: int) -> None:
@@ -119,12 +123,13 @@ def populated_empty(shape: tuple[int, ...], dtype: np.dtype[Any] | type) -> np.n
     rather than one fault per 4 KiB page at first touch. In a daemon a large array is fresh
     memory (a worker thread's first allocation of its size): on this project's 2-core VM the
     Office-Caltech features (7 MiB) took 1,839 page faults and 17 ms to compute against 4 ms
-    from memory the allocator had already mapped (``dpda bench service`` traces). Small arrays,
-    and platforms without ``MAP_POPULATE``, get ``np.empty``."""
+    from memory the allocator had already mapped (``dpda bench service`` traces). Arrays under
+    ``POPULATE_MIN_BYTES`` or over ``POPULATE_MAX_BYTES``, and platforms without
+    ``MAP_POPULATE``, get ``np.empty``."""
     dt = np.dtype(dtype)
     nbytes = math.prod(shape) * dt.itemsize
     populate = getattr(mmap, "MAP_POPULATE", None)
-    if nbytes < POPULATE_MIN_BYTES or populate is None:
+    if not (POPULATE_MIN_BYTES <= nbytes <= POPULATE_MAX_BYTES) or populate is None:
         return np.empty(shape, dt)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate
     buf = mmap.mmap(-1, nbytes, flags=flags)  # unmapped when the array's last view goes
@@ -392,17 +397,27 @@ class SourceReleaser:
         target's (a release's event depends on the terms and the dataset's size, not on the
         projection, the scaling or the clip norm: only its sensitivity does). Nothing is stored,
         charged, drawn or prepared: ``OpenSession`` checks and plans its own terms again and
-        finds the work cached. Refused terms raise as ``prepare`` would."""
-        k, n = self.domain.x.shape[1], self.domain.x.shape[0]
-        stand_in = np.eye(k, max(1, min(terms.projection_dim, k, n)))
-        prepared = self.prepare(terms, TargetDisclosure(None), stand_in, plan_seconds)
-        if prepared.plan.releases < 1:
-            return
-        event = prepared.plan.release_spec(terms, 0).dp_event()
-        try:
-            self.ledger.check(self.dataset, [event], [("session", terms.epsilon, []), *extra_caps])
-        except BudgetExceeded:
-            pass  # OpenSession's release will say so, with the numbers
+        finds the work cached. Refused terms raise as ``prepare`` would; the shape checks of a
+        basis the hint does not carry are ``OpenSession``'s. The stand-in is one column wide
+        (the event does not depend on the width either), so a hint allocates nothing of the
+        basis's size; the composition runs under the same time limit as the plan."""
+        k = self.domain.x.shape[1]
+        if terms.projection != "target-pca" and terms.projection_dim > k:
+            raise InvalidInput(
+                f"projection_dim {terms.projection_dim} exceeds the source's {k} features",
+                public=True,
+            )
+        stand_in = np.eye(k, 1)
+        with time_limit(plan_seconds):
+            prepared = self.prepare(terms, TargetDisclosure(None), stand_in, plan_seconds)
+            if prepared.plan.releases < 1:
+                return
+            event = prepared.plan.release_spec(terms, 0).dp_event()
+            caps = [("session", terms.epsilon, []), *extra_caps]
+            try:
+                self.ledger.check(self.dataset, [event], caps)
+            except BudgetExceeded:
+                pass  # OpenSession's release will say so, with the numbers
 
     def session(self, session_id: str) -> tuple[SessionTerms, SessionInfo]:
         try:

@@ -477,7 +477,11 @@ def run_public_source_job(
     return out
 
 
-def run(cfg: TargetConfig, progress: bool = True, seed: int = 0) -> dict[str, Any]:
-    """``dpda target run``: one job with a progress bar on a terminal."""
+def run(
+    cfg: TargetConfig, progress: bool = True, seed: int = 0, settle: bool = False
+) -> dict[str, Any]:
+    """``dpda target run``: one job with a progress bar on a terminal. ``settle``: the command's
+    own process freezes its heap once the data is loaded (``settle_heap``); callers inside a
+    longer-lived process (tests) leave it off."""
     bar = Progress("releases", enabled=None if progress else False)
-    return run_job(cfg, bar, seed, settle=True)[0]
+    return run_job(cfg, bar, seed, settle)[0]

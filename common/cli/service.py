@@ -52,7 +52,7 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
 
     _setup_logging(args.log_level)
     cfg = load_target(args.config)
-    out = run(cfg, progress=not args.quiet)
+    out = run(cfg, progress=not args.quiet, settle=True)
     if out.get("setting") == "public-source":
         print(
             f"{out['method']}: {out['steps']} private steps by the data holder; ε this job "

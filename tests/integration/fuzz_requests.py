@@ -384,6 +384,12 @@ class Generator:
             text = json.dumps(base, ensure_ascii=True, indent=r.choice([0, 2]), allow_nan=True)
         return text
 
+    def f_DescribeDatasetRequest_planned_terms_json(self, msg: Message) -> str:
+        """The terms a target means to open under: the same mutations as OpenSession's (the
+        source plans them in the background: a hostile plan must stay bounded and change
+        nothing)."""
+        return self.f_OpenSessionRequest_terms_json(msg)
+
     def term_value(self, name: str) -> Any:
         """A value for a ``SessionTerms`` field: valid for its type, at its bounds, or not."""
         r = self.r

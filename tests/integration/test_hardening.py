@@ -168,7 +168,9 @@ def _describe(src: _Source, planned: str = "") -> pb.DescribeDatasetResponse:
 
 
 def _warm_worker_idle(src: _Source) -> None:
-    """Wait until the source's one warm-up worker has run everything submitted before."""
+    """Wait until the source's warm-up workers (sessions', planned terms') have run everything
+    submitted before."""
+    src.rs.handlers._planner.submit(lambda: None).result(timeout=TIMEOUT)
     src.rs.handlers._warmer.submit(lambda: None).result(timeout=TIMEOUT)
 
 
@@ -212,9 +214,12 @@ def test_planned_terms_are_composed_ahead_and_nothing_else(
 def test_planned_terms_are_checked_and_bounded_like_a_plan(tmp_path: Path) -> None:
     """Malformed planned terms, or terms of another dataset, are refused naming the field, with
     nothing changed; terms whose plan outruns the time limit (the 9ac3bc1 lock-up) cost the
-    caller nothing more than that limit on the one warm-up worker, and an honest session runs
-    meanwhile."""
-    gen = _start(tmp_path, plan_seconds=0.2)
+    caller nothing more than that limit on the planned terms' own worker: an honest session
+    opened meanwhile still gets its warm-up (a shared worker dropped it, found by review), and
+    a peer at its session limit gets no planning at all."""
+    from dpda.dp import accounting
+
+    gen = _start(tmp_path, plan_seconds=0.2, sessions_per_peer=2)
     src = next(gen)
     try:
         for bad, says in (
@@ -237,12 +242,18 @@ def test_planned_terms_are_checked_and_bounded_like_a_plan(tmp_path: Path) -> No
         _describe(src, slow)
         assert time.monotonic() - t0 < 1.0  # answered at once; the plan runs in the background
         sid = src.open()
+        assert sid in src.rs.handlers._warming  # its warm-up was not dropped for the hint
         src.countersign(src.release(sid))
         _warm_worker_idle(src)
         assert time.monotonic() - t0 < 5.0  # the slow plan gave up at its limit
         assert len(src.entries()) == 1  # the honest release, and nothing else
         (n,) = src.rs.handlers.conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
         assert n == 1
+        src.open()  # the peer's second session: at its limit of 2
+        before = set(accounting._EPSILON_CACHE)
+        _describe(src, _terms(epsilon=0.6183))  # an ε no other test plans
+        _warm_worker_idle(src)
+        assert set(accounting._EPSILON_CACHE) == before  # nothing planned for it
     finally:
         gen.close()
 

@@ -238,7 +238,7 @@ def test_planning_ahead_charges_draws_prepares_and_stores_nothing() -> None:
     and the first charge composed ahead with no session, no entry, no noise and no features —
     also when the budget would refuse the release; terms ``prepare`` refuses raise the same."""
     from dpda.dp import accounting
-    from dpda.errors import PolicyRefused
+    from dpda.errors import InvalidInput, PolicyRefused
 
     src = _zero_source(100, 5, 2)
     # an ε no other test plans: its composition is not in the (process-wide) cache yet
@@ -253,6 +253,8 @@ def test_planning_ahead_charges_draws_prepares_and_stores_nothing() -> None:
     rel.warm_plan(terms.model_copy(update={"epsilon": 50.0}))  # over the cap: nothing raised
     with pytest.raises(PolicyRefused, match="delta differs"):
         rel.warm_plan(terms.model_copy(update={"delta": 1e-6}))
+    with pytest.raises(InvalidInput, match="projection_dim 40 exceeds"):  # as OpenSession
+        rel.warm_plan(terms.model_copy(update={"projection_dim": 40}))
     assert gen.bit_generator.state == before and ledger.store.entries() == []
 
 
@@ -264,6 +266,7 @@ def test_large_features_go_into_memory_mapped_ahead_with_the_same_values() -> No
 
     from dpda.source_party.releases import (
         CLAMP,
+        POPULATE_MAX_BYTES,
         POPULATE_MIN_BYTES,
         populated_empty,
         scaled_features,
@@ -287,6 +290,8 @@ def test_large_features_go_into_memory_mapped_ahead_with_the_same_values() -> No
     assert np.array_equal(scaled_features(rows, None), np.nan_to_num(np.clip(rows, -CLAMP, CLAMP)))
     small = populated_empty((4, 4), np.float32)
     assert small.dtype == np.float32 and small.shape == (4, 4) and root(small) is None
+    # past the cap: np.empty (mapping it in one call would hold the GIL for all its pages)
+    assert root(populated_empty((POPULATE_MAX_BYTES // 8 + 1,), np.float64)) is None
 
 
 def test_scaled_features_are_the_per_row_map_then_the_scaling_and_clamp() -> None:
