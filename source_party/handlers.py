@@ -237,20 +237,13 @@ class SourceHandlers:
             full = self._open_sessions(peer) >= self.limits.sessions_per_peer
         if full or not self._plan_slot.acquire(blocking=False):
             return
-        name = self.peers[peer].name
-        cap = self.peers[peer].epsilon_cap
 
         def run() -> None:
             try:
-                ds = releaser.dataset
-                prior = [
-                    event_from_json(e.dp_event)
-                    for e in self.ledger.store.entries(ds)
-                    if e.peer == name
-                ]
-                releaser.warm_plan(terms, [("peer", cap, prior)], self.limits.plan_seconds)
+                caps = [self._peer_cap(peer, releaser.dataset)]
+                releaser.warm_plan(terms, caps, self.limits.plan_seconds)
             except Exception:  # only caches: OpenSession checks and reports for itself
-                log.debug("planning ahead for %s failed", name, exc_info=True)
+                log.debug("planning ahead for %s failed", self.peers[peer].name, exc_info=True)
             finally:
                 self._plan_slot.release()
 
@@ -311,6 +304,14 @@ class SourceHandlers:
         sig = signing.sign(self.key, (terms.model_dump_json() + plan_json).encode())
         return info, plan_json, sig
 
+    def _peer_cap(self, peer: str, dataset: str) -> tuple[str, float, list[Any]]:
+        """The peer's cap on ``dataset`` as the ledger checks it: (name, ε cap, the events of
+        the peer's entries so far)."""
+        name = self.peers[peer].name
+        entries = self.ledger.store.entries(dataset)
+        prior = [event_from_json(e.dp_event) for e in entries if e.peer == name]
+        return "peer", self.peers[peer].epsilon_cap, prior
+
     def _warm(self, peer: str, releaser: SourceReleaser, sid: str, index: int = 0) -> None:
         """``SourceReleaser.warm_charge`` for the session's release ``index``, in the
         background: after OpenSession, while the target reads the plan; after a release, while
@@ -319,18 +320,10 @@ class SourceHandlers:
         is not warmed (its release does the work)."""
         if not self._warm_slot.acquire(blocking=False):
             return
-        name = self.peers[peer].name
-        cap = self.peers[peer].epsilon_cap
 
         def run() -> None:
             try:
-                ds = releaser.dataset
-                prior = [
-                    event_from_json(e.dp_event)
-                    for e in self.ledger.store.entries(ds)
-                    if e.peer == name
-                ]
-                releaser.warm_charge(sid, [("peer", cap, prior)], index)
+                releaser.warm_charge(sid, [self._peer_cap(peer, releaser.dataset)], index)
             except Exception:  # only caches: the release computes (and reports) for itself
                 log.debug("warming session %s failed", sid, exc_info=True)
             finally:
@@ -554,14 +547,8 @@ class SourceHandlers:
         else:
             name = self.peers[peer].name
             self._require_countersigned(ds, name, call)
-            prior_peer = [
-                event_from_json(e.dp_event) for e in self.ledger.store.entries(ds) if e.peer == name
-            ]
             rel = releaser.release(
-                session_id,
-                index,
-                peer=name,
-                extra_caps=[("peer", self.peers[peer].epsilon_cap, prior_peer)],
+                session_id, index, peer=name, extra_caps=[self._peer_cap(peer, ds)]
             )
         crash_point("source.release.drawn")
         self._store_payload(ds, rel, rid)
@@ -652,13 +639,8 @@ class SourceHandlers:
                 known = self._known_prefix(ds, ledger_head, ledger_length)
                 name = self.peers[peer].name
                 self._require_countersigned(ds, name, set())
-                prior = [event_from_json(e.dp_event) for e in entries if e.peer == name]
                 ans = releaser.answer(
-                    session_id,
-                    index,
-                    queries,
-                    peer=name,
-                    extra_caps=[("peer", self.peers[peer].epsilon_cap, prior)],
+                    session_id, index, queries, peer=name, extra_caps=[self._peer_cap(peer, ds)]
                 )
             crash_point("source.pate.drawn")
             self.conn.execute(

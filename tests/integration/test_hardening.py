@@ -137,6 +137,17 @@ def test_a_slow_plan_holds_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         gen.close()
 
 
+# σ calibrated for 10⁵ single-row minibatches: ~0.5 s of planning here (the 9ac3bc1 lock-up)
+SLOW_PLAN: dict[str, Any] = dict(
+    privacy_unit="attribute",
+    release="rows",
+    batch_size=1,
+    noise_multiplier=0.0,
+    steps=100_000,
+    epsilon=8.0,
+)
+
+
 def test_a_plan_past_its_time_limit_is_refused_uncharged(tmp_path: Path) -> None:
     """Calibrating σ for 10⁵ single-row minibatches takes ~0.5 s here: past a 0.1 s limit it
     is refused with the reason, nothing charged, nothing stored."""
@@ -144,14 +155,7 @@ def test_a_plan_past_its_time_limit_is_refused_uncharged(tmp_path: Path) -> None
     src = next(gen)
     try:
         with pytest.raises(grpc.RpcError) as e:
-            src.open(
-                privacy_unit="attribute",
-                release="rows",
-                batch_size=1,
-                noise_multiplier=0.0,
-                steps=100_000,
-                epsilon=8.0,
-            )
+            src.open(**SLOW_PLAN)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert e.value.details().startswith("POLICY_REFUSED"), e.value.details()
         assert "longer than 0.1 s" in e.value.details()
@@ -230,16 +234,8 @@ def test_planned_terms_are_checked_and_bounded_like_a_plan(tmp_path: Path) -> No
                 _describe(src, bad)
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert says in e.value.details(), e.value.details()
-        slow = _terms(
-            privacy_unit="attribute",
-            release="rows",
-            batch_size=1,
-            noise_multiplier=0.0,
-            steps=100_000,
-            epsilon=8.0,
-        )
         t0 = time.monotonic()
-        _describe(src, slow)
+        _describe(src, _terms(**SLOW_PLAN))
         assert time.monotonic() - t0 < 1.0  # answered at once; the plan runs in the background
         sid = src.open()
         assert sid in src.rs.handlers._warming  # its warm-up was not dropped for the hint
