@@ -23,7 +23,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import check_representation, default_attribute_bound
 from dpda.simulation import simulate
-from dpda.target_party.pipeline import AdaptConfig
+from dpda.target_party.pipeline import AdaptConfig, resolve_scaling
 from dpda.target_party.training import model_pipeline
 from dpda.terms import SessionTerms
 
@@ -47,11 +47,11 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         epsilon: float = 8.0,
         delta: float | None = None,
         privacy_unit: str = "record",
-        projection_dim: int = 50,
+        projection_dim: int | None = None,
         release: str | None = None,
         batch_size: int = 0,
         representation: str = "raw",
-        scaling: str = "zscore",
+        scaling: str = "auto",
         reg_e: float = 0.02,
         reg_g: float = 0.5,
         classifier: str = "1nn",
@@ -128,7 +128,7 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
 
         self.model_ = model_pipeline(
             self.representation,
-            Scaling.of(per_row(xt, self.representation), self.scaling),
+            Scaling.of(per_row(xt, self.representation), resolve_scaling(self.scaling, terms)),
             res.model,
         )
         return self

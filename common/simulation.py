@@ -27,6 +27,7 @@ from dpda.target_party.pipeline import (
     DPDAResult,
     RowQueries,
     TargetView,
+    resolve_scaling,
     run_dpda,
     target_view,
 )
@@ -72,6 +73,31 @@ def otda_predictions(
     return fit_predict(x_hat, source.labels(), view.x, cfg.classifier, cfg.seed)[1]
 
 
+BASELINE_SCALINGS = ("zscore", "uniform")
+
+
+def best_scaling_baselines(
+    source: Domain, target: Domain, representation: str, cfg: AdaptConfig
+) -> tuple[dict[str, np.ndarray], str, dict[str, dict[str, float | None]]]:
+    """Non-private source-only and OTDA in their best form: each under every column scaling
+    of ``BASELINE_SCALINGS``, the one with the higher source-only accuracy kept (picked with
+    the target's labels when it has them: a reference for the tables, not a method; without
+    labels, z-score). Returns (predictions by arm, the scaling kept, every accuracy)."""
+    runs: dict[str, dict[str, np.ndarray]] = {}
+    scores: dict[str, dict[str, float | None]] = {}
+    for mode in BASELINE_SCALINGS:
+        view = target_view(target, representation, scaling_mode=mode)
+        runs[mode] = {
+            "source_only": source_only_predictions(source, view, representation, cfg),
+            "otda": otda_predictions(source, view, representation, cfg),
+        }
+        scores[mode] = {k: _scored(v, view) for k, v in runs[mode].items()}
+    best = BASELINE_SCALINGS[0]
+    if target.y is not None:
+        best = max(BASELINE_SCALINGS, key=lambda m: scores[m]["source_only"] or 0.0)
+    return runs[best], best, scores
+
+
 def source_only(
     source: Domain, view: TargetView, representation: str, cfg: AdaptConfig
 ) -> float | None:
@@ -93,6 +119,8 @@ class SimulationOutcome:
     target_epsilon_spent: float | None = None
     target_delta: float | None = None
     target_row_queries: str = "exact"  # what PATE sent about the target's rows
+    baseline_scaling: str | None = None  # the scaling the non-private baselines ran under
+    baseline_by_scaling: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     @property
     def dpda(self) -> DPDAResult:
@@ -104,15 +132,34 @@ class SimulationOutcome:
         acc: dict[str, float | None] = {"source_only": self.source_only, "otda": self.otda}
         for m, r in self.runs.items():
             acc[m.replace("+", "_")] = r.accuracy
+        if "dp_no_adaptation" in d.accuracy_by_method:
+            acc["dp_no_adaptation"] = d.accuracy_by_method["dp_no_adaptation"]
         return {
+            "baseline_scaling": self.baseline_scaling,
+            "baseline_by_scaling": self.baseline_by_scaling,
             **d.summary(terms),
             "accuracy": acc,
             "epsilon_spent": max(r.epsilon_spent for r in self.runs.values()),
             "epsilon_by_method": {m: r.epsilon_spent for m, r in self.runs.items()},
             "epsilon_budget": terms.epsilon,
             "pate_queries": max(r.pate_queries for r in self.runs.values()),
-            "target_disclosures": "dp" if self.target_epsilon_spent is not None else "exact",
-            "target_epsilon_spent": self.target_epsilon_spent,
+            "target_disclosures": (
+                "none"
+                if self.target_epsilon_spent is None
+                and d.terms is not None
+                and d.terms.source_space
+                else "dp"
+                if self.target_epsilon_spent is not None
+                else "exact"
+            ),
+            # 0.0: the target disclosed nothing (a source-space release); None: exact statistics
+            "target_epsilon_spent": (
+                0.0
+                if self.target_epsilon_spent is None
+                and d.terms is not None
+                and d.terms.source_space
+                else self.target_epsilon_spent
+            ),
             "target_delta": self.target_delta,
             "target_row_queries": self.target_row_queries
             if any(r.pate_queries for r in self.runs.values())
@@ -129,7 +176,7 @@ def simulate(
     seed: int | None,
     baselines: bool = True,
     progress: Callable[[int, int], None] | None = None,
-    scaling_mode: str = "zscore",
+    scaling_mode: str = "auto",
     methods: tuple[str, ...] = ("dpda",),
     pate_queries: int = 100,
     pate_share: float = PATE_SHARE,
@@ -155,10 +202,17 @@ def simulate(
     is for the source).
     ``compute``: where the per-batch fits run (``dpda.target_party.compute``; default here).
     """
+    by_method = {
+        m: method_terms(terms, m, pate_queries, pate_share) if methods != ("dpda",) else terms
+        for m in methods
+    }
+    # a source-space release needs nothing of the target; the others need its statistics
+    shared = [t for t in by_method.values() if not t.source_space]
+    scaling_mode = resolve_scaling(scaling_mode, shared[0] if shared else terms)
     privacy = None
     t_spent = None
     t_events: list = []
-    if target_epsilon is not None:
+    if target_epsilon is not None and shared:
         from dpda.dp.target_disclosure import disclose, plan_disclosure
 
         t_delta = target_delta if target_delta is not None else 1.0 / (10.0 * target.x.shape[0])
@@ -168,7 +222,7 @@ def simulate(
             target.x.shape[1],
             representation,
             target_row_clip,
-            with_basis=terms.projection == "target-pca",
+            with_basis=any(t.projection == "target-pca" for t in shared),
         )
         t_rng = np.random.default_rng([seed, 19]) if seed is not None else secure_rng()
         privacy = disclose(
@@ -196,8 +250,7 @@ def simulate(
     view = target_view(target, representation, scaling_mode=scaling_mode, disclosure=privacy)
     runs: dict[str, DPDAResult] = {}
     ledgers: dict[str, list[LedgerEntry]] = {}
-    for method in methods:
-        t = method_terms(terms, method, pate_queries, pate_share) if methods != ("dpda",) else terms
+    for method, t in by_method.items():
         rng, public = testing_streams(seed) if seed is not None else (secure_rng(), public_rng())
         store = MemoryLedgerStore()
         ledger = PrivacyLedger(store, {t.dataset: Budget(t.epsilon, t.delta)})
@@ -216,12 +269,15 @@ def simulate(
         runs[method] = run_dpda(releaser, view, t, cfg, spent, progress, rq, compute)
         ledgers[method] = store.entries(t.dataset)
     preds: dict[str, np.ndarray] = {}
+    kept: str | None = None
+    by_scaling: dict[str, dict[str, float | None]] = {}
     if baselines:
-        preds["source_only"] = source_only_predictions(source, view, representation, cfg)
-        preds["otda"] = otda_predictions(source, view, representation, cfg)
-    so = _scored(preds["source_only"], view) if baselines else None
-    ot_acc = _scored(preds["otda"], view) if baselines else None
-    return SimulationOutcome(so, ot_acc, runs, ledgers, preds, t_spent, target_delta, rq.mode)
+        preds, kept, by_scaling = best_scaling_baselines(source, target, representation, cfg)
+    so = by_scaling[kept]["source_only"] if kept else None
+    ot_acc = by_scaling[kept]["otda"] if kept else None
+    return SimulationOutcome(
+        so, ot_acc, runs, ledgers, preds, t_spent, target_delta, rq.mode, kept, by_scaling
+    )
 
 
 PUBLIC_SOURCE_STEPS = 300  # noisy Frank–Wolfe steps

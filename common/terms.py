@@ -57,7 +57,14 @@ LABEL_CAVEAT = (
 RELEASE_DEFAULTS: dict[str, dict[str, Any]] = {
     "sinkhorn-synthetic": {"histogram_share": 0.1, "calibration": "analytic"},
 }
-_RELEASE_DEPENDENT = ("release", "histogram_share", "calibration")
+_RELEASE_DEPENDENT = ("release", "histogram_share", "calibration", "projection", "projection_dim")
+# ℓ of the target's own OT space for a source-space release: its noise is spread evenly over
+# every direction of the source's space, so fewer directions keep less of it (20 against 50:
+# +0.9 points on the 12 Office-Caltech pairs at ε = 8, docs/results.md)
+SOURCE_SPACE_DIM = 20
+# releases computed in the source's own per-row space (``projection = "source"``): sums over the
+# source's records, which need no statistic of the target (DESIGN.md §2b)
+SOURCE_SPACE_RELEASES = ("prototypes", "class-gaussians")
 
 # a minibatch is one release of up to this many rows (the target's job API bounds it too)
 MAX_BATCH_SIZE = 100_000
@@ -77,8 +84,20 @@ class SessionTerms(BaseModel):
     delta: float = Field(gt=0, lt=1)
     privacy_unit: PrivacyUnit = PrivacyUnit.RECORD
     neighbouring: Neighbouring = Neighbouring.REPLACE_ONE
-    projection: Literal["jl", "target-pca"] = "target-pca"
-    projection_dim: int = Field(default=50, ge=1, le=4096)
+    projection: Literal["source", "jl", "target-pca"] = Field(
+        default="source",
+        description="source: the release is computed in the source's own per-row space at full "
+        "dimension and the target projects it onto its own basis locally (nothing of the target "
+        "is sent); target-pca: the target's basis (and scaling) go to the source; jl: a random "
+        "projection the source draws. Default: source for prototypes and class-gaussians, "
+        "target-pca for the other releases",
+    )
+    projection_dim: int = Field(
+        default=50,
+        ge=1,
+        le=4096,
+        description="ℓ, the dimension of the OT space; default 50, 20 for source-space releases",
+    )
     batch_size: int = Field(
         default=0, ge=0, le=MAX_BATCH_SIZE, description="0: one whole-dataset release"
     )
@@ -190,6 +209,17 @@ class SessionTerms(BaseModel):
         data = {k: v for k, v in data.items() if not (k in _RELEASE_DEPENDENT and v is None)}
         if "release" not in data and data.get("privacy_unit") == "attribute":
             data["release"] = "rows"
+        if "projection" not in data:
+            release = str(data.get("release", "prototypes"))
+            metric = data.get("cost") == "metric"
+            pate = bool(data.get("pate_queries"))
+            data["projection"] = (
+                "source"
+                if release in SOURCE_SPACE_RELEASES and not (metric or pate)
+                else "target-pca"
+            )
+        if "projection_dim" not in data and data["projection"] == "source":
+            data["projection_dim"] = SOURCE_SPACE_DIM
         for name, value in RELEASE_DEFAULTS.get(str(data.get("release")), {}).items():
             data.setdefault(name, value)
         return data
@@ -220,7 +250,22 @@ class SessionTerms(BaseModel):
             )
         if self.release != "rows" and self.batch_size != 0:
             raise ValueError("batch_size: aggregate releases are whole-dataset releases")
+        if self.projection == "source" and (
+            self.release not in SOURCE_SPACE_RELEASES
+            or self.cost == "metric"
+            or self.pate_queries > 0
+        ):
+            raise ValueError(
+                "projection: 'source' serves the aggregate releases "
+                f"{' and '.join(SOURCE_SPACE_RELEASES)} with the sqeuclidean cost and no PATE "
+                "queries; use target-pca or jl"
+            )
         return self
+
+    @property
+    def source_space(self) -> bool:
+        """The release is computed in the source's own per-row space (no basis, no scaling)."""
+        return self.projection == "source"
 
     @model_validator(mode="after")
     def _metric(self) -> SessionTerms:
@@ -534,6 +579,8 @@ def method_terms(
     """The session terms of one method at the same total ε."""
     if method == "dpda":
         return terms.model_copy(update={"pate_epsilon": 0.0, "pate_queries": 0, "dpda": True})
+    if method != "dpda" and terms.source_space:  # PATE's queries live in a shared space
+        terms = terms.model_copy(update={"projection": "target-pca"})
     if method == "pate":
         return SessionTerms.model_validate(
             {

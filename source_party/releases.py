@@ -244,8 +244,16 @@ class SourceReleaser:
         if terms.pate_queries > 0 and terms.pate_teachers > n:
             raise PolicyRefused(f"pate_teachers {terms.pate_teachers} exceeds the {n} records")
         check_scaling(disclosure.scaling, k)
+        if terms.source_space and (disclosure.scaling is not None or disclosure.basis is not None):
+            raise InvalidInput(
+                "projection 'source': the release is computed in the source's own space and "
+                "takes no scaling or basis from the target (send none)",
+                public=True,
+            )
         if projection is not None:
             m = projection
+        elif terms.source_space:
+            m = np.eye(k)  # the source's own per-row space, every feature
         elif terms.projection == "target-pca":
             if disclosure.basis is None:
                 raise InvalidInput("target-pca needs the target's basis", public=True)
@@ -558,7 +566,8 @@ class SourceReleaser:
         rng = self._noise[info.session_id]
         c = terms.clip_norm
         with np.errstate(over="ignore", invalid="ignore"):
-            z = clip_rows(x @ info.projection, c)
+            # the source's own space: the identity map, applied as what it is
+            z = clip_rows(finite_rows(x) if terms.source_space else x @ info.projection, c)
         if terms.release == "sinkhorn-synthetic":
             # counts first: they set the points per class and the gradients' scale
             noisy = self._noisy_counts(label_counts(y, info.n_classes), spec, rng)

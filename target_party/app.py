@@ -41,7 +41,13 @@ from dpda.service.ledger_store import SqliteLedgerStore, connect
 from dpda.service.progress import Progress
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.compute import open_compute, spec_of
-from dpda.target_party.pipeline import AdaptConfig, RowQueries, run_dpda, target_view
+from dpda.target_party.pipeline import (
+    AdaptConfig,
+    RowQueries,
+    resolve_scaling,
+    run_dpda,
+    target_view,
+)
 from dpda.target_party.report import figures_of
 from dpda.target_party.training import model_pipeline, save_model
 from dpda.terms import SessionTerms
@@ -298,7 +304,7 @@ def _disclose(
     sent, signed by the target. A rerun of the same job reuses the stored release, uncharged.
     None under the ``exact`` opt-in."""
     pol = cfg.privacy
-    if pol.disclosures == "exact":
+    if pol.disclosures == "exact" or terms.source_space:  # a source-space release needs none
         return None
     n, k = table.x.shape
     delta = own_delta(cfg, n)
@@ -331,7 +337,8 @@ def _disclose(
 
     def draw() -> dict[str, np.ndarray]:
         ell = min(terms.projection_dim, n, k)  # as session_terms lowers it
-        d = disclose(table.x, cfg.job.representation, cfg.job.scaling, ell, plan, secure_rng())
+        mode = resolve_scaling(cfg.job.scaling, terms)
+        d = disclose(table.x, cfg.job.representation, mode, ell, plan, secure_rng())
         return {"mean": d.scaling.mean, "std": d.scaling.std, "basis": d.basis,
                 "clip": np.array(d.clip_norm), "variances": d.variances}  # fmt: skip
 
@@ -375,7 +382,7 @@ def run_job(
     view = target_view(
         table.domain,
         cfg.job.representation,
-        scaling_mode=cfg.job.scaling,
+        scaling_mode=resolve_scaling(cfg.job.scaling, terms),
         disclosure=own[0] if own else None,
     )
     acfg = AdaptConfig(
@@ -384,6 +391,8 @@ def run_job(
         classifier=cfg.job.classifier,
         seed=seed,
         select=cfg.job.select,
+        transport_step=cfg.job.transport_step,
+        keep=cfg.job.keep,
     )
     # before the source is asked anything: PATE's queries fit the target's own budget
     rq = row_queries(cfg, ledger, own[0] if own else None, table.x.shape[0], terms.pate_queries)
@@ -430,7 +439,7 @@ def run_job(
         "model": str(model),
         "predictions_sha256": hashlib.sha256(res.predictions.tobytes()).hexdigest(),
         # each party's privacy side by side: the source's records, the target's own rows
-        "target_disclosures": cfg.privacy.disclosures,
+        "target_disclosures": "none" if terms.source_space else cfg.privacy.disclosures,
         "target_row_queries": cfg.privacy.row_queries if res.pate_queries else None,
         # this job's disclosures of the target's rows composed: its statistics and its queries
         "target_epsilon_spent": spend_of(
@@ -442,7 +451,7 @@ def run_job(
             own[1].params["delta"],
         )
         if own
-        else None,
+        else (0.0 if terms.source_space else None),  # 0.0: nothing of the target was sent
         "target_epsilon_total": ledger.spent(OWN_ROWS) if own else None,
     }
     (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))

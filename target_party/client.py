@@ -60,6 +60,9 @@ from dpda.terms import (
 )
 
 log = logging.getLogger("dpda.target")
+# a source-space release has one column per source feature (the target's own count, checked
+# by the job; this bound keeps a lying peer from sizing the identity the target builds)
+MAX_SOURCE_SPACE_FEATURES = 1 << 14
 
 _CODES = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: BudgetExceeded,
@@ -481,7 +484,14 @@ class GrpcReleaseSource:
         std = None if disclosure.scaling is None else disclosure.scaling.std
         try:
             resp = self.stub.OpenSession(req, timeout=self.cfg.timeout_s)
-            if disclosure.basis is not None and terms.dpda and not resume:
+            if terms.source_space and terms.dpda:
+                # the source's own space: the identity on its features, known to both (every
+                # signed entry binds its digest, checked before a release is accepted)
+                k = int(resp.n_features)
+                if not (1 <= k <= MAX_SOURCE_SPACE_FEATURES):
+                    raise PeerMisbehaved("the source's feature count is out of bounds")
+                m = np.eye(k)
+            elif disclosure.basis is not None and terms.dpda and not resume:
                 # the source must use the target's own basis: every release's ledger entry,
                 # signed, binds the digest of the projection it was computed with (checked
                 # before the release is accepted)

@@ -22,7 +22,7 @@ from dpda.dp.events import BatchSpec
 from dpda.dp.mechanisms import counts_to_labels
 from dpda.dp.sinkhorn_synthetic import SinkhornSyntheticParams, synthetic_labels
 from dpda.dp.target_disclosure import Disclosure
-from dpda.errors import ConfigError
+from dpda.errors import ConfigError, PeerMisbehaved
 from dpda.ot.costs import dpot_cost, label_mask
 from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
@@ -61,6 +61,15 @@ class AdaptConfig:
     # target's pseudo-labels predict the source's own (noisy) points back; "none" keeps
     # reg_e / reg_g. Skipped, and said, above SELECT_MAX_CELLS plan entries per solve round.
     select: str = "circular"
+    # aggregate releases: each class point's training image is this far along the way from the
+    # point itself (in the target's space) to its barycentric image under the plan; 1 is the
+    # barycentric map alone. Halfway, the noisy class means keep what they know of the classes
+    # while the plan moves them onto the target's mass (dpda bench accuracy: docs/results.md)
+    transport_step: float = 0.5
+    # which model the job keeps: "dpda" (the adapted one), or "better": the one the label-free
+    # estimate (``adaptation_estimate``) scores higher, DPDA or the same release used without
+    # adaptation (both post-processing of the same release: no budget)
+    keep: str = "dpda"
 
 
 @dataclass(frozen=True)
@@ -91,9 +100,14 @@ class TargetView:
     scaling: Scaling
     labels: np.ndarray | None  # evaluation labels, if any
     known: np.ndarray  # (m,) −1 or a label the target knows (semi-supervised)
-    # the target's statistics released under its own DP (issue 19): scaling, basis, clip norm;
-    # None: the exact ones are disclosed (the target's opt-in)
+    # the target's statistics released under its own DP: scaling, basis, clip norm; None: the
+    # exact ones are disclosed (the target's opt-in), or nothing is (source-space releases)
     disclosure: Disclosure | None = None
+    representation: str = "raw"  # the per-row representation ``x`` was computed from
+
+    def rows(self) -> np.ndarray:
+        """The target's rows in the per-row representation (before its column scaling)."""
+        return self.x * self.scaling.std + self.scaling.mean
 
 
 def target_view(
@@ -109,9 +123,50 @@ def target_view(
     kn = np.full(rep.shape[0], -1, dtype=np.int64) if known is None else known
     if disclosure is not None:
         d = disclosure
-        return TargetView(d.scaling.apply(rep), d.scaling, target.y, kn, d)
+        return TargetView(d.scaling.apply(rep), d.scaling, target.y, kn, d, representation)
     scaling = Scaling.of(rep, scaling_mode)
-    return TargetView(scaling.apply(rep), scaling, target.y, kn)
+    return TargetView(scaling.apply(rep), scaling, target.y, kn, None, representation)
+
+
+@dataclass(frozen=True)
+class LocalSpace:
+    """The target's own OT space for a release computed in the source's per-row space: rows
+    clipped to the session's norm C (as the source clips its own), the target's column
+    scaling, then its top-ℓ principal directions. Computed from the target's rows alone and
+    never sent: bringing the release into it is post-processing."""
+
+    scaling: Scaling
+    basis: np.ndarray  # (k, ℓ), orthonormal columns
+
+    def __call__(self, pts: np.ndarray) -> np.ndarray:
+        """Points of the source's per-row space (noisy class means, drawn points) → OT space."""
+        return np.asarray(self.scaling.apply(pts) @ self.basis)
+
+
+def local_space(view: TargetView, clip_norm: float, ell: int) -> tuple[LocalSpace, np.ndarray]:
+    """(The map, the target's rows in the OT space) for a source-space session."""
+    from dpda.dp.mechanisms import clip_rows
+
+    scaled = view.scaling.apply(clip_rows(view.rows(), clip_norm))
+    basis = target_pca_basis(scaled, ell)
+    return LocalSpace(view.scaling, basis), scaled @ basis
+
+
+def resolve_scaling(mode: str, terms: SessionTerms, fallback: str = "zscore") -> str:
+    """The column scaling a job runs under: ``auto`` is uniform for a source-space release
+    (its noise is the same in every direction of the source's space; z-score would stretch it
+    along the target's quiet columns) and ``fallback`` otherwise."""
+    if mode != "auto":
+        return mode
+    return "uniform" if terms.source_space else (fallback if fallback != "auto" else "zscore")
+
+
+def natural_clip(representation: str, clip_norm: float) -> float:
+    """C for a source-space release: the representation's natural row bound (norm-1 rows),
+    else the configured ``clip_norm`` (raw features: a public bound on the rows' norms)."""
+    from dpda.dp.target_disclosure import NATURAL_CLIP
+
+    return NATURAL_CLIP.get(representation, clip_norm)
 
 
 def target_pca_basis(x: np.ndarray, ell: int) -> np.ndarray:
@@ -144,6 +199,8 @@ class DPDAResult:
     terms: SessionTerms | None = None  # the terms the session ran under (clip norm chosen)
     session_id: str = ""
     selection: dict[str, Any] = field(default_factory=dict)  # the unsupervised model choice
+    # DPDA next to the same release without adaptation (``_without_adaptation``)
+    adaptation: dict[str, Any] = field(default_factory=dict, repr=False)
     release_seconds: float = 0.0  # wall time of the source's releases (charge + draw + transfer)
     source_seconds: float = 0.0  # wall time of every call to the source (``_TimedSource``)
     # what was transported, in the session's projected space, and the target's rows there
@@ -178,6 +235,7 @@ class DPDAResult:
             "reg_e": self.selection.get("reg_e"),
             "reg_g": self.selection.get("reg_g"),
             "selection": self.selection,
+            "adaptation": {k: v for k, v in self.adaptation.items() if k != "predictions"},
             "caveat": ran.caveat,
         }
 
@@ -339,6 +397,8 @@ class _Session:
     xt_proj: np.ndarray
     compute: Compute = field(default_factory=Compute)
     metric: np.ndarray | None = None  # cost = metric: the released W (d′ × ℓ)
+    # a source-space session: the target's own map from the release's space to the OT space
+    space: LocalSpace | None = None
     # the handles of what the tasks share (the projected rows, each view), sent once
     _shared: dict[int, tuple[object, Any]] = field(default_factory=dict, repr=False)
 
@@ -358,10 +418,14 @@ class _Session:
             pts, ys, a = aggregate_points(
                 rel, self.terms.release, q, cfg.seed, cfg.synthetic_per_class, synthetic
             )
+            lifted = self.lift(pts)
+            if self.space is not None:
+                pts = self.space(pts)
             noise_std = 0.0
         else:
             n = rel.z.shape[0]
             pts, ys, a = rel.z, counts_to_labels(rel.noisy_counts, n), uniform(n)
+            lifted = None
             assert isinstance(rel.spec, BatchSpec)  # a metric release is never fitted
             noise_std = rel.spec.features.noise_std
         rows: np.ndarray | None = None
@@ -388,14 +452,32 @@ class _Session:
             )
             for i, j in spans
         ]
-        return _PendingFit(tasks, [float(a[i:j].sum()) for i, j in spans], a)
+        return _PendingFit(tasks, [float(a[i:j].sum()) for i, j in spans], a, lifted)
+
+    def lift(self, pts: np.ndarray) -> np.ndarray:
+        """Release points (the release's own space) → the target's space ``view.x``: the
+        target's scaling of a source-space release; a projected release back through the
+        basis (the component the projection keeps)."""
+        if self.space is not None:
+            return np.asarray(self.space.scaling.apply(pts))
+        return np.asarray(pts @ np.linalg.pinv(self.info.projection))
 
     def collect(self, pending: list[_PendingFit]) -> list[BatchFit]:
         """The fits of ``pending``, in order (waits for their tasks)."""
         flat = self.compute.gather([t for p in pending for t in p.tasks])
         out, k = [], 0
+        t = self.cfg.transport_step
         for p in pending:
-            out.append(combine(flat[k : k + len(p.tasks)], p.shares, p.weights))
+            fit = combine(flat[k : k + len(p.tasks)], p.shares, p.weights)
+            if p.lifted is not None and t != 1.0:
+                fit = replace(fit, mapped=(1.0 - t) * p.lifted + t * fit.mapped)
+            if self.space is not None:
+                # into the OT space's span: the classifier then compares the target's rows
+                # with them along the ℓ directions the target chose, not along the k − ℓ
+                # others, where a source-space release holds only noise
+                b = self.space.basis
+                fit = replace(fit, mapped=(fit.mapped @ b) @ b.T)
+            out.append(fit)
             k += len(p.tasks)
         return out
 
@@ -411,6 +493,7 @@ class _PendingFit:
     tasks: list[Any]  # one per piece of the release's points
     shares: list[float]  # each piece's share of the release's mass
     weights: np.ndarray  # the release's point masses
+    lifted: np.ndarray | None = None  # aggregate releases: the points in the target's space
 
 
 def fit_piece(
@@ -465,6 +548,14 @@ def session_terms(
     target has features and rows; a larger ``projection_dim`` is lowered to that, and said —
     and, under the record unit, the clipping norm as a quantile of its projected rows."""
     most = min(view.x.shape)
+    if terms.source_space:  # nothing of the target is sent; C is a public bound
+        terms = terms.model_copy(
+            update={
+                "projection_dim": min(terms.projection_dim, most),
+                "clip_norm": natural_clip(view.representation, terms.clip_norm),
+            }
+        )
+        return terms, None
     if terms.projection == "target-pca" and terms.projection_dim > most:
         log.warning(
             "projection_dim %d is more than the target's data allows (%d features, %d rows): "
@@ -503,6 +594,14 @@ def _open(
     compute: Compute | None = None,
 ) -> _Session:
     terms, basis = session_terms(view, terms, cfg)
+    if terms.source_space:
+        info = source.open_session(terms, TargetDisclosure(None, None))
+        if info.projection.shape[0] != view.x.shape[1]:
+            raise PeerMisbehaved(
+                f"the source has {info.projection.shape[0]} features, the target {view.x.shape[1]}"
+            )
+        space, xt_proj = local_space(view, terms.clip_norm, terms.projection_dim)
+        return _Session(source, view, terms, cfg, info, xt_proj, compute or Compute(), space=space)
     info = source.open_session(terms, TargetDisclosure(view.scaling, basis))
     xt_proj = view.x @ info.projection
     return _Session(source, view, terms, cfg, info, xt_proj, compute or Compute())
@@ -655,15 +754,64 @@ def run_dpda(
     done = _release_all(s, spent, progress)
     by_method: dict[str, float | None] = {}
     selection: dict[str, Any] = {}
+    adaptation: dict[str, Any] = {}
     if done.fits:
         selection = select(s, done, view)  # may change s.cfg and done.fits
         done.train(view, s.cfg)
         by_method["dpda"] = _acc(done.pred, view) if done.pred is not None else None
+        adaptation = _without_adaptation(s, done, by_method)
         done.spend.append(spent())  # before any PATE answer is charged
     if s.info.plan.pate_queries > 0:
         _pate(s, done, by_method, row_queries or RowQueries())
     source.close_session(s.info.session_id)
-    return replace(_result(s, done, by_method, spent(), selection), source_seconds=timed.seconds)
+    out = _result(s, done, by_method, spent(), selection)
+    return replace(out, source_seconds=timed.seconds, adaptation=adaptation)
+
+
+def _without_adaptation(s: _Session, done: _Fitted, by_method: dict[str, float | None]) -> dict:
+    """The same release used without adaptation: a nearest-class-mean classifier whose class
+    means are the release's own (in the OT space, then lifted into the target's space so the
+    saved model reads raw rows), next to DPDA; both scored by the label-free circular estimate
+    (``selection.circular_score``). With ``keep = "better"`` the job keeps the one the estimate
+    prefers. Post-processing of one release: no budget."""
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from dpda.target_party.selection import circular_score
+
+    pts = np.vstack([f.points for f in done.fits])
+    labels = np.concatenate([f.labels for f in done.fits])
+    w = np.concatenate([f.weights for f in done.fits])
+    width = s.xt_proj.shape[1]
+    pts = pts[:, :width]
+    classes = np.unique(labels)
+    means = np.vstack(
+        [np.average(pts[labels == c], axis=0, weights=w[labels == c] + 1e-300) for c in classes]
+    )
+    to_ot = s.space.basis if s.space is not None else s.info.projection
+    centres = means @ np.linalg.pinv(to_ot)
+    model = KNeighborsClassifier(n_neighbors=1).fit(centres, classes)
+    pred = np.asarray(model.predict(s.view.x))
+    by_method["dp_no_adaptation"] = _acc(pred, s.view)
+    assert done.pred is not None
+    scores = {
+        "dpda": circular_score(done.fits, s.xt_proj, done.pred),
+        "dp_no_adaptation": circular_score(done.fits, s.xt_proj, pred),
+    }
+    kept = "dpda"
+    if s.cfg.keep == "better" and scores["dp_no_adaptation"] > scores["dpda"]:
+        kept = "dp_no_adaptation"
+        done.model, done.pred = model, pred
+    elif s.cfg.keep not in ("dpda", "better"):
+        raise ConfigError(f"keep: {s.cfg.keep!r} is not dpda or better")
+    agree = float(np.mean(pred == done.pred)) if kept == "dpda" else 1.0
+    return {
+        "estimate": scores,
+        "estimate_method": "circular",
+        "kept": kept,
+        "rule": s.cfg.keep,
+        "agreement": agree,
+        "predictions": pred,
+    }
 
 
 class _TimedSource:
@@ -719,7 +867,7 @@ def _result(
         delta=s.terms.delta,
         noise_multiplier=spec.features.noise_multiplier,
         noise_std=spec.features.noise_std,
-        projection_dim=s.info.projection.shape[1],
+        projection_dim=s.xt_proj.shape[1],
         n_batches=s.info.plan.steps,
         rows_received=int(sum(r.z.shape[0] for r in done.releases)),
         w_tilde=float(np.mean([f.w_tilde for f in fits])) if fits else float("nan"),

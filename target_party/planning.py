@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from dpda.dp.ledger import spend_of
 from dpda.dp.pate import answers_event
 from dpda.errors import ConfigError, PeerMisbehaved
@@ -18,20 +20,24 @@ from dpda.policy import PrivacyPolicy
 from dpda.service.config import TargetConfig
 from dpda.target_party.app import job_terms, load_target_data, open_state
 from dpda.target_party.client import GrpcReleaseSource
-from dpda.target_party.pipeline import AdaptConfig, session_terms, target_view
-from dpda.terms import plan_batches
+from dpda.target_party.pipeline import AdaptConfig, resolve_scaling, session_terms, target_view
+from dpda.terms import ReleasePlan, SessionTerms, plan_batches
 
 
 def plan_job(cfg: TargetConfig) -> dict[str, Any]:
     """σ, the job's charge and what remains on both sides, before and after the job."""
     terms = job_terms(cfg)
-    if terms.projection != "target-pca":
+    if terms.projection == "jl":
         raise ConfigError(
             "job.projection: 'jl' is drawn by the source when the session opens, so its plan is "
             "known only then; dpda target plan covers target-pca (the default)"
         )
     table = load_target_data(cfg)
-    view = target_view(table.domain, cfg.job.representation, scaling_mode=cfg.job.scaling)
+    view = target_view(
+        table.domain,
+        cfg.job.representation,
+        scaling_mode=resolve_scaling(cfg.job.scaling, terms),
+    )
     ledger, audit = open_state(cfg)
     source = GrpcReleaseSource(cfg, ledger, audit)
     try:
@@ -40,7 +46,8 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
     finally:
         source.close()
     terms, basis = session_terms(view, terms, AdaptConfig(seed=0))
-    assert basis is not None
+    if basis is None:  # a source-space release: the identity on the source's features
+        basis = np.eye(int(facts.n_features), 1)  # the plan reads the terms, not the width
     try:
         policy = PrivacyPolicy.model_validate_json(facts.policy_json)
     except ValueError:  # pydantic's ValidationError: the peer sent it, its text is not shown
@@ -85,6 +92,8 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
         "target_budget": cfg.budget_epsilon - target_spent,
     }
     return {
+        "forecast": forecast(terms, plan, int(facts.n_rows), int(facts.n_classes), view.x.shape[0]),
+        "target_epsilon_charge": 0.0 if terms.source_space else None,
         "sigma": plan.feature_noise_multiplier,
         "noise_std": plan.spec(terms).features.noise_std,
         "steps": plan.steps,
@@ -108,4 +117,50 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
             "n_classes": int(facts.n_classes),
             "representation": facts.representation,
         },
+    }
+
+
+# noise-to-signal of a class mean above which a release is noise-dominated: the measured
+# boundary between the Office-Caltech sources that DPDA helps and the small ones it does not
+# (docs/results.md, forecast)
+NOISE_DOMINATED = 0.25
+
+
+def forecast(
+    terms: SessionTerms, plan: ReleasePlan, n_rows: int, n_classes: int, target_rows: int
+) -> dict[str, Any]:
+    """What the release will be worth, from public facts only (rows, classes, ε, δ, σ, C, ℓ):
+    the noise-to-signal of a class mean, its noise norm over the OT space's ℓ directions
+    (σ·Δ·√ℓ / (n/q)) relative to the largest norm a row may have (C), for a class of
+    average size. Above ``NOISE_DOMINATED`` the class means are mostly noise: the job says so
+    and what would change it."""
+    q = max(1, n_classes)
+    ell = min(terms.projection_dim, target_rows)
+    rows_per_class = n_rows / q
+    if terms.privacy_unit != "record" or terms.release == "rows":
+        # a noisy row per record: its noise against a row's own scale
+        ratio = plan.feature_noise_multiplier * plan.feature_sensitivity * float(np.sqrt(ell))
+        ratio /= max(terms.clip_norm, 1e-300)
+        per = "row"
+    else:
+        std = plan.feature_noise_multiplier * plan.feature_sensitivity
+        ratio = std * float(np.sqrt(ell)) / (rows_per_class * terms.clip_norm)
+        per = "class mean"
+    dominated = bool(ratio > NOISE_DOMINATED)
+    advice = []
+    if dominated:
+        need = ratio / NOISE_DOMINATED
+        advice.append(
+            f"about {need:.1f}× more rows per class, or a σ {need:.1f}× smaller (a larger "
+            "epsilon), would bring it under the noise-dominated line"
+        )
+        if terms.projection_dim > 10:
+            advice.append("a smaller projection_dim spreads the same noise over fewer directions")
+    return {
+        "noise_to_signal": ratio,
+        "per": per,
+        "rows_per_class": rows_per_class,
+        "noise_dominated": dominated,
+        "threshold": NOISE_DOMINATED,
+        "advice": advice,
     }

@@ -41,6 +41,7 @@ def _time_release(n: int, k: int, q: int, ell: int, release: str, repeats: int) 
                 "dataset": "d",
                 "epsilon": 8.0,
                 "delta": 1e-6,
+                "projection": "target-pca",
                 "projection_dim": ell,
                 "release": release,
             }

@@ -243,7 +243,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from dpda.data.tables import write_predictions
     from dpda.service.progress import Progress
     from dpda.simulation import METHODS, simulate
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.pipeline import AdaptConfig, resolve_scaling
 
     src, tgt, rep, scaling, names = _simulate_data(args)
     check_representation(src.x, rep, "--representation")
@@ -259,6 +259,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         classifier=args.classifier,
         seed=args.seed if args.seed is not None else 0,
         select=args.select,
+        transport_step=args.transport_step,
+        keep=args.keep,
     )
     methods = METHODS if args.method == "all" else (args.method,)
     out = simulate(
@@ -269,7 +271,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         cfg,
         args.seed,
         progress=Progress("releases"),
-        scaling_mode=scaling,
+        scaling_mode=resolve_scaling(args.scaling or "auto", terms, scaling),
         methods=methods,
         pate_queries=args.pate_queries,
         pate_share=args.pate_share,
@@ -296,13 +298,31 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     names_ = {"dpda": "DPDA", "pate": "PATE", "dpda_pate": "DPDA+PATE"}
     private = "  ".join(f"{names_[k]} {_pct(a[k])}" for k in names_ if k in a)
     where = f"{args.source}→{args.target}" if not args.source_file else "rehearsal"
-    print(f"{where}  source-only {_pct(a['source_only'])}  OTDA {_pct(a['otda'])}  {private}")
+    print(
+        f"{where}  source-only {_pct(a['source_only'])}  OTDA {_pct(a['otda'])}  "
+        f"DP without adaptation {_pct(a.get('dp_no_adaptation'))}  {private}"
+    )
+    if data.get("baseline_scaling"):
+        print(
+            f"  source-only and OTDA: non-private, under the {data['baseline_scaling']} scaling "
+            "(the better of z-score and uniform by the target's labels, when it has them)"
+        )
+    ad = data.get("adaptation") or {}
+    if ad.get("estimate"):
+        est = ad["estimate"]
+        print(
+            f"  adapting helped? label-free estimate ({ad['estimate_method']}): DPDA "
+            f"{est['dpda']:.3f}, without adaptation {est['dp_no_adaptation']:.3f}; "
+            f"the job keeps {ad['kept']} (--keep {ad['rule']})"
+        )
     print(
         f"  the real job would charge ε {data['epsilon_spent']:.3f} of {terms.epsilon} "
         f"(δ={delta:.3g}); σ/w={data['sigma']:.4f}  ℓ={data['projection_dim']} "
         f"({terms.projection}); nothing was charged: the ledger here is in memory"
     )
-    if data["target_epsilon_spent"] is not None:
+    if data["target_disclosures"] == "none":
+        print("  the target sent nothing about its rows (a source-space release): its ε is 0")
+    elif data["target_epsilon_spent"] is not None:
         print(
             f"  the target's own scaling{' and basis' if terms.projection == 'target-pca' else ''}"
             f" under DP: ε {data['target_epsilon_spent']:.3f} at δ={data['target_delta']:.3g} "
@@ -326,7 +346,9 @@ TERM_FLAGS = (
     "metric_pairs", "metric_margin", "metric_clip", "metric_steps", "metric_learning_rate",
 )  # fmt: skip
 # flags without a default of their own: SessionTerms fills them in from the unit and the release
-RELEASE_DEPENDENT_FLAGS = ("release", "histogram_share", "calibration")
+RELEASE_DEPENDENT_FLAGS = (
+    "release", "histogram_share", "calibration", "projection", "projection_dim",
+)  # fmt: skip
 TERM_HELP = {
     "privacy_unit": "record (whole records, labels included) or attribute (opt-in: one feature "
     "value only; labels and membership are NOT protected)",
@@ -417,6 +439,20 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
         default=job["select"].default,
         help="circular: choose λe, λg without target labels on the releases (no budget); "
         "none: keep --reg-e and --reg-g",
+    )
+    p.add_argument(
+        "--transport-step",
+        type=float,
+        default=job["transport_step"].default,
+        help="aggregate releases: how far each class point moves toward its OT image "
+        "(0: not at all, 1: the barycentric image)",
+    )
+    p.add_argument(
+        "--keep",
+        choices=get_args(job["keep"].annotation),
+        default=job["keep"].default,
+        help="the model the job keeps: dpda, or better: DPDA or the release without "
+        "adaptation, whichever the label-free estimate scores higher",
     )
     p.add_argument(
         "--method",
@@ -517,7 +553,14 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--id-column", default=None, help="a column that names rows (not a feature)")
     sm.add_argument("--predictions", default=None, help="where to write the DPDA predictions")
     sm.add_argument("--representation", choices=["raw", "sqrt", "rownorm", "l2"], default=None)
-    sm.add_argument("--scaling", choices=["zscore", "uniform"], default=None)
+    sm.add_argument(
+        "--scaling",
+        choices=["auto", "zscore", "uniform"],
+        default=None,
+        help="the target's column scaling of its OT space: auto (default) is uniform for "
+        "source-space releases (their noise is the same in every direction of the source's "
+        "space) and the dataset's own (z-score for your tables) otherwise",
+    )
     sm.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
     sm.add_argument("--dataset", choices=["office-caltech", "mnist-usps"])
     sm.add_argument("--source", help="benchmark domain letter (A C D W / M U)")

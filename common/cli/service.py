@@ -100,6 +100,18 @@ def _cmd_target_plan(args: argparse.Namespace) -> int:
         f"remaining now: source dataset {by['source_dataset']:.4f}, this peer at the source "
         f"{by['source_peer']:.4f}, the target's own budget {by['target_budget']:.4f}"
     )
+    fc = out["forecast"]
+    print(
+        f"forecast: noise-to-signal of a {fc['per']} {fc['noise_to_signal']:.3f} "
+        f"({fc['rows_per_class']:.0f} rows per class on average); "
+        + (
+            "noise-dominated: expect little better than chance. " + " ".join(fc["advice"])
+            if fc["noise_dominated"]
+            else f"under the noise-dominated line {fc['threshold']:g}"
+        )
+    )
+    if out.get("target_epsilon_charge") == 0.0:
+        print("the target sends nothing about its rows for this release: its own ε is 0")
     print(
         "it fits; nothing was spent by this plan"
         if out["fits"]

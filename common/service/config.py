@@ -216,7 +216,11 @@ class TargetJob(_Strict):
     )
     domain: str = ""
     representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
-    scaling: Literal["zscore", "uniform"] = "zscore"
+    scaling: Literal["auto", "zscore", "uniform"] = Field(
+        default="auto",
+        description="the column scaling of the OT space: auto is uniform for source-space "
+        "releases and z-score otherwise",
+    )
     synthetic_rows: tuple[_Rows, _Rows] = Field(
         default=(600, 500), description="data_kind synthetic: (source rows, target rows)"
     )
@@ -224,8 +228,10 @@ class TargetJob(_Strict):
     delta: float = Field(gt=0, lt=1)
     privacy_unit: PrivacyUnit = PrivacyUnit.RECORD
     neighbouring: Neighbouring = Neighbouring.REPLACE_ONE
-    projection: Literal["jl", "target-pca"] = "target-pca"
-    projection_dim: int = Field(default=50, ge=1, le=4096)
+    # None: the release decides (source for prototypes and class-gaussians, else target-pca)
+    projection: Literal["source", "jl", "target-pca"] | None = None
+    # None: the release decides (SessionTerms: 20 for source-space releases, else 50)
+    projection_dim: int | None = Field(default=None, ge=1, le=4096)
     batch_size: int = Field(default=0, ge=0, le=MAX_BATCH_SIZE)
     steps: int = Field(default=0, ge=0, le=100_000)
     noise_multiplier: float = Field(
@@ -243,6 +249,17 @@ class TargetJob(_Strict):
     reg_e: float = Field(default=0.02, gt=0)
     reg_g: float = Field(default=0.5, ge=0)
     classifier: Literal["1nn", "logistic", "mlp"] = "1nn"
+    transport_step: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="aggregate releases: how far each class point moves toward its OT image",
+    )
+    keep: Literal["dpda", "better"] = Field(
+        default="dpda",
+        description="the model kept: dpda, or the better of DPDA and the release without "
+        "adaptation by the label-free estimate",
+    )
     select: Literal["circular", "none"] = Field(
         default="circular",
         description="choose reg_e/reg_g without target labels on the received releases "

@@ -219,6 +219,30 @@ def test_service_equals_simulate_for_a_fixed_seed(tmp_path) -> None:
     assert np.isfinite(out["w_tilde"])
 
 
+def test_the_default_job_under_the_targets_default_policy_equals_its_rehearsal(tmp_path) -> None:
+    """The rehearsal is the job: the default terms (prototypes in the source's own space) and
+    the target's default ``[privacy]`` (DP disclosures) over the two daemons give the
+    predictions, the source's ε and the target's ε (0: nothing of its rows is sent) that
+    ``simulate`` gives in-process for the same data and seed."""
+    import hashlib
+
+    dep = synthetic_deployment(tmp_path, seed=31, target_privacy={})
+    with run_server(load_source(dep.source_config)) as rs:
+        out = _run_target(dep, rs.port)
+        opened = [r for r, _ in rs.audit.records() if r.method.endswith("OpenSession")]
+    assert out["projection"] == "source" and out["release"] == "prototypes"
+    assert out["target_epsilon_spent"] == 0.0 and out["target_disclosures"] == "none"
+    assert opened  # a session was opened, with no scaling or basis in it (the source refuses)
+    src, tgt = two_domains()
+    terms = SessionTerms(dataset="synthetic", epsilon=4.0, delta=DELTA, projection_dim=10)
+    sim = simulate(src, tgt, terms, "raw", AdaptConfig(), seed=31, baselines=False,
+                   scaling_mode="uniform")  # fmt: skip
+    assert out["predictions_sha256"] == hashlib.sha256(sim.dpda.predictions.tobytes()).hexdigest()
+    assert out["epsilon_spent"] == pytest.approx(sim.dpda.epsilon_spent, abs=1e-12)
+    assert sim.to_json(terms)["target_epsilon_spent"] == 0.0
+    assert out["adaptation"]["kept"] == sim.dpda.adaptation["kept"]
+
+
 @pytest.mark.parametrize("method", ["pate", "dpda+pate"])
 def test_pate_channels_over_the_service_equal_simulate(tmp_path, method: str) -> None:
     dep = synthetic_deployment(

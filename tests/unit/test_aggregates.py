@@ -104,3 +104,72 @@ def test_aggregates_need_the_record_unit() -> None:
         SessionTerms(
             dataset="d", epsilon=1, delta=1e-5, privacy_unit="attribute", release="prototypes"
         )
+
+
+# ------------------------------------------------------------------ the source's own space
+@pytest.mark.parametrize(
+    ("asked", "projection"),
+    [
+        ({}, "source"),
+        ({"release": "class-gaussians"}, "source"),
+        ({"release": "sinkhorn-synthetic"}, "target-pca"),
+        ({"privacy_unit": "attribute"}, "target-pca"),
+        ({"pate_epsilon": 1.0, "pate_queries": 10}, "target-pca"),
+    ],
+)
+def test_aggregate_releases_default_to_the_sources_own_space(asked, projection) -> None:
+    terms = SessionTerms(dataset="d", epsilon=4.0, delta=1e-5, **asked)
+    assert terms.projection == projection
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        {"release": "sinkhorn-synthetic"},
+        {"privacy_unit": "attribute"},
+        {"pate_epsilon": 1.0, "pate_queries": 10},
+    ],
+)
+def test_the_source_space_is_refused_where_the_release_needs_a_shared_basis(asked) -> None:
+    with pytest.raises(ValueError, match="projection: 'source' serves"):
+        SessionTerms(dataset="d", epsilon=4.0, delta=1e-5, projection="source", **asked)
+
+
+def test_a_source_space_release_is_class_sums_of_the_sources_own_rows() -> None:
+    """Full dimension, rows clipped to C in the source's per-row space, no target input: the
+    noise is the spec's σ·2C on every one of the k coordinates."""
+    rng = np.random.default_rng(0)
+    q, k = 1000, 12
+    x, y = np.zeros((2000, k)), np.arange(2000) % q
+    rel, ledger = memory_releaser(Domain("d", x, y, q), "d", Budget(100, 1e-5), rng)
+    terms = SessionTerms(dataset="d", epsilon=4.0, delta=1e-5, clip_norm=0.5)
+    info = rel.open_session(terms, TargetDisclosure(None, None))
+    b = rel.release(info.session_id, 0)
+    assert b.z.shape == (q, k)
+    f = ledger.store.entries("d")[-1].params["spec"]["features"]
+    assert f["sensitivity"] == pytest.approx(2 * 0.5)
+    assert std_matches(b.z, f["noise_multiplier"] * f["sensitivity"])
+    # the signal is the clipped class sum: rows of norm 10 count as norm C
+    x2 = np.zeros((2000, k))
+    x2[:, 0] = 10.0
+    rel2, _ = memory_releaser(Domain("d", x2, y, q), "d", Budget(100, 1e-5), rng)
+    info2 = rel2.open_session(terms, TargetDisclosure(None, None))
+    z = rel2.release(info2.session_id, 0).z
+    assert np.mean(z[:, 0]) == pytest.approx(2 * 0.5, abs=0.3)  # two rows of norm C a class
+
+
+def test_a_source_space_session_refuses_a_scaling_or_basis_from_the_target() -> None:
+    from dpda.errors import InvalidInput
+
+    x, y = np.zeros((40, 5)), np.arange(40) % 2
+    rel, ledger = memory_releaser(
+        Domain("d", x, y, 2), "d", Budget(100, 1e-5), np.random.default_rng(1)
+    )
+    terms = SessionTerms(dataset="d", epsilon=4.0, delta=1e-5)
+    for disclosure in (
+        TargetDisclosure(Scaling(np.zeros(5), np.ones(5)), None),
+        TargetDisclosure(None, np.eye(5)[:, :2]),
+    ):
+        with pytest.raises(InvalidInput, match="takes no scaling or basis"):
+            rel.open_session(terms, disclosure)
+    assert ledger.store.entries("d") == []

@@ -82,7 +82,9 @@ def test_simulate_reports_the_targets_own_charge() -> None:
     from dpda.terms import SessionTerms
 
     src, tgt = two_domains(300, 250)
-    terms = SessionTerms(dataset="s", epsilon=4.0, delta=1e-3, projection_dim=5)
+    terms = SessionTerms(
+        dataset="s", epsilon=4.0, delta=1e-3, projection="target-pca", projection_dim=5
+    )
     out = simulate(
         src, tgt, terms, "raw", AdaptConfig(select="none"), 0, baselines=False,
         target_epsilon=2.0, target_row_clip=20.0,
