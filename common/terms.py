@@ -36,6 +36,7 @@ from dpda.dp.accounting import (
 from dpda.dp.events import BatchSpec, FeatureSpec, HistogramSpec, MetricSpec, canonical_json
 from dpda.dp.events import event_to_json as _event_json
 from dpda.dp.mechanisms import (
+    MIN_DISCRETE_LAPLACE_PARAMETER,
     Neighbouring,
     PrivacyUnit,
     ReleaseKind,
@@ -562,16 +563,25 @@ def plan_batches(
         raise PlanRefused("the feature sensitivity is not a finite positive number")
     if terms.batch_size == 0:
         eps_h = eps_dpda * terms.histogram_share
+        a = discrete_laplace_parameter(eps_h, h_sens)
         whole = functools.partial(
             _whole_dataset_plan,
             terms,
             sens=sens,
             cross=label_change_sensitivity(terms, sens),
-            a=discrete_laplace_parameter(eps_h, h_sens),
+            a=a,
             h_sens=h_sens,
             common=common,
         )
         if CalibrationMethod(terms.calibration) is CalibrationMethod.EXACT:
+            if a < MIN_DISCRETE_LAPLACE_PARAMETER:
+                # no count sampler runs there (exact or refused): said before a search that
+                # such a budget may not allow at all, in the words of the policy's floor
+                raise PlanRefused(
+                    f"the histogram's discrete-Laplace parameter {a:.4g} is below the floor "
+                    f"{MIN_DISCRETE_LAPLACE_PARAMETER:g} (ask for a larger epsilon or "
+                    "histogram_share)"
+                )
             sigma = _exact_sigma(terms, whole, eps_dpda)
         else:
             eps_f = eps_dpda if attribute else eps_dpda - eps_h
