@@ -656,16 +656,22 @@ def exact_noise_scale(
     """
     _check_eps_delta(epsilon, delta)
 
+    # the coarse grid's rounding (up to one step per pure part) must stay well inside ε
+    grid = max(LEDGER_PLD_INTERVAL, min(_COARSE_PLD_INTERVAL, epsilon / 100))
+
     def coarse(s: float) -> float:
         _tick()
-        return _branched(group_events(build(s)), delta, _COARSE_PLD_INTERVAL, cached=False)
+        return _branched(group_events(build(s)), delta, grid, cached=False)
 
     def fine(s: float) -> float:
         return ledger_epsilon(group_events(build(s)), delta, LEDGER_PLD_INTERVAL)
 
     def make() -> float:
         start = sigma_analytic(epsilon, delta)  # a single Gaussian's: a starting point only
-        near = _smallest_ok(coarse, epsilon, start, 0.05, tol)
+        try:
+            near = _smallest_ok(coarse, epsilon, start, 0.05, tol)
+        except ValueError:  # the coarse grid's rounding alone may exceed a tiny ε
+            near = start
         return _smallest_ok(fine, epsilon, near, 0.01, tol)
 
     return float(_cached(_SCALE_CACHE, (key, epsilon, delta, tol), make, size=1024))

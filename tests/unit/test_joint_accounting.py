@@ -196,6 +196,17 @@ def test_exact_calibration_spends_what_is_granted_and_never_more() -> None:
     assert sigma <= calibrate_sigma(2.0, DELTA, "analytic") * (1 + 1e-6)
 
 
+def test_exact_calibration_at_a_tiny_epsilon() -> None:
+    """ε = 0.01 with counts at a = 0.0025: the coarse grid's rounding alone would exceed ε, so
+    the search keeps to a grid fine enough for it and still spends what is granted."""
+
+    def events(s: float) -> list[dp_event.DpEvent]:
+        return [_joint(sigma=s, a=0.0025)]
+
+    s = exact_noise_scale(events, 0.01, DELTA, key=("tiny ε", 0.0025))
+    assert 0.0099 <= _spend(events(s)) <= 0.01
+
+
 def test_exact_calibration_keeps_the_time_limit() -> None:
     with time_limit(0.0), pytest.raises(CalibrationTimeout):
         exact_noise_scale(
