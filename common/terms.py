@@ -28,16 +28,20 @@ from dpda.dp.accounting import (
     CalibrationMethod,
     calibrate_sigma,
     discrete_laplace_parameter,
+    exact_noise_scale,
     max_revealed_steps,
     revealed_sampled_epsilon,
     revealed_sigma_for_epsilon,
 )
-from dpda.dp.events import BatchSpec, FeatureSpec, HistogramSpec, MetricSpec
+from dpda.dp.events import BatchSpec, FeatureSpec, HistogramSpec, MetricSpec, canonical_json
+from dpda.dp.events import event_to_json as _event_json
 from dpda.dp.mechanisms import (
+    MIN_DISCRETE_LAPLACE_PARAMETER,
     Neighbouring,
     PrivacyUnit,
     ReleaseKind,
     attribute_sensitivity,
+    class_gaussians_sensitivity,
     projection_sensitivity,
     relation_factor,
 )
@@ -52,10 +56,18 @@ LABEL_CAVEAT = (
 )
 
 
+# The share of ε that sets the noisy counts of the whole-dataset aggregate releases (record-unit
+# prototypes and class-gaussians, calibrated "exact"): under the joint accounting their counts
+# are charged only when the replaced record changes label, where the sums' worst case is
+# smaller, so a small share costs the sums almost nothing. One constant, to be tuned.
+AGGREGATE_HISTOGRAM_SHARE = 0.1
+
 # Defaults that differ by release (measured: dpda simulate on 6 Office-Caltech pairs and M↔U,
 # seed 0, ε = 8: sinkhorn-synthetic 37.7 → 48.8 with these two; see the README).
 RELEASE_DEFAULTS: dict[str, dict[str, Any]] = {
     "sinkhorn-synthetic": {"histogram_share": 0.1, "calibration": "analytic"},
+    "prototypes": {"histogram_share": AGGREGATE_HISTOGRAM_SHARE, "calibration": "exact"},
+    "class-gaussians": {"histogram_share": AGGREGATE_HISTOGRAM_SHARE, "calibration": "exact"},
 }
 _RELEASE_DEPENDENT = ("release", "histogram_share", "calibration", "projection", "projection_dim")
 # ℓ of the target's own OT space for a source-space release: its noise is spread evenly over
@@ -117,15 +129,16 @@ class SessionTerms(BaseModel):
     max_steps: int = Field(default=64, ge=1, le=100_000)
     calibration: CalibrationMethod = Field(
         default=CalibrationMethod.THEOREM2,
-        description="theorem2 (the DPDA paper's formula) or analytic (Balle & Wang 2018); "
-        "default theorem2, analytic for sinkhorn-synthetic",
+        description="theorem2 (the DPDA paper's formula), analytic (Balle & Wang 2018) or exact "
+        "(the smallest σ whose whole-dataset release the ledger charges ≤ ε); default exact for "
+        "prototypes and class-gaussians, analytic for sinkhorn-synthetic, theorem2 otherwise",
     )
     histogram_share: float = Field(
         default=0.5,
         gt=0,
         lt=1,
-        description="share of ε for the noisy counts (whole batch); default 0.5, 0.1 for "
-        "sinkhorn-synthetic",
+        description="share of ε that sets the noisy counts (whole batch); default 0.1 for "
+        "prototypes, class-gaussians and sinkhorn-synthetic, 0.5 otherwise",
     )
     clip_norm: float = Field(default=1.0, gt=0, le=1e12)
     release: ReleaseKind = Field(
@@ -203,14 +216,17 @@ class SessionTerms(BaseModel):
     def _default_release(cls, data: Any) -> Any:
         """Defaults that depend on other terms (``None`` = not given): the release follows the
         unit; sinkhorn-synthetic gives most of ε to the gradients (its counts only size and
-        weight the points) and calibrates with the analytic Gaussian (RELEASE_DEFAULTS)."""
+        weight the points) and calibrates with the analytic Gaussian; prototypes and
+        class-gaussians give a small share to the counts and calibrate exactly, on the joint
+        mechanism the ledger charges (RELEASE_DEFAULTS)."""
         if not isinstance(data, dict):
             return data
         data = {k: v for k, v in data.items() if not (k in _RELEASE_DEPENDENT and v is None)}
-        if "release" not in data and data.get("privacy_unit") == "attribute":
-            data["release"] = "rows"
+        if "release" not in data:
+            attribute = str(data.get("privacy_unit", PrivacyUnit.RECORD)) == "attribute"
+            data["release"] = "rows" if attribute else "prototypes"
         if "projection" not in data:
-            release = str(data.get("release", "prototypes"))
+            release = str(data["release"])
             metric = data.get("cost") == "metric"
             pate = bool(data.get("pate_queries"))
             data["projection"] = (
@@ -360,6 +376,9 @@ class ReleasePlan(BaseModel):
     feature_noise_multiplier: float
     feature_sensitivity: float
     feature_gradient_steps: int = 1  # sinkhorn-synthetic: T steps of feature_noise_multiplier
+    # record-unit prototypes / class-gaussians under replace-one: the sums' L2 sensitivity when
+    # the replaced record changes label (the charge is then the joint mechanism); None otherwise
+    feature_label_change_sensitivity: float | None = None
     histogram_mechanism: str
     histogram_parameter: float
     histogram_sensitivity: int
@@ -411,6 +430,7 @@ class ReleasePlan(BaseModel):
                 terms.privacy_unit,
                 terms.neighbouring,
                 self.feature_gradient_steps,
+                self.feature_label_change_sensitivity,
             ),
             HistogramSpec(
                 self.histogram_mechanism, self.histogram_parameter, self.histogram_sensitivity
@@ -440,16 +460,105 @@ def feature_sensitivity(
         # moves the sum by ≤ 2·clip (replace-one) or ≤ clip (add/remove), at every step
         return float(relation_factor(terms.neighbouring) * GRADIENT_CLIP)
     if terms.release == "class-gaussians":
-        # [sums / C, sums of squares / C²] per class. Replace-one, same class: the sums move by
-        # ≤ 2 and the squares (two non-negative vectors of norm ≤ 1) by ≤ √2, so ≤ √6; different
-        # classes: each of the two class blocks moves by ≤ √2, so ≤ 2. Add/remove: ≤ √2.
-        return float(np.sqrt(6.0)) if terms.neighbouring == "replace-one" else float(np.sqrt(2.0))
+        # [sums / C, sums of squares / C²] per class: replace-one, same class 3/√2 (proved in
+        # class_gaussians_sensitivity); add/remove √2. A label change: label_change_sensitivity.
+        return class_gaussians_sensitivity(terms.neighbouring)
     if terms.privacy_unit == "attribute":
         std = np.ones(projection.shape[0]) if scaling_std is None else scaling_std
         return attribute_sensitivity(projection, std, attribute_bound)
     return projection_sensitivity(
         projection, terms.privacy_unit, terms.neighbouring, clip_norm=terms.clip_norm
     )
+
+
+def label_change_sensitivity(terms: SessionTerms, same_label: float) -> float | None:
+    """L2 sensitivity of the per-class sums when the replaced record changes label, for the
+    releases whose charge is the joint mechanism (``events.LabelBranchDpEvent``): record-unit,
+    whole-dataset prototypes and class-gaussians under replace-one; None for every other.
+
+    ``same_label`` is ``feature_sensitivity`` (the same-label case, which sets the noise).
+    Prototypes: rows clipped to C, so the same label moves one class sum by ≤ 2C and a label
+    change moves two class sums by ≤ C each, √2·C together: ``same_label / √2``.
+    Class-gaussians: two blocks of norm ≤ √2 each, 2 together (``class_gaussians_sensitivity``).
+    """
+    if (
+        terms.privacy_unit != "record"
+        or terms.neighbouring != "replace-one"
+        or terms.batch_size != 0
+    ):
+        return None
+    if terms.release == "prototypes":
+        return same_label / float(np.sqrt(2.0))
+    if terms.release == "class-gaussians":
+        return class_gaussians_sensitivity(terms.neighbouring, label_change=True)
+    return None
+
+
+def _whole_dataset_plan(
+    terms: SessionTerms,
+    sigma: float,
+    *,
+    sens: float,
+    cross: float | None,
+    a: float,
+    h_sens: int,
+    common: dict[str, Any],
+) -> ReleasePlan:
+    """The whole-dataset plan whose Gaussian parts together are one Gaussian of multiplier
+    ``sigma`` (features alone; with a metric, features and metric; sinkhorn-synthetic, its T
+    steps), with counts DLap(``a``)."""
+    metric: dict[str, Any] = {}
+    if terms.cost == "metric":
+        # The features' Gaussian and the metric's T steps compose to one Gaussian of
+        # μ² = 1/σ_f² + T/σ_m²; giving the metric the share s of μ² = 1/σ² keeps the whole
+        # Gaussian part exactly the Gaussian of multiplier σ, so the session spends what it
+        # spends without the metric.
+        s = terms.metric_share
+        t_m = terms.metric_steps
+        metric = {
+            "metric_noise_multiplier": sigma
+            / float(np.sqrt(s))
+            * float(np.sqrt(t_m))
+            * (1 + 1e-12),
+            "metric_sensitivity": replace_one_sensitivity(terms.metric_pairs, terms.metric_clip),
+            "metric_steps": t_m,
+        }
+        sigma = sigma / float(np.sqrt(1.0 - s)) * (1 + 1e-12)
+    gradient_steps = 1
+    if terms.release == "sinkhorn-synthetic":
+        # T Gaussian steps of multiplier σ√T compose to exactly one Gaussian of σ
+        gradient_steps = terms.sinkhorn_steps
+        sigma *= float(np.sqrt(gradient_steps)) * (1 + 1e-12)  # rounded toward more noise
+    return ReleasePlan(
+        steps=1,
+        sampling_rate=None,
+        feature_noise_multiplier=sigma,
+        feature_gradient_steps=gradient_steps,
+        feature_sensitivity=sens,
+        feature_label_change_sensitivity=cross,
+        histogram_mechanism="discrete_laplace",
+        histogram_parameter=a,
+        histogram_sensitivity=h_sens,
+        **common,
+        **metric,
+    )
+
+
+def _exact_sigma(terms: SessionTerms, whole: Any, eps_dpda: float) -> float:
+    """Calibration "exact": the smallest σ (rounded toward more noise) whose whole-dataset
+    release — every event the plan charges, the joint mechanism of sums and counts, the metric
+    if any — the ledger's own accountant charges ≤ ε at δ (``accounting.exact_noise_scale``).
+    The counts' parameter stays the one ``histogram_share`` sets. The search is named by the
+    plan's events at σ = 1 (every Gaussian multiplier of the plan is proportional to σ)."""
+
+    def events(sigma: float) -> list[Any]:
+        return list(whole(sigma).events(terms))
+
+    key = tuple(canonical_json(_event_json(e)) for e in events(1.0))
+    try:
+        return exact_noise_scale(events, eps_dpda, terms.delta, key=key)
+    except ValueError:
+        raise PlanRefused("epsilon: no noise level spends as little as this budget") from None
 
 
 def plan_batches(
@@ -499,46 +608,38 @@ def plan_batches(
         raise PlanRefused("the feature sensitivity is not a finite positive number")
     if terms.batch_size == 0:
         eps_h = eps_dpda * terms.histogram_share
-        eps_f = eps_dpda if attribute else eps_dpda - eps_h
-        sigma = calibrate_sigma(eps_f, terms.delta, terms.calibration)
-        metric: dict[str, Any] = {}
-        if terms.cost == "metric":
-            # The features' Gaussian and the metric's T steps compose to one Gaussian of
-            # μ² = 1/σ_f² + T/σ_m²; giving the metric the share s of μ² = 1/σ² keeps the whole
-            # Gaussian part exactly the Gaussian of multiplier σ calibrated to eps_f, so the
-            # session spends what it spends without the metric.
-            s = terms.metric_share
-            t_m = terms.metric_steps
-            sigma_m = sigma / float(np.sqrt(s)) * float(np.sqrt(t_m)) * (1 + 1e-12)
-            m_sens = replace_one_sensitivity(terms.metric_pairs, terms.metric_clip)
-            if not sigma_m * m_sens <= METRIC_MAX_NOISE_STD:  # NaN and ∞ too
-                raise PlanRefused(
-                    "epsilon: the metric's noise at this budget is past any useful level "
-                    "(ask for a larger epsilon or metric_share)"
-                )
-            metric = {
-                "metric_noise_multiplier": sigma_m,
-                "metric_sensitivity": m_sens,
-                "metric_steps": t_m,
-            }
-            sigma = sigma / float(np.sqrt(1.0 - s)) * (1 + 1e-12)
-        gradient_steps = 1
-        if terms.release == "sinkhorn-synthetic":
-            # T Gaussian steps of multiplier σ√T compose to exactly one Gaussian of σ
-            gradient_steps = terms.sinkhorn_steps
-            sigma *= float(np.sqrt(gradient_steps)) * (1 + 1e-12)  # rounded toward more noise
-        return ReleasePlan(
-            steps=1,
-            sampling_rate=None,
-            feature_noise_multiplier=sigma,
-            feature_gradient_steps=gradient_steps,
-            feature_sensitivity=sens,
-            histogram_mechanism="discrete_laplace",
-            histogram_parameter=discrete_laplace_parameter(eps_h, h_sens),
-            histogram_sensitivity=h_sens,
-            **common,
-            **metric,
+        a = discrete_laplace_parameter(eps_h, h_sens)
+        whole = functools.partial(
+            _whole_dataset_plan,
+            terms,
+            sens=sens,
+            cross=label_change_sensitivity(terms, sens),
+            a=a,
+            h_sens=h_sens,
+            common=common,
         )
+        if CalibrationMethod(terms.calibration) is CalibrationMethod.EXACT:
+            if a < MIN_DISCRETE_LAPLACE_PARAMETER:
+                # no count sampler runs there (exact or refused): said before a search that
+                # such a budget may not allow at all, in the words of the policy's floor
+                raise PlanRefused(
+                    f"the histogram's discrete-Laplace parameter {a:.4g} is below the floor "
+                    f"{MIN_DISCRETE_LAPLACE_PARAMETER:g} (ask for a larger epsilon or "
+                    "histogram_share)"
+                )
+            sigma = _exact_sigma(terms, whole, eps_dpda)
+        else:
+            eps_f = eps_dpda if attribute else eps_dpda - eps_h
+            sigma = calibrate_sigma(eps_f, terms.delta, terms.calibration)
+        plan = whole(sigma)
+        if plan.metric_noise_multiplier is not None and not (
+            plan.metric_noise_multiplier * plan.metric_sensitivity <= METRIC_MAX_NOISE_STD
+        ):  # NaN and ∞ too
+            raise PlanRefused(
+                "epsilon: the metric's noise at this budget is past any useful level "
+                "(ask for a larger epsilon or metric_share)"
+            )
+        return plan
     if terms.cost == "metric":  # SessionTerms refuses this; plans are public, so say it again
         raise PlanRefused("cost: a metric cost is offered with whole-dataset releases only")
     if not attribute:  # SessionTerms refuses this; plans are public, so say it again here

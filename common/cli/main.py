@@ -500,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = psub.add_parser("sigma", help="noise multiplier for one Gaussian release at (ε, δ)")
     s.add_argument("--epsilon", type=float, required=True)
     s.add_argument("--delta", type=float, required=True)
-    s.add_argument("--method", choices=["theorem2", "analytic"], default="theorem2")
+    s.add_argument("--method", choices=["theorem2", "analytic", "exact"], default="theorem2")
     s.set_defaults(func=_cmd_privacy_sigma)
     e = psub.add_parser("epsilon", help="ε of T Poisson-sampled Gaussian releases")
     e.add_argument("--sigma", type=float, required=True)

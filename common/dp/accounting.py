@@ -18,6 +18,9 @@ Conventions
   ``events.RevealedSampledGaussianDpEvent`` and accounted exactly (PLD: the mixture
   ``(1 − p)·identity + p·Gaussian``; RDP: its closed-form Rényi divergence), never as the
   add/remove-amplified ``PoissonSampledDpEvent``, which would under-charge.
+* Label branches (``events.LabelBranchDpEvent``, record-unit aggregates under replace-one): the
+  ε of a list of events is the maximum over the two branches of the ε of the composition with
+  every branched event replaced by that branch (``epsilon_of``, ``ledger_epsilon``).
 """
 
 from __future__ import annotations
@@ -38,7 +41,15 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpda.dp.events import ExponentialMechanismDpEvent, RevealedSampledGaussianDpEvent
+from dpda.dp.events import (
+    BRANCHES,
+    ExponentialMechanismDpEvent,
+    RevealedSampledGaussianDpEvent,
+    branch_of,
+    canonical_json,
+    event_to_json,
+    has_branches,
+)
 
 # Relative safety margin used when rounding σ up after a root-finder: it makes the
 # "never overshoots" property hold despite the root-finder's tolerance.
@@ -53,6 +64,7 @@ class Accountant(StrEnum):
 class CalibrationMethod(StrEnum):
     THEOREM2 = "theorem2"
     ANALYTIC = "analytic"
+    EXACT = "exact"  # the smallest σ the ledger's own accountant allows (``exact_noise_scale``)
 
 
 def _check_eps_delta(epsilon: float, delta: float) -> None:
@@ -87,9 +99,16 @@ def sigma_analytic(epsilon: float, delta: float) -> float:
 
 
 def calibrate_sigma(epsilon: float, delta: float, method: CalibrationMethod | str) -> float:
+    """Noise multiplier of ONE Gaussian release at (ε, δ): Theorem 2, the analytic Gaussian, or
+    exact (the smallest σ whose ``GaussianDpEvent`` the ledger charges ≤ ε)."""
     method = CalibrationMethod(method)
     if method is CalibrationMethod.THEOREM2:
         return sigma_theorem2(epsilon, delta)
+    if method is CalibrationMethod.EXACT:
+        _check_eps_delta(epsilon, delta)
+        return exact_noise_scale(
+            lambda s: [dp_event.GaussianDpEvent(s)], epsilon, delta, key="gaussian"
+        )
     return sigma_analytic(epsilon, delta)
 
 
@@ -330,13 +349,20 @@ def epsilon_of(
     accountant: Accountant | str = "pld",
     pld_interval: float = TABLE_PLD_INTERVAL,
 ) -> float:
-    """ε at ``delta`` of the composition of ``events`` (add-or-remove-one accounting)."""
+    """ε at ``delta`` of the composition of ``events`` (add-or-remove-one accounting); with label
+    branches, the larger of the two branches' compositions."""
     if not (0 < delta < 1):
         raise ValueError("delta must lie strictly between 0 and 1")
     _tick()
     acc_kind = Accountant(accountant)
     if not events:
         return 0.0
+    if any(has_branches(e) for e in events):
+        # the branch is the neighbouring pair's, the same in every event (LabelBranchDpEvent)
+        return max(
+            epsilon_of([branch_of(e, b) for e in events], delta, acc_kind, pld_interval)
+            for b in BRANCHES
+        )
     acc = make_accountant(acc_kind, pld_interval)
     rewritten = [_for_accountant(e, acc_kind) for e in events]
     if acc_kind is Accountant.PLD:
@@ -551,6 +577,106 @@ def max_revealed_steps(
     return _largest_ok(ok)
 
 
+# ------------------------------------------------------------ exact calibration (any events)
+# The coarse grid of the first search: ~10× cheaper Gaussian PLDs; the second search and the
+# returned scale use the ledger's own grid.
+_COARSE_PLD_INTERVAL = 1e-2
+_SCALE_SEARCH_STEPS = 60  # evaluations per search at most (each bracketing or narrowing step)
+
+
+def _smallest_ok(
+    spend: Callable[[float], float], epsilon: float, start: float, first_step: float, tol: float
+) -> float:
+    """The smallest checked scale s with ``spend(s) ≤ epsilon`` for a ``spend`` that falls as s
+    grows: bracketing from ``start`` by relative steps that double from ``first_step``, then a
+    safeguarded secant in log s aimed just inside the target, stopped as soon as the feasible
+    end spends ≥ (1 − tol)·ε or the bracket is 1e-6 wide. The scale returned is always one
+    whose spend was computed and met ε; ``ValueError`` when none up to 1e6 does."""
+    hi = start if math.isfinite(start) and start > 0 else 1.0
+    f_hi = spend(hi)
+    g = first_step
+    if f_hi > epsilon:
+        lo, f_lo = hi, f_hi
+        while f_hi > epsilon:
+            lo, f_lo = hi, f_hi
+            hi, g = lo * (1 + g), 2 * g
+            if hi > _SIGMA_CEILING:
+                raise ValueError("no noise level reaches that epsilon")
+            f_hi = spend(hi)
+    else:
+        lo, f_lo = hi, f_hi
+        while f_lo <= epsilon:
+            if f_lo >= (1 - tol) * epsilon:
+                return lo
+            hi, f_hi = lo, f_lo
+            lo, g = hi / (1 + g), 2 * g
+            if lo < _SIGMA_FLOOR:
+                return hi
+            f_lo = spend(lo)
+    last = ""
+    for _ in range(_SCALE_SEARCH_STEPS):
+        if f_hi >= (1 - tol) * epsilon or hi - lo <= 1e-6 * hi:
+            break
+        t = 0.5
+        aim = epsilon * (1 - tol / 2)
+        if math.isfinite(f_lo) and f_lo > f_hi and last != "twice":
+            t = min(max((f_lo - aim) / (f_lo - f_hi), 0.02), 0.98)
+        mid = math.exp(math.log(lo) + t * (math.log(hi) - math.log(lo)))
+        f_mid = spend(mid)
+        side = "hi" if f_mid <= epsilon else "lo"
+        # the same end moved twice in a row: the secant stalls there, so bisect once
+        last = "twice" if last == side else side
+        if side == "hi":
+            hi, f_hi = mid, f_mid
+        else:
+            lo, f_lo = mid, f_mid
+    return hi
+
+
+def exact_noise_scale(
+    build: Callable[[float], Sequence[dp_event.DpEvent]],
+    epsilon: float,
+    delta: float,
+    *,
+    key: Any,
+    tol: float = 1e-3,
+) -> float:
+    """The smallest noise scale s whose events ``build(s)`` the ledger charges at most ε at δ.
+
+    ``build`` maps a scale to the release's events (every Gaussian multiplier grows with s;
+    everything else is fixed); ``key`` names that map — two calls with the same key, ε and δ
+    are the same search, cached (one float per entry). The charge is the ledger's own:
+    ``ledger_epsilon(group_events(build(s)), δ)`` on the ledger's PLD grid, label branches
+    included. A first search on a coarser grid, kept out of the shared caches (its PLDs are
+    of no use to the ledger), finds the neighbourhood in ~10 cheap steps; a second, on the
+    ledger's grid and through the ledger's own cached path, finds the scale in 1–5 steps, so
+    the charge that follows finds its PLDs ready. Both run under the thread's ``time_limit``.
+    Rounded toward more noise: the answer always spends ≤ ε, and ≥ (1 − ``tol``)·ε unless the
+    search reached its floor.
+    """
+    _check_eps_delta(epsilon, delta)
+
+    # the coarse grid's rounding (up to one step per pure part) must stay well inside ε
+    grid = max(LEDGER_PLD_INTERVAL, min(_COARSE_PLD_INTERVAL, epsilon / 100))
+
+    def coarse(s: float) -> float:
+        _tick()
+        return _branched(group_events(build(s)), delta, grid, cached=False)
+
+    def fine(s: float) -> float:
+        return ledger_epsilon(group_events(build(s)), delta, LEDGER_PLD_INTERVAL)
+
+    def make() -> float:
+        start = sigma_analytic(epsilon, delta)  # a single Gaussian's: a starting point only
+        try:
+            near = _smallest_ok(coarse, epsilon, start, 0.05, tol)
+        except ValueError:  # the coarse grid's rounding alone may exceed a tiny ε
+            near = start
+        return _smallest_ok(fine, epsilon, near, 0.01, tol)
+
+    return float(_cached(_SCALE_CACHE, (key, epsilon, delta, tol), make, size=1024))
+
+
 # ----------------------------------------------------------------- the ledger's running spend
 # Keyed caches for the ledger: a charge recomposes only what changed. PLDs are immutable, so
 # sharing them between calls (and threads) is safe.
@@ -560,6 +686,7 @@ _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 64  # PLDs of ~0.1–1 MB each
 _EPSILON_CACHE: OrderedDict[tuple[Any, ...], float] = OrderedDict()  # one float per entry
 _SAMPLED_CACHE: OrderedDict[tuple[Any, ...], float] = OrderedDict()  # revealed_sampled_epsilon
+_SCALE_CACHE: OrderedDict[tuple[Any, ...], float] = OrderedDict()  # exact_noise_scale
 _NOT_DP = object()  # a group with no DP guarantee: ε = ∞
 _MAKING: dict[tuple[int, Any], threading.Event] = {}  # (cache, key) being made now
 _WAIT_TICK_S = 0.05  # how often a thread waiting for another's composition checks its deadline
@@ -605,8 +732,11 @@ def _cached(
                 mine.set()
 
 
-def _pld_of(key: str, event: dp_event.DpEvent, count: int, interval: float) -> Any:
-    """PLD of ``event`` composed ``count`` times (the accountant's own construction)."""
+def _pld_of(
+    key: str, event: dp_event.DpEvent, count: int, interval: float, cached: bool = True
+) -> Any:
+    """PLD of ``event`` composed ``count`` times (the accountant's own construction); with
+    ``cached`` false the same construction, kept out of the shared caches."""
 
     def make() -> Any:
         acc = _PLDAccountant(value_discretization_interval=interval)
@@ -618,26 +748,29 @@ def _pld_of(key: str, event: dp_event.DpEvent, count: int, interval: float) -> A
             return _NOT_DP
         return acc._pld
 
-    return _cached(_STEP_CACHE, (key, count, interval), make)
+    return _cached(_STEP_CACHE, (key, count, interval), make) if cached else make()
 
 
 def _fold(
-    prefix: tuple[tuple[str, int], ...], events: dict[str, dp_event.DpEvent], interval: float
+    prefix: tuple[tuple[str, int], ...],
+    events: dict[str, dp_event.DpEvent],
+    interval: float,
+    cached: bool = True,
 ) -> Any:
     """Left fold of the groups' PLDs; every prefix is cached, so appending a group or counting
-    one more of the last group recomposes one step."""
+    one more of the last group recomposes one step (``cached`` false: the same fold, uncached)."""
     if not prefix:
         return None
     key, count = prefix[-1]
 
     def make() -> Any:
-        head = _fold(prefix[:-1], events, interval)
-        step = _pld_of(key, events[key], count, interval)
+        head = _fold(prefix[:-1], events, interval, cached)
+        step = _pld_of(key, events[key], count, interval, cached)
         if step is _NOT_DP or head is _NOT_DP:
             return _NOT_DP
         return step if head is None else head.compose(step)
 
-    return _cached(_FOLD_CACHE, (prefix, interval), make)
+    return _cached(_FOLD_CACHE, (prefix, interval), make) if cached else make()
 
 
 def ledger_epsilon(
@@ -664,17 +797,74 @@ def ledger_epsilon(
     # the groups' keys are their events' canonical JSON: equal keys, equal ε (reading ε off a
     # cached PLD still costs 2–3 ms, and a charge reads it for each cap, on both sides)
     key = (tuple((k, n) for k, _, n in groups), delta, pld_interval)
-    return float(_cached(_EPSILON_CACHE, key, lambda: _ledger_epsilon(groups, delta, pld_interval)))
+    return float(_cached(_EPSILON_CACHE, key, lambda: _branched(groups, delta, pld_interval)))
+
+
+def group_events(events: Sequence[dp_event.DpEvent]) -> list[tuple[str, dp_event.DpEvent, int]]:
+    """Identical events grouped as ``(key, event, count)`` in order of first appearance: the
+    form ``ledger_epsilon`` composes (and caches by prefix). The key is the event's canonical
+    JSON."""
+    counts: dict[str, list[Any]] = {}
+    for e in events:
+        key = canonical_json(event_to_json(e))
+        if key in counts:
+            counts[key][1] += 1
+        else:
+            counts[key] = [e, 1]
+    return [(k, e, n) for k, (e, n) in counts.items()]
+
+
+def branch_groups(
+    groups: Sequence[tuple[str, dp_event.DpEvent, int]], branch: str
+) -> list[tuple[str, dp_event.DpEvent, int]]:
+    """The groups of one label branch: a group without branches stays as it is; a branched
+    group becomes its branch, flattened into its parts (a composition self-composed n times is
+    the composition of its parts, each n times), each part merged with the group of the same
+    event. So the branch's Gaussians merge into one Gaussian as every other Gaussian does
+    (exact), and its counts' DLap group is reused from the cache whatever σ is."""
+    out: dict[str, list[Any]] = {}
+    for k, e, n in groups:
+        parts = (
+            [(k, e, 1)]
+            if not has_branches(e)
+            else [
+                (canonical_json(event_to_json(p)), p, c) for p, c in _flatten(branch_of(e, branch))
+            ]
+        )
+        for pk, p, c in parts:
+            if pk in out:
+                out[pk][1] += n * c
+            else:
+                out[pk] = [p, n * c]
+    return [(k, e, n) for k, (e, n) in out.items()]
+
+
+def _branched(
+    groups: Sequence[tuple[str, dp_event.DpEvent, int]],
+    delta: float,
+    pld_interval: float,
+    cached: bool = True,
+) -> float:
+    """``_ledger_epsilon``, or with label branches the larger of the two branches' (see
+    ``events.LabelBranchDpEvent`` for why the maximum of the compositions is sound)."""
+    if not any(has_branches(e) for _, e, _ in groups):
+        return _ledger_epsilon(groups, delta, pld_interval, cached)
+    return max(
+        _ledger_epsilon(branch_groups(groups, b), delta, pld_interval, cached) for b in BRANCHES
+    )
 
 
 def _ledger_epsilon(
-    groups: Sequence[tuple[str, dp_event.DpEvent, int]], delta: float, pld_interval: float
+    groups: Sequence[tuple[str, dp_event.DpEvent, int]],
+    delta: float,
+    pld_interval: float,
+    cached: bool = True,
 ) -> float:
     rewritten = [(k, _for_accountant(e, Accountant.PLD), n) for k, e, n in groups]
     gauss = [(k, e, n) for k, e, n in rewritten if _gaussian_equivalent(e) is not None]
     rest = [(k, e, n) for k, e, n in rewritten if _gaussian_equivalent(e) is None]
     events = {k: e for k, e, _ in rest}
-    pld = _fold(tuple((k, n) for k, _, n in rest), events, pld_interval)
+    pld = _fold(tuple((k, n) for k, _, n in rest), events, pld_interval, cached)
     if pld is _NOT_DP:
         return math.inf
     if gauss:
@@ -684,7 +874,7 @@ def _ledger_epsilon(
         if merged == 0:
             return math.inf
         g_event = dp_event.GaussianDpEvent(merged)
-        g = _pld_of(f"gaussian:{merged!r}", g_event, 1, pld_interval)
+        g = _pld_of(f"gaussian:{merged!r}", g_event, 1, pld_interval, cached)
         pld = g if pld is None else pld.compose(g)
     eps = float(pld.get_epsilon_for_delta(delta))
     if any(_has_exponential(e) for _, e, _ in groups):

@@ -24,12 +24,21 @@ composition of both events. Poisson-subsampled with rate ``p``: ``PoissonSampled
 Composed(Gaussian(σ_f), Gaussian(σ_h)))``, which equals one sampled Gaussian with multiplier
 ``(σ_f⁻² + σ_h⁻²)^(-1/2)`` (``accounting._gaussian_equivalent``).
 
+``BatchSpec`` of a record-unit aggregate release (prototypes, class-gaussians) under replace-one:
+the joint mechanism, ``LabelBranchDpEvent`` (same-label branch: the sums' Gaussian alone;
+label-change branch: the sums' Gaussian at the cross-class sensitivity and one DLap(a) per moved
+count). The noise drawn is the same as for the composition: ``N(0, (σ·S_same)²)`` per sums
+coordinate and ``DLap(a)`` per count.
+
 ``MetricSpec`` — the learned ground cost (``dpda.dp.metric``): ``T`` full-batch Gaussian steps
 on the clipped pair-gradient sum, sensitivity ``2mG`` (replace-one), noise ``N(0, (σ·2mG)²)``;
 ``SelfComposed(Gaussian(σ), T)``.
 
 ``RevealedSampledGaussianDpEvent`` — one Poisson-sampled Gaussian step accounted under the
 *attribute* relation, where sampling is revealed and amplifies δ but not ε (see its docstring).
+
+``LabelBranchDpEvent`` — one release whose worst case depends on whether the replaced record keeps
+its label; the ledger takes the worst branch of the whole composition (see its docstring).
 """
 
 from __future__ import annotations
@@ -54,6 +63,11 @@ class FeatureSpec:
     # Gaussian steps of this σ on the same records (sinkhorn-synthetic: T noisy gradient sums,
     # adaptively chosen); 1 for every other release. Added with a default: older entries read 1.
     steps: int = 1
+    # L2 sensitivity of the released vector when the replaced record changes label (two classes
+    # move together; prototypes √2·C, class-gaussians 2), for record-unit aggregate releases
+    # under replace-one; ``sensitivity`` is then the same-label one. None: no label branch (the
+    # charge is the composition). Added with a default: older entries read None.
+    label_change_sensitivity: float | None = None
 
     @property
     def noise_std(self) -> float:
@@ -117,8 +131,9 @@ class BatchSpec:
         Attribute unit: only the feature Gaussian. The record and its label are in both
         neighbours, so the histogram does not change and costs nothing; Poisson sampling is
         revealed (the record's row is identifiable), so it amplifies δ, not ε
-        (``RevealedSampledGaussianDpEvent``). Record unit (whole batch only): features and
-        histogram composed.
+        (``RevealedSampledGaussianDpEvent``). Record unit (whole batch only): the joint
+        mechanism (``LabelBranchDpEvent``) for the aggregates that carry a label-change
+        sensitivity (``joint``), else features and histogram composed.
         """
         if PrivacyUnit(self.features.unit) is PrivacyUnit.ATTRIBUTE:
             if self.sampling_rate is None:
@@ -126,7 +141,46 @@ class BatchSpec:
             return RevealedSampledGaussianDpEvent(
                 self.features.noise_multiplier, self.sampling_rate
             )
+        if self.joint:
+            return self._joint_event()
         return dp_event.ComposedDpEvent([self.features.dp_event(), self.histogram.dp_event()])
+
+    @property
+    def joint(self) -> bool:
+        """Whether the charge is the joint mechanism (``LabelBranchDpEvent``): a record-unit
+        whole-dataset aggregate with a label-change sensitivity, one Gaussian step and DLap
+        counts of L1 sensitivity 2 (replace-one)."""
+        f, h = self.features, self.histogram
+        return (
+            f.label_change_sensitivity is not None
+            and self.sampling_rate is None
+            and f.steps == 1
+            and h.mechanism == "discrete_laplace"
+            and h.sensitivity == 2
+        )
+
+    def _joint_event(self) -> LabelBranchDpEvent:
+        """Same label: the record's class sums move by ≤ ``sensitivity`` = S_same and no count
+        moves, so the Gaussian of multiplier σ alone. Label change: two classes' sums move by
+        ≤ S_cross together (L2) and two counts by 1 each, so the Gaussian at multiplier
+        σ·S_same/S_cross (the noise is σ·S_same per coordinate) composed with two DLap(a)
+        mechanisms of sensitivity 1 — the exact privacy loss of two independent counts that
+        each move by one (tighter than one count moving by 2, ``DiscreteLaplace(a, 2)``)."""
+        f, h = self.features, self.histogram
+        cross = f.label_change_sensitivity
+        if cross is None or not (math.isfinite(cross) and cross > 0):
+            raise ValueError("the label-change sensitivity must be a finite number > 0")
+        count = dp_event.DiscreteLaplaceDpEvent(h.parameter, 1)
+        return LabelBranchDpEvent(
+            same_label=dp_event.GaussianDpEvent(f.noise_multiplier),
+            label_change=dp_event.ComposedDpEvent(
+                [
+                    dp_event.GaussianDpEvent(f.noise_multiplier * f.sensitivity / cross),
+                    count,
+                    count,
+                ]
+            ),
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -221,6 +275,98 @@ class ExponentialMechanismDpEvent(dp_event.DpEvent):
     epsilon: float = attr.field(validator=_check_noise_multiplier)
 
 
+def _check_branch(instance: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, dp_event.DpEvent):
+        raise TypeError(f"{attribute.name} must be a DpEvent")
+    if has_branches(value):
+        raise ValueError(f"{attribute.name} must not hold another LabelBranchDpEvent")
+
+
+#: The branches of ``LabelBranchDpEvent``, by field name: does the replaced record keep its label.
+BRANCHES: tuple[str, ...] = ("same_label", "label_change")
+
+
+@attr.define(frozen=True)
+class LabelBranchDpEvent(dp_event.DpEvent):
+    """One release whose worst case depends on whether the replaced record keeps its label.
+
+    Relation. Replace one record (the record unit's relation). A neighbouring pair (D, D′) is
+    of exactly one of two kinds: the replaced record keeps its label (``same_label``) or takes
+    another (``label_change``). ``same_label`` is an event that dominates the release on every
+    pair of the first kind, ``label_change`` on every pair of the second; neither needs to
+    dominate the other kind's pairs.
+
+    Aggregate releases (``BatchSpec`` with a label-change sensitivity). Noisy per-class sums
+    ``S + N(0, (σ·S_same)²)`` per coordinate and noisy counts ``v + DLap(a)`` per class. Same
+    label: one class's sums move by ≤ S_same (prototypes 2C; class-gaussians 3/√2), no count
+    moves — ``Gaussian(σ)``. Label change: the old class loses the row and the new one gains
+    the other, ≤ S_cross in L2 together (prototypes √2·C; class-gaussians 2), and the two counts
+    move by 1 each — ``Composed(Gaussian(σ·S_same/S_cross), DLap(a, 1), DLap(a, 1))``. The
+    composition ``Composed(Gaussian(σ), DLap(a, 2))`` charged before adds the worst case of
+    the sums (same label) to the worst case of the counts (label change), which no pair has.
+
+    Accounting. The ledger's ε of a list of events is the maximum over the branches b of the ε
+    of the composition in which every ``LabelBranchDpEvent`` is replaced by its branch b and
+    every other event stays as it is (``accounting.ledger_epsilon``, ``accounting.epsilon_of``).
+
+    Why that is sound for composition. The branch is a property of the neighbouring pair
+    (D, D′), not of a release: every release of the dataset sees the same pair, so on a pair of
+    kind b each release's privacy loss is dominated by its branch-b event (an event without
+    branches dominates every pair), and the (adaptive) composition of dominated mechanisms is
+    dominated by the composition of the dominating events (Zhu, Dong & Wang 2022). The pair's
+    hockey-stick divergence at e^ε is therefore at most that of the branch-b composition; DP is
+    the supremum over pairs, so the maximum over the two kinds bounds it. Mixing branches across
+    releases (same label in one, label change in another) would bound pairs that do not exist.
+
+    Why it is exact for one release. Both worst cases are attained with the sums and the counts
+    at their worst together: same label, a row x with ‖x‖ = C replaced by −x (prototypes; the
+    class-gaussians maximiser is in ``mechanisms.class_gaussians_sensitivity``); label change,
+    a row of norm C (class-gaussians: C·e₁) of class A replaced by another such row of class
+    B: A's block and B's block each move by their maximum (C; class-gaussians √2), and both
+    counts by one. Up to the PLD's pessimistic discretisation, the larger of the two branches'
+    ε(δ) is the release's ε(δ).
+
+    Under add/remove there is no branch: one class's sums and its count move together, and
+    the composition is the exact joint worst case. Serialised as ``{"type":
+    "LabelBranchDpEvent", "same_label": {...}, "label_change": {...}}``; a branch never nests
+    another ``LabelBranchDpEvent``.
+    """
+
+    same_label: dp_event.DpEvent = attr.field(validator=_check_branch)
+    label_change: dp_event.DpEvent = attr.field(validator=_check_branch)
+
+
+def has_branches(event: dp_event.DpEvent) -> bool:
+    """Whether ``event`` holds a ``LabelBranchDpEvent`` anywhere inside it."""
+    if isinstance(event, LabelBranchDpEvent):
+        return True
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return any(has_branches(e) for e in event.events)
+    if isinstance(event, dp_event.SelfComposedDpEvent | dp_event.PoissonSampledDpEvent):
+        return has_branches(event.event)
+    return False
+
+
+def branch_of(event: dp_event.DpEvent, branch: str) -> dp_event.DpEvent:
+    """``event`` with every ``LabelBranchDpEvent`` replaced by its ``branch`` (one of
+    ``BRANCHES``); events without branches come back unchanged (the same object)."""
+    if branch not in BRANCHES:
+        raise ValueError(f"unknown branch {branch!r}")
+    if not has_branches(event):
+        return event
+    if isinstance(event, LabelBranchDpEvent):
+        chosen: dp_event.DpEvent = getattr(event, branch)
+        return chosen
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return dp_event.ComposedDpEvent([branch_of(e, branch) for e in event.events])
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return dp_event.SelfComposedDpEvent(branch_of(event.event, branch), event.count)
+    assert isinstance(event, dp_event.PoissonSampledDpEvent)
+    return dp_event.PoissonSampledDpEvent(
+        event.sampling_probability, branch_of(event.event, branch)
+    )
+
+
 # ---------------------------------------------------------------- DpEvent (de)serialization
 _LEAVES: dict[str, type] = {
     # a recorded disclosure that costs nothing (post-processing of released values: the
@@ -247,6 +393,8 @@ def event_to_json(event: dp_event.DpEvent) -> dict[str, Any]:
             "sampling_probability": event.sampling_probability,
             "event": event_to_json(event.event),
         }
+    if isinstance(event, LabelBranchDpEvent):
+        return {"type": name, **{b: event_to_json(getattr(event, b)) for b in BRANCHES}}
     if name in _LEAVES:
         fields = {a.name: getattr(event, a.name) for a in attr.fields(type(event))}
         return {"type": name, **fields}
@@ -263,6 +411,10 @@ def event_from_json(data: dict[str, Any]) -> dp_event.DpEvent:
         return dp_event.PoissonSampledDpEvent(
             float(data["sampling_probability"]), event_from_json(data["event"])
         )
+    if kind == "LabelBranchDpEvent":
+        if set(data) != {"type", *BRANCHES}:
+            raise ValueError("a LabelBranchDpEvent has exactly the fields of its two branches")
+        return LabelBranchDpEvent(*(event_from_json(data[b]) for b in BRANCHES))
     if kind in _LEAVES:
         fields = {k: v for k, v in data.items() if k != "type"}
         return _LEAVES[kind](**fields)

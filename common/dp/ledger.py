@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from dp_accounting import dp_event
 
-from dpda.dp.accounting import LEDGER_PLD_INTERVAL, Accountant, ledger_epsilon
+from dpda.dp.accounting import LEDGER_PLD_INTERVAL, Accountant, group_events, ledger_epsilon
 from dpda.dp.events import canonical_json, event_from_json, event_to_json
 from dpda.errors import BudgetExceeded, LedgerCorrupt
 
@@ -119,19 +119,6 @@ class MemoryLedgerStore:
             source_sig=source_sig or e.source_sig,
             target_sig=target_sig or e.target_sig,
         )
-
-
-def group_events(events: Sequence[dp_event.DpEvent]) -> list[tuple[str, dp_event.DpEvent, int]]:
-    """Identical events grouped as ``(key, event, count)`` in order of first appearance: the
-    form ``accounting.ledger_epsilon`` composes (and caches by prefix)."""
-    counts: dict[str, list[Any]] = {}
-    for e in events:
-        key = canonical_json(event_to_json(e))
-        if key in counts:
-            counts[key][1] += 1
-        else:
-            counts[key] = [e, 1]
-    return [(k, e, n) for k, (e, n) in counts.items()]
 
 
 def canonical_events(events: Sequence[dp_event.DpEvent]) -> list[dp_event.DpEvent]:

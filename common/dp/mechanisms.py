@@ -95,6 +95,45 @@ def projection_sensitivity(
     return relation_factor(relation) * clip_norm
 
 
+#: max ‖x − x′‖² + ‖x∘x − x′∘x′‖² over ‖x‖, ‖x′‖ ≤ 1 (``class_gaussians_sensitivity``)
+CLASS_GAUSSIANS_SAME_LABEL_SQUARED = 4.5
+
+
+def class_gaussians_sensitivity(relation: Neighbouring | str, label_change: bool = False) -> float:
+    """L2 sensitivity of the class-gaussians release, one block ``[x/C, (x∘x)/C²]`` per row
+    summed per class (rows clipped to ‖x‖ ≤ C, so u = x/C has ‖u‖ ≤ 1).
+
+    * add/remove: one block moves by ‖[u, u∘u]‖ = √(‖u‖² + Σu_i⁴) ≤ √(1 + ‖u‖⁴) ≤ √2.
+    * replace-one, label change (``label_change``): two blocks move by ≤ √2 each: ≤ 2.
+    * replace-one, same label: u → v moves one block by (u − v, u∘u − v∘v), and
+
+          max_{‖u‖, ‖v‖ ≤ 1} ‖u − v‖² + ‖u∘u − v∘v‖² = 9/2,  so the sensitivity is 3/√2.
+
+    Proof of ≤ 9/2. Write A_i = u_i², B_i = v_i² (ΣA_i ≤ 1, ΣB_i ≤ 1) and
+    P = Σ_i √(A_i B_i) ∈ [0, 1] (Cauchy–Schwarz). Coordinate by coordinate,
+    (u_i − v_i)² = A_i + B_i − 2u_i v_i ≤ A_i + B_i + 2√(A_i B_i) and
+    (u_i² − v_i²)² = (A_i − B_i)², so the objective is at most
+
+          ΣA + ΣB + 2P + Σ_i (A_i − B_i)².                                     (1)
+
+    Lemma: Σ_i (A_i − B_i)² + 2P² ≤ (ΣA)² + (ΣB)². Expanding both sides, the squares
+    A_i², B_i² cancel and so do the products A_i B_i (−2ΣA_iB_i on the left against the 2ΣA_iB_i
+    inside 2P²); what remains, term by term for i < j, is 4√(A_i B_i A_j B_j) ≤ 2(A_i A_j +
+    B_i B_j), which is AM–GM. With ΣA, ΣB ≤ 1 the lemma gives Σ(A_i − B_i)² ≤ 2 − 2P², and (1)
+    is at most 2 + 2P + 2 − 2P² = 4 + 2P(1 − P) ≤ 4 + 1/2 = 9/2 (P(1 − P) ≤ 1/4).
+
+    Attained: u = (cos θ, sin θ), v = (−sin θ, −cos θ) with sin 2θ = 1/2 (θ = 15°): ‖u − v‖² =
+    2(1 + sin 2θ) = 3 and ‖u∘u − v∘v‖² = 2cos² 2θ = 3/2. (tests/unit/test_aggregates.py checks
+    the bound by numerical optimisation in 2–6 dimensions.) The √6 charged before adds the two
+    parts' separate maxima (4 and 2), which no single pair reaches together.
+    """
+    if Neighbouring(relation) is Neighbouring.ADD_REMOVE:
+        return math.sqrt(2.0)
+    if label_change:
+        return 2.0
+    return math.sqrt(CLASS_GAUSSIANS_SAME_LABEL_SQUARED)
+
+
 def attribute_sensitivity(m: np.ndarray, std: np.ndarray, bound: float) -> float:
     """L2 sensitivity of ``((x − mean) / std)·M`` when one feature of one record moves by ≤ b.
 

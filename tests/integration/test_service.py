@@ -80,7 +80,9 @@ class _Tamper(SourceHandlers):
             return SignedRelease(rel, dataclasses.replace(entry, source_sig="A" * 86 + "=="))
         if self.mode == "charge":
             d = json.loads(entry.to_json())
-            d["dp_event"]["events"][0]["noise_multiplier"] *= 2  # claims more noise than drawn
+            ev = d["dp_event"]  # the joint event of the default prototypes, or a composition
+            gauss = ev["same_label"] if ev["type"] == "LabelBranchDpEvent" else ev["events"][0]
+            gauss["noise_multiplier"] *= 2  # claims more noise than drawn
             forged = LedgerEntry(**d)
             from dpda.service import signing
 

@@ -21,11 +21,14 @@ Gaussian, the best population value of log((P_D(E) − δ_a)/P_D′(E)) is exact
 ``epsilon_of([event], δ_a, "pld", 1e-4)`` (pessimistic PLD, i.e. an upper bound on the curve).
 
 Which event is the claim. Attribute-unit releases charge the feature Gaussian alone. Record-unit
-whole-batch releases charge ``Composed(Gaussian(σ), DiscreteLaplace(a, 2))``; the features and
-the counts are audited separately, each against its own part of that composition: the
-composed ε is larger than either part's, so a part that stays below its own charge stays below
-the composed one too, while the power check is only meaningful against the part (no single
-neighbour pair is worst case for both parts at once: moving the features by 2C keeps the label).
+prototypes and class-gaussians charge the joint mechanism (``LabelBranchDpEvent``: the sums'
+Gaussian alone when the replaced record keeps its label; the sums' Gaussian at the cross-class
+sensitivity with one DLap(a) per moved count when it changes label), and each of the two
+worst-case pairs is audited against the whole charge, with terms under which its branch is the
+larger one (so the power check means something). Sinkhorn-synthetic charges
+``Composed(Gaussian(σ), DiscreteLaplace(a, 2))``; its features are audited against their own
+part of that composition: the composed ε is larger than the part's, so a part that stays below
+its own charge stays below the composed one too.
 
 Sample sizes and δ_a are chosen from a power calculation (noted at each test) so that the whole
 file runs in well under a minute on two cores; all generators are seeded, so the numbers are
@@ -46,8 +49,15 @@ from pydantic import ValidationError
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling
 from dpda.dp.accounting import epsilon_of
-from dpda.dp.events import BatchSpec, RevealedSampledGaussianDpEvent, event_to_json
+from dpda.dp.events import (
+    BatchSpec,
+    LabelBranchDpEvent,
+    RevealedSampledGaussianDpEvent,
+    branch_of,
+    event_to_json,
+)
 from dpda.dp.ledger import Budget, LedgerEntry, MemoryLedgerStore, PrivacyLedger
+from dpda.dp.mechanisms import class_sums, clip_rows
 from dpda.dp.pate import answers_event, noisy_argmax
 from dpda.policy import PrivacyPolicy
 from dpda.protocol import BatchRelease, SessionInfo, TargetDisclosure
@@ -171,6 +181,18 @@ def _check(
     _report(name, claimed, lb, weak, n)
     assert lb.epsilon < claimed, f"{name}: the mechanism leaks more than its charge"
     assert weak.epsilon > claimed, f"{name}: the audit cannot tell 30% less noise apart"
+
+
+def _weaker_both(spec: BatchSpec) -> BatchSpec:
+    return _weaker_histogram(_weaker_features(spec))
+
+
+def _joint_event(spec: BatchSpec) -> LabelBranchDpEvent:
+    """The charge of a record-unit aggregate (checked to be the joint mechanism)."""
+    ev = spec.dp_event()
+    assert isinstance(ev, LabelBranchDpEvent)
+    assert ev.same_label == spec.features.dp_event()
+    return ev
 
 
 def _feature_event(spec: BatchSpec) -> dp_event.DpEvent:
@@ -308,8 +330,9 @@ def test_attribute_minibatch_power() -> None:
 
 # ------------------------------------------------------------ 3. record unit, label histogram
 def test_record_label_histogram() -> None:
-    """Replace-one with a label change: counts (2, 2) → (1, 3), DLap(a = 1) on each count, charged
-    ``DiscreteLaplace(a, Δ = 2)`` (pure ε = 2a).
+    """Replace-one with a label change: counts (2, 2) → (1, 3), DLap(a = 1) on each count; the
+    label-change branch of the charge holds one ``DiscreteLaplace(a, 1)`` per moved count
+    (pure ε = 2a together), audited here on its own.
 
     Statistic: the privacy loss sign of each count, s = 1[ñ₀ ≥ 2] + 1[ñ₁ ≤ 2] (the event s = 2 has
     probability ratio exactly e^{2a} between D and D′, so the test is tight with δ = 0).
@@ -327,8 +350,10 @@ def test_record_label_histogram() -> None:
     assert d.terms.release == "prototypes"  # the default policy's default release
     h = d.spec.histogram
     assert (h.mechanism, h.parameter, h.sensitivity) == ("discrete_laplace", 1.0, 2)
-    claimed_event = d.spec.dp_event().events[1]
-    assert claimed_event == dp_event.DiscreteLaplaceDpEvent(1.0, 2)
+    change = branch_of(_joint_event(d.spec), "label_change")
+    assert isinstance(change, dp_event.ComposedDpEvent)
+    claimed_event = dp_event.ComposedDpEvent(change.events[1:])
+    assert claimed_event == dp_event.ComposedDpEvent([dp_event.DiscreteLaplaceDpEvent(1.0, 1)] * 2)
 
     def stat(r: BatchRelease) -> float:
         return float((r.noisy_counts[0] >= 2) + (r.noisy_counts[1] <= 2))
@@ -346,45 +371,97 @@ def test_record_label_histogram() -> None:
 
 
 # ------------------------------------------------------------------ 4. record unit, prototypes
-def test_record_prototypes() -> None:
-    """Replace-one within a class: a row r (clipped to norm C) becomes −r, so the class sum moves
-    by 2C (the charged sensitivity). Statistic: the class sum projected on r·M. σ ≈ 0.70 (ε = 12,
-    a quarter to the histogram), δ_a = 0.2, N = 3000 (weakened margin ≈ +0.9 expected).
-    """
-    c = 1.5
+def _prototype_pair(
+    terms: SessionTerms, label_change: bool, seed: int
+) -> tuple[Side, Side, np.ndarray, np.ndarray, np.ndarray]:
+    """D and D′ of a worst-case prototypes pair, C = 1.5, projected rows clipped in the plane
+    of an orthonormal basis: a row r with r·M = 3e (clipped to C·e) in class 0 becomes −r in
+    class 0 (same label: the class sum moves by 2C) or r′ with r′·M = 3f, f ⊥ e, in class 1
+    (label change: two class sums move by C each, √2·C together, and both counts by one).
+    Also returns the exact class sums of both sides and the counts of D (the auditor knows the
+    pair)."""
     m = _orthonormal(3, 2, seed=4)
-    e = np.array([0.6, 0.8])
-    r = m @ (3.0 * e)  # r·M = 3e: norm 3 > C, clipped to C·e
+    e, f = np.array([0.6, 0.8]), np.array([0.8, -0.6])
+    r = m @ (3.0 * e)
     x = np.vstack([r, m @ np.array([0.2, -0.4]), m @ np.array([1.0, 0.0]), [0.3, 0.1, -0.2]])
     y = np.array([0, 0, 1, 1])
-    x2 = x.copy()
-    x2[0] = -r
-    terms = SessionTerms(
+    x2, y2 = x.copy(), y.copy()
+    if label_change:
+        x2[0], y2[0] = m @ (3.0 * f), 1
+    else:
+        x2[0] = -r
+    disclosure = TargetDisclosure(Scaling(np.zeros(3), np.ones(3)), m)
+    d, dp = _pair(x, y, x2, y2, 2, terms, PrivacyPolicy(), disclosure, seed=seed)
+    c = terms.clip_norm
+    sums = [class_sums(clip_rows(xs @ m, c), ys, 2) for xs, ys in ((x, y), (x2, y2))]
+    return d, dp, sums[0], sums[1], np.bincount(y, minlength=2)
+
+
+def _prototype_terms(epsilon: float, histogram_share: float) -> SessionTerms:
+    return SessionTerms(
         dataset=DATASET,
-        epsilon=12.0,
+        epsilon=epsilon,
         delta=DELTA,
         projection_dim=2,
-        histogram_share=0.25,
-        clip_norm=c,
+        histogram_share=histogram_share,
+        clip_norm=1.5,
         release="prototypes",
     )
-    disclosure = TargetDisclosure(Scaling(np.zeros(3), np.ones(3)), m)
-    d, dp = _pair(x, y, x2, y, 2, terms, PrivacyPolicy(), disclosure, seed=41)
-    assert d.spec.features.sensitivity == pytest.approx(2 * c)
+
+
+def test_record_prototypes() -> None:
+    """Same label: a row r (clipped to norm C) becomes −r, so the class sum moves by 2C, the
+    same-label sensitivity; no count moves. At the release's defaults (calibration exact,
+    histogram share 0.1) the same-label branch is the larger one, so the charge is this pair's
+    Gaussian. Statistic: the class sum projected on r·M. ε = 6: σ ≈ 0.76, δ_a = 0.2 (charge
+    ≈ 1.22, the weakened mechanism's ε(δ_a) ≈ 2.5), N = 3000.
+    """
+    terms = _prototype_terms(6.0, 0.1)
+    assert terms.calibration == "exact" and SessionTerms(
+        dataset=DATASET, epsilon=6.0, delta=DELTA
+    ).histogram_share == pytest.approx(0.1)  # the defaults this test audits
+    d, dp, _, _, _ = _prototype_pair(terms, label_change=False, seed=41)
+    assert d.spec.features.sensitivity == pytest.approx(2 * terms.clip_norm)
+    charged = _joint_event(d.spec)
+    e = np.array([0.6, 0.8])
 
     def stat(rel: BatchRelease) -> float:
         return float(rel.z[0] @ e)
 
-    _check(
-        "record prototypes",
-        d,
-        dp,
-        stat,
-        3000,
-        0.2,
-        _feature_event(d.spec),
-        _weaker_features,
-    )
+    _check("record prototypes, same label", d, dp, stat, 3000, 0.2, charged, _weaker_features)
+
+
+def test_record_prototypes_label_change() -> None:
+    """Label change: r in class 0 (clipped to C·e) replaced by r′ in class 1 (clipped to C·f,
+    f ⊥ e): class 0's sum moves by C·e, class 1's by C·f, both counts by one. A histogram
+    share of 0.5 makes the label-change branch the larger one (the charge is this pair's).
+    Statistic: the pair's exact privacy loss, the Gaussian log-likelihood ratio of the two
+    class sums plus the discrete-Laplace ones of the two counts (the Neyman–Pearson optimal
+    events are its upper sets). The weakened variant has 30% less noise on the sums and on the
+    counts. ε = 6: σ ≈ 0.96, a = 1.5, δ_a = 0.2 (charge ≈ 2.96, weakened ε(δ_a) ≈ 4.8),
+    N = 3000.
+    """
+    terms = _prototype_terms(6.0, 0.5)
+    d, dp, sums, sums2, counts = _prototype_pair(terms, label_change=True, seed=45)
+    f = d.spec.features
+    assert f.label_change_sensitivity == pytest.approx(math.sqrt(2) * terms.clip_norm)
+    charged = _joint_event(d.spec)
+    delta_a = 0.2
+    # the label-change branch is the one charged at δ_a
+    change = _claim(branch_of(charged, "label_change"), delta_a)
+    assert change == pytest.approx(_claim(charged, delta_a))
+    assert change > _claim(branch_of(charged, "same_label"), delta_a) + 1.0
+    shift, mid, var = sums - sums2, (sums + sums2) / 2, f.noise_std**2
+    a = d.spec.histogram.parameter
+    n2 = counts + np.array([-1, 1])  # D′'s counts
+
+    def stat(rel: BatchRelease) -> float:
+        gauss = float(np.sum((rel.z - mid) * shift)) / var
+        c = rel.noisy_counts
+        dlap = a * float(np.sum(np.abs(c - n2) - np.abs(c - counts)))
+        return gauss + dlap  # log p_D / p_D′ of the whole output
+
+    _check("record prototypes, label change", d, dp, stat, 3000, delta_a, charged, _weaker_both)
 
 
 # ----------------------------------------------------------- 4b. record unit, sinkhorn-synthetic
@@ -443,16 +520,15 @@ def test_record_sinkhorn_synthetic() -> None:
 # ------------------------------------------------------------- 5. record unit, class-gaussians
 def test_record_class_gaussians() -> None:
     """The released block of a class is [S/C, Q/C²] (sums and sums of squares of the clipped
-    projected rows), charged with sensitivity √6 under replace-one.
+    projected rows), charged with the same-label sensitivity 3/√2 under replace-one.
 
     Worst case. Replacing a row C·u by C·v in the same class moves the block by
-    (u − v, u⊙u − v⊙v); over ‖u‖, ‖v‖ ≤ 1 its norm is at most 3/√2 ≈ 2.121 (numerical search in
-    2–10 dimensions; attained at u = (cos 15°, sin 15°), v = (−sin 15°, −cos 15°), which this
-    test uses). A change of class moves two blocks by ≤ √2 each (≤ 2). So √6 ≈ 2.449 is an upper
-    bound that no pair reaches: the audit can reach at most μ = 0.866/σ against a charge of 1/σ,
-    and the 30%-less-noise variant 1.24/σ. Hence a larger μ (σ ≈ 0.50: ε = 16, histogram
-    share 1/8) and δ_a = 0.3, N = 5000 (weakened margin ≈ +0.6 expected). C = 2 checks that the
-    noise is added in the normalised units (a noise not rescaled with C² would show).
+    (u − v, u⊙u − v⊙v); over ‖u‖, ‖v‖ ≤ 1 its norm is at most 3/√2 ≈ 2.121 (proved in
+    ``mechanisms.class_gaussians_sensitivity``; attained at u = (cos 15°, sin 15°),
+    v = (−sin 15°, −cos 15°), which this test uses). At the release's defaults (exact, share
+    0.1) the same-label branch is the larger, so this pair reaches the charge. ε = 6: σ ≈ 0.76,
+    δ_a = 0.3 (charge ≈ 0.75, weakened ε(δ_a) ≈ 1.9), N = 5000. C = 2 checks that the noise is
+    added in the normalised units (a noise not rescaled with C² would show).
     """
     c = 2.0
     m = _orthonormal(3, 2, seed=5)
@@ -466,16 +542,15 @@ def test_record_class_gaussians() -> None:
     x2[0] = m @ (c * v) + 0.5 * ortho
     terms = SessionTerms(
         dataset=DATASET,
-        epsilon=16.0,
+        epsilon=6.0,
         delta=DELTA,
         projection_dim=2,
-        histogram_share=0.125,
         clip_norm=c,
         release="class-gaussians",
     )
     disclosure = TargetDisclosure(Scaling(np.zeros(3), np.ones(3)), m)
     d, dp = _pair(x, y, x2, y, 2, terms, PrivacyPolicy(), disclosure, seed=51)
-    assert d.spec.features.sensitivity == pytest.approx(math.sqrt(6.0))
+    assert d.spec.features.sensitivity == pytest.approx(3 / math.sqrt(2))
     shift = np.concatenate([u - v, u * u - v * v])
     assert np.linalg.norm(shift) == pytest.approx(3 / math.sqrt(2))
     direction = shift / np.linalg.norm(shift)
@@ -491,7 +566,7 @@ def test_record_class_gaussians() -> None:
         stat,
         5000,
         0.3,
-        _feature_event(d.spec),
+        _joint_event(d.spec),
         _weaker_features,
     )
 
@@ -852,6 +927,7 @@ def test_record_metric(monkeypatch: pytest.MonkeyPatch) -> None:
         histogram_share=0.25,
         clip_norm=1.0,
         release="prototypes",
+        calibration="theorem2",  # the metric's σ this test was sized for
         cost="metric",
         metric_share=0.9,
         metric_dim=1,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dp_accounting import dp_event
 
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling
 from dpda.dp.accounting import epsilon_of
-from dpda.dp.events import event_from_json
+from dpda.dp.events import LabelBranchDpEvent, event_from_json
 from dpda.dp.ledger import Budget
 from dpda.protocol import TargetDisclosure
 from dpda.target_party.pipeline import aggregate_points
@@ -54,8 +55,24 @@ def test_noise_matches_the_ledger(release: str) -> None:
     f = entry.params["spec"]["features"]
     claimed = f["noise_multiplier"] * f["sensitivity"]
     noise = b.z  # all-zero data and C = 1: every released value is noise in the spec's units
-    # replace-one: a class sum moves by ≤ 2C (r → −r); the class-gaussians block by ≤ √6
-    assert f["sensitivity"] == pytest.approx(2.0 if release == "prototypes" else np.sqrt(6))
+    # replace-one, same label: a class sum moves by ≤ 2C (r → −r), the class-gaussians block by
+    # ≤ 3/√2; a label change moves two classes by ≤ √2·C (class-gaussians 2) together
+    protos = release == "prototypes"
+    assert f["sensitivity"] == pytest.approx(2.0 if protos else 3 / np.sqrt(2))
+    assert f["label_change_sensitivity"] == pytest.approx(np.sqrt(2) if protos else 2.0)
+    # the ledger charges the joint mechanism of exactly this noise: σ·S_same on every sums
+    # coordinate, DLap(a) on every count
+    sigma, a = f["noise_multiplier"], entry.params["spec"]["histogram"]["parameter"]
+    assert event_from_json(entry.dp_event) == LabelBranchDpEvent(
+        same_label=dp_event.GaussianDpEvent(sigma),
+        label_change=dp_event.ComposedDpEvent(
+            [
+                dp_event.GaussianDpEvent(sigma * f["sensitivity"] / f["label_change_sensitivity"]),
+                dp_event.DiscreteLaplaceDpEvent(a, 1),
+                dp_event.DiscreteLaplaceDpEvent(a, 1),
+            ]
+        ),
+    )
     assert std_matches(noise, claimed)
     assert not std_matches(noise, claimed * 0.7)
     assert not std_matches(noise, claimed * 1.3)
@@ -173,3 +190,50 @@ def test_a_source_space_session_refuses_a_scaling_or_basis_from_the_target() -> 
         with pytest.raises(InvalidInput, match="takes no scaling or basis"):
             rel.open_session(terms, disclosure)
     assert ledger.store.entries("d") == []
+
+
+def _block_move(u: np.ndarray, v: np.ndarray) -> float:
+    """‖u − v‖² + ‖u∘u − v∘v‖²: the squared move of a class-gaussians block, rows u → v."""
+    return float(np.sum((u - v) ** 2) + np.sum((u * u - v * v) ** 2))
+
+
+def test_class_gaussians_same_label_sensitivity_is_three_over_root_two() -> None:
+    """The proved maximum 9/2 of the same-label move over the unit ball (the docstring of
+    ``class_gaussians_sensitivity``), checked by constrained optimisation from random starts in
+    2–6 dimensions: nothing exceeds it, and the optimiser reaches it."""
+    from scipy.optimize import minimize
+
+    from dpda.dp.mechanisms import class_gaussians_sensitivity
+
+    assert class_gaussians_sensitivity("replace-one") == pytest.approx(3 / np.sqrt(2))
+    assert class_gaussians_sensitivity("replace-one", label_change=True) == 2.0
+    assert class_gaussians_sensitivity("add-remove") == pytest.approx(np.sqrt(2))
+    t = np.radians(15.0)  # the maximiser of the proof
+    assert _block_move(np.array([np.cos(t), np.sin(t)]), -np.array([np.sin(t), np.cos(t)])) == (
+        pytest.approx(4.5, abs=1e-12)
+    )
+    rng = np.random.default_rng(7)
+    best = 0.0
+    for d in range(2, 7):
+        cons = [
+            {"type": "ineq", "fun": lambda w, d=d: 1.0 - w[:d] @ w[:d]},
+            {"type": "ineq", "fun": lambda w, d=d: 1.0 - w[d:] @ w[d:]},
+        ]
+        for _ in range(12):
+            w0 = rng.normal(size=2 * d) / np.sqrt(d)
+            res = minimize(
+                lambda w, d=d: -_block_move(w[:d], w[d:]), w0, method="SLSQP", constraints=cons
+            )
+            u, v = res.x[:d], res.x[d:]
+            # a point the optimiser left a hair outside the ball is scaled back into it
+            u, v = u / max(1.0, np.linalg.norm(u)), v / max(1.0, np.linalg.norm(v))
+            best = max(best, _block_move(u, v))
+    assert best <= 4.5 + 1e-9
+    assert best >= 4.5 - 1e-6  # the bound is reached: not a loose one
+    # random points of the ball, on and inside the sphere, stay below as well
+    u = rng.normal(size=(20_000, 4))
+    v = rng.normal(size=(20_000, 4))
+    u /= np.linalg.norm(u, axis=1, keepdims=True) * rng.uniform(1, 1.5, size=(20_000, 1))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    moves = np.sum((u - v) ** 2, 1) + np.sum((u * u - v * v) ** 2, 1)
+    assert moves.max() <= 4.5

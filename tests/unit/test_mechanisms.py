@@ -132,7 +132,9 @@ def test_histogram_noise_matches_ledger_claim() -> None:
     info = rel.open_session(terms, TargetDisclosure(Scaling(np.zeros(k), np.ones(k))))
     noise = rel.release(info.session_id, 0).noisy_counts - truth
     a = ledger.store.entries()[-1].params["spec"]["histogram"]["parameter"]
-    assert a == pytest.approx(1.0)  # ε_h = 4 · 0.5, L1 sensitivity 2 under replace-one
+    # ε_h = 4 · 0.1 (the aggregates' default share), L1 sensitivity 2 under replace-one
+    assert a == pytest.approx(0.2)
+    assert ledger.store.entries()[-1].dp_event["type"] == "LabelBranchDpEvent"
     claimed = np.sqrt(discrete_laplace_variance(a))
     assert std_matches(noise, claimed)
     assert not std_matches(noise, claimed * 0.7)

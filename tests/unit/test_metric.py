@@ -317,15 +317,25 @@ def test_a_lowered_projection_dim_lowers_metric_dim_too() -> None:
 
 def test_a_budget_too_small_for_any_useful_metric_is_refused_before_the_charge() -> None:
     """ε = 1e-300 asks for noise past any float's reach over T steps: refused at the plan
-    (the session never opens), nothing charged; a small but sane ε gives finite W."""
+    (the session never opens), nothing charged — by the metric's noise ceiling (theorem2), or
+    under the default exact calibration already by the counts' floor; a small but sane ε gives
+    finite W."""
     x, y = _data()
     d = _disclosure(8, 6)
     rel, ledger = _releaser(x, y, 3)
-    hostile = _terms(epsilon=1e-300, metric_share=0.01, metric_pairs=64, metric_clip=1e3)
+    hostile = {"epsilon": 1e-300, "metric_share": 0.01, "metric_pairs": 64, "metric_clip": 1e3}
     with pytest.raises(PolicyRefused, match="epsilon: the metric's noise"):
-        rel.open_session(hostile, d)
+        rel.open_session(_terms(**hostile, calibration="theorem2"), d)
+    with pytest.raises(PolicyRefused, match="discrete-Laplace parameter .* below the floor"):
+        rel.open_session(_terms(**hostile), d)
     assert ledger.store.entries("d") == []
-    t = _terms(epsilon=0.01, metric_share=0.01, metric_steps=1000, metric_learning_rate=100)
+    t = _terms(
+        epsilon=0.01,
+        metric_share=0.01,
+        metric_steps=1000,
+        metric_learning_rate=100,
+        histogram_share=0.5,  # counts above the sampler's floor at this ε (0.1 is not)
+    )
     info = rel.open_session(t, d)
     w = rel.release(info.session_id, info.plan.steps).z
     assert np.all(np.isfinite(w))

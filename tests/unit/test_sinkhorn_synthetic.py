@@ -211,14 +211,24 @@ def test_target_reads_labels_and_weights_from_the_noisy_counts() -> None:
 
 def test_release_dependent_defaults_and_explicit_values_win() -> None:
     """sinkhorn-synthetic gives 90% of ε to the gradients and calibrates with the analytic
-    Gaussian unless the target says otherwise; other releases keep theirs; the CLI and the
-    target's [job] table leave the choice to the terms."""
+    Gaussian unless the target says otherwise; prototypes and class-gaussians calibrate exactly
+    with their own share, given or not; the attribute unit's rows keep the general defaults;
+    the CLI and the target's [job] table leave the choice to the terms."""
     t = _terms()
     assert (t.histogram_share, t.calibration) == (0.1, "analytic")
     t = _terms(histogram_share=0.3, calibration="theorem2")
     assert (t.histogram_share, t.calibration) == (0.3, "theorem2")
-    p = _terms(release="prototypes")
-    assert (p.histogram_share, p.calibration) == (0.5, "theorem2")
+    for release in ("prototypes", "class-gaussians"):
+        p = _terms(release=release)
+        assert (p.histogram_share, p.calibration) == (0.1, "exact")
+    default = SessionTerms(dataset="d", epsilon=1.0, delta=1e-5)  # the release not given
+    assert (default.release, default.histogram_share, default.calibration) == (
+        "prototypes",
+        0.1,
+        "exact",
+    )
+    rows = SessionTerms(dataset="d", epsilon=1.0, delta=1e-5, privacy_unit="attribute")
+    assert (rows.release, rows.histogram_share, rows.calibration) == ("rows", 0.5, "theorem2")
     assert _terms(histogram_share=None).histogram_share == 0.1  # None: not given
 
     from dpda.cli.main import _terms as cli_terms
