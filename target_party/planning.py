@@ -39,6 +39,11 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
         source.sync_ledger()  # the target's copy of the dataset's ledger, verified
     finally:
         source.close()
+    if terms.dpda and facts.n_classes < 2:
+        raise ConfigError(
+            f"job.dataset: the source's dataset {terms.dataset!r} holds {int(facts.n_classes)} "
+            "class(es); adaptation needs labeled rows of at least two classes"
+        )
     terms, basis = session_terms(view, terms, AdaptConfig(seed=0))
     assert basis is not None
     try:

@@ -149,7 +149,7 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
 
     from dpda.data.loaders import load_domain, require_data_dir
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
-    from dpda.data.tables import Table, read_table
+    from dpda.data.tables import Table, align_columns, check_classes, read_table
     from dpda.errors import ConfigError
 
     if args.source_file or args.target_file:
@@ -164,10 +164,8 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
         if isinstance(label, int) and tgt.y is not None and tgt.x.shape[1] == k - 1:
             # a position: the target file may lack the label column, one column fewer
             tgt = read_table(args.target_file, None, id_column=args.id_column, name="target")
-        if tgt.x.shape[1] != k:
-            raise ConfigError(
-                f"{args.target_file}: {tgt.x.shape[1]} feature columns, the source file {k}"
-            )
+        check_classes(src, str(args.label_column))
+        tgt = align_columns(tgt, src)  # by header name: reordered, or refused naming them
         rep, scaling = args.representation or "raw", args.scaling or "zscore"
         names = {
             "dataset": None,  # your own files, not a benchmark

@@ -32,6 +32,7 @@ class Table:
     ids: np.ndarray  # (n,) the id column's values, else row numbers 0..n-1
     columns: tuple[str, ...]  # feature names (``x0``… when the file has none)
     where: str  # the file (or "DataFrame"), for messages
+    named: bool = False  # the columns' names come from the file (a header), not ``x0``…
 
     @classmethod
     def of(cls, domain: Domain) -> Table:
@@ -199,7 +200,64 @@ def read_table(
     ids = np.array([r[id_at] for r in rows]) if id_at is not None else np.arange(len(rows))
     stem = name or (Path(where).stem if where != "DataFrame" else "table")
     n_classes = int(y.max()) + 1 if y is not None else 0
-    return Table(Domain(stem, x, y, n_classes), ids, tuple(col_names[j] for j in feature_at), where)
+    features = tuple(col_names[j] for j in feature_at)
+    return Table(Domain(stem, x, y, n_classes), ids, features, where, names is not None)
+
+
+def align_columns(table: Table, reference: Table) -> Table:
+    """``table`` with its feature columns in the order of ``reference``'s, matched by name.
+
+    Headers decide, never positions: the same names in another order are reordered; a name that
+    differs is refused, naming the columns on both sides. Without names on both sides (a file
+    with no header, a ``.npy``) only the widths are compared.
+    """
+    columns, ref = reference.columns, reference.where or "the source"
+    named = (
+        table.named
+        and reference.named
+        and len(set(table.columns)) == len(table.columns)
+        and len(set(columns)) == len(columns)
+    )
+    if not named:
+        if len(table.columns) != len(columns):
+            raise ConfigError(
+                f"{table.where}: {len(table.columns)} feature columns, {ref} {len(columns)}"
+            )
+        return table
+    if table.columns == columns:
+        return table
+    missing = [c for c in columns if c not in table.columns]
+    extra = [c for c in table.columns if c not in columns]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"lacks {', '.join(map(repr, missing))}")
+        if extra:
+            parts.append(f"has {', '.join(map(repr, extra))}, which {ref} has not")
+        raise ConfigError(
+            f"{table.where}: its feature columns differ from {ref}'s: it "
+            + " and ".join(parts)
+            + " (columns are matched by their header names; rename them to agree)"
+        )
+    order = [table.columns.index(c) for c in columns]
+    d = table.domain
+    domain = Domain(d.name, d.x[:, order], d.y, d.n_classes)
+    return Table(domain, table.ids, columns, table.where, True)
+
+
+def check_classes(table: Table, label_column: str, field: str = "") -> None:
+    """Refuse labels that hold fewer than two classes: nothing is learnt from one class, and
+    every prediction would be that class. ``field``: the config field that names the column."""
+    y = table.y
+    if y is None:
+        return
+    present = np.unique(y)
+    if present.size < 2:
+        at = f" ({field})" if field else ""
+        raise ConfigError(
+            f"{table.where}: column {label_column!r}{at} holds one class ({int(present[0])}) in "
+            f"all {y.size} rows; a source needs labeled rows of at least two classes"
+        )
 
 
 def _number(value: Any, where: str, column: str, unit: str, at: int) -> float:
