@@ -24,6 +24,17 @@ def _positive(text: str) -> float:
     return v
 
 
+def _count(text: str) -> int:
+    """An integer ≥ 1, or argparse's own error naming the flag."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: need a whole number ≥ 1")
+    return v
+
+
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
     write_json(args, data)
     if not json_to_stdout(args):
@@ -234,20 +245,15 @@ def _simulate_public_source(
     return 0
 
 
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from dpda.data.preprocessing import check_representation, default_attribute_bound
-    from dpda.data.tables import write_predictions
+def _simulate_once(
+    args: argparse.Namespace, src: Any, tgt: Any, rep: str, scaling: str, seed: int | None
+) -> tuple[Any, Any, dict[str, Any]]:
+    """One rehearsal at ``seed``: (the outcome, its terms, its JSON)."""
+    from dpda.data.preprocessing import default_attribute_bound
     from dpda.service.progress import Progress
     from dpda.simulation import METHODS, simulate
     from dpda.target_party.pipeline import AdaptConfig
 
-    src, tgt, rep, scaling, names = _simulate_data(args)
-    check_representation(src.x, rep, "--representation")
-    check_representation(tgt.x, rep, "--representation")
-    if args.setting == "public-source":
-        return _simulate_public_source(args, src, tgt, rep, scaling, names)
     delta = args.delta if args.delta is not None else 1.0 / (10.0 * src.x.shape[0])
     label = "source" if args.source_file else f"{args.dataset}:{args.source}"
     terms = _terms(args, label, delta)
@@ -255,7 +261,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         reg_e=args.reg_e,
         reg_g=args.reg_g,
         classifier=args.classifier,
-        seed=args.seed if args.seed is not None else 0,
+        seed=seed if seed is not None else 0,
         select=args.select,
     )
     methods = METHODS if args.method == "all" else (args.method,)
@@ -265,7 +271,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         terms,
         rep,
         cfg,
-        args.seed,
+        seed,
         progress=Progress("releases"),
         scaling_mode=scaling,
         methods=methods,
@@ -280,13 +286,61 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         or ("synthetic" if args.target_epsilon is not None else "exact"),
         target_query_epsilon=args.target_query_epsilon,
     )
-    data = out.to_json(terms)
+    return out, terms, out.to_json(terms)
+
+
+def spread_of(accuracies: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean, standard deviation (population), min and max of every numeric value each arm's
+    ``accuracy`` holds over the runs; an arm with no number (no target labels) is left out."""
+    import numpy as np
+
+    arms: dict[str, list[float]] = {}
+    for acc in accuracies:
+        for arm, v in acc.items():
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                arms.setdefault(arm, []).append(float(v))
+    return {
+        arm: {
+            "mean": float(np.mean(vs)),
+            "std": float(np.std(vs)),
+            "min": float(np.min(vs)),
+            "max": float(np.max(vs)),
+            "runs": len(vs),
+        }
+        for arm, vs in arms.items()
+    }
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dpda.data.preprocessing import check_representation
+    from dpda.data.tables import write_predictions
+
+    src, tgt, rep, scaling, names = _simulate_data(args)
+    check_representation(src.x, rep, "--representation")
+    check_representation(tgt.x, rep, "--representation")
+    if args.setting == "public-source":
+        return _simulate_public_source(args, src, tgt, rep, scaling, names)
+    if args.seeds is None:
+        out, terms, data = _simulate_once(args, src, tgt, rep, scaling, args.seed)
+    else:  # the same rehearsal at seeds s, s+1, …: the first run's outputs, every run's spread
+        first = args.seed if args.seed is not None else 0
+        seeds = list(range(first, first + args.seeds))
+        out, terms, data = _simulate_once(args, src, tgt, rep, scaling, seeds[0])
+        accuracies = [data["accuracy"]]
+        for seed in seeds[1:]:
+            accuracies.append(_simulate_once(args, src, tgt, rep, scaling, seed)[2]["accuracy"])
+        data["seeds"] = seeds
+        data["accuracy_by_seed"] = accuracies
+        data["spread"] = spread_of(accuracies)
+    delta = terms.delta
     preds_path = args.predictions or (
         Path(args.json).with_suffix(".predictions.csv")
         if args.json not in (None, "-")
         else Path("predictions.csv")
     )
-    data.update({**names, "seed": args.seed})
+    data.update({**names, "seed": data.get("seeds", [args.seed])[0]})
     written = write_predictions(preds_path, tgt.ids, out.dpda.predictions)
     data["predictions"] = str(written.resolve())
     write_json(args, data)
@@ -294,7 +348,18 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     names_ = {"dpda": "DPDA", "pate": "PATE", "dpda_pate": "DPDA+PATE"}
     private = "  ".join(f"{names_[k]} {_pct(a[k])}" for k in names_ if k in a)
     where = f"{args.source}→{args.target}" if not args.source_file else "rehearsal"
-    print(f"{where}  source-only {_pct(a['source_only'])}  OTDA {_pct(a['otda'])}  {private}")
+    if "spread" in data:
+        print(f"{where}, {len(data['seeds'])} seeds ({data['seeds'][0]}…{data['seeds'][-1]}):")
+        for arm, st in data["spread"].items():
+            print(
+                f"  {arm:<24} {st['mean']:6.2f} ± {st['std']:.2f}  "
+                f"(min {st['min']:.2f}, max {st['max']:.2f})"
+            )
+        if not data["spread"]:
+            print("  no accuracies: the target has no labels to score against")
+        print(f"  predictions and the figures below: seed {data['seeds'][0]}")
+    else:
+        print(f"{where}  source-only {_pct(a['source_only'])}  OTDA {_pct(a['otda'])}  {private}")
     print(
         f"  the real job would charge ε {data['epsilon_spent']:.3f} of {terms.epsilon} "
         f"(δ={delta:.3g}); σ/w={data['sigma']:.4f}  ℓ={data['projection_dim']} "
@@ -527,6 +592,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="private-source (default): the labeled source is private (DPDA); public-source: "
         "the source is public and the target's rows are private (seed 001: private "
         "reweighting; takes --epsilon, --delta (default 1/(10·nt)) and --seed only)",
+    )
+    sm.add_argument(
+        "--seeds",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="run the rehearsal N times, at seeds --seed (default 0) to --seed + N - 1, and "
+        "print each arm's mean ± standard deviation (min, max); the JSON gains 'spread'",
     )
     sm.add_argument(
         "--target-epsilon",
