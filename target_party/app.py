@@ -22,7 +22,7 @@ from dpda.data.preprocessing import Scaling, check_representation
 from dpda.data.synthetic import two_domains
 from dpda.data.tables import Table, read_table, write_predictions
 from dpda.dp.events import event_from_json
-from dpda.dp.ledger import Budget, LedgerEntry, PrivacyLedger, spend_of
+from dpda.dp.ledger import Budget, LedgerEntry, PrivacyLedger, check_delta, spend_of
 from dpda.dp.rng import secure_rng
 from dpda.dp.target_disclosure import (
     Disclosure,
@@ -89,11 +89,41 @@ def job_terms(cfg: TargetConfig) -> SessionTerms:
     return method_terms(base, j.method, j.pate_queries, j.pate_share)
 
 
+def with_source_delta(cfg: TargetConfig) -> TargetConfig:
+    """``cfg`` with ``job.delta`` set: as configured, or the δ the source publishes for the
+    dataset (``DescribeDataset``), which a session's terms must use."""
+    if cfg.job.delta is not None:
+        return cfg
+    probe = _with_delta(cfg, 0.5)  # a description reads no ledger δ
+    ledger, audit = open_state(probe)
+    source = GrpcReleaseSource(probe, ledger, audit)
+    try:
+        facts = source.describe()
+    finally:
+        source.close()
+    return _with_delta(cfg, float(facts.delta))
+
+
+def _with_delta(cfg: TargetConfig, delta: float) -> TargetConfig:
+    return cfg.model_copy(update={"job": cfg.job.model_copy(update={"delta": delta})})
+
+
+def job_delta(cfg: TargetConfig) -> float:
+    """``job.delta`` once known (``with_source_delta``)."""
+    if cfg.job.delta is None:
+        raise ConfigError("job.delta: not set, and the source's published δ was not read")
+    return cfg.job.delta
+
+
 OWN_ROWS = "own-rows"  # the target's own ledger dataset: what it disclosed about its rows
 
 
 def own_delta(cfg: TargetConfig, n_rows: int) -> float:
-    return cfg.privacy.delta if cfg.privacy.delta is not None else 1.0 / (10.0 * n_rows)
+    """The δ of the target's own disclosures: ``[privacy] delta``, or 1/(10·nt)."""
+    if cfg.privacy.delta is None:
+        return 1.0 / (10.0 * n_rows)
+    check_delta(cfg.privacy.delta, n_rows, "privacy.delta", "the target's table")
+    return cfg.privacy.delta
 
 
 def check_row_queries(cfg: TargetConfig, terms: SessionTerms) -> None:
@@ -350,7 +380,7 @@ def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     conn = connect(cfg.state_dir / "state.sqlite")
     store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
-    ledger = PrivacyLedger(store, {cfg.job.dataset: Budget(cfg.budget_epsilon, cfg.job.delta)})
+    ledger = PrivacyLedger(store, {cfg.job.dataset: Budget(cfg.budget_epsilon, job_delta(cfg))})
     key = signing.load_private(cfg.signing_key)
     signing.write_role_keys(cfg.state_dir, key, {"source": cfg.source_signing_public_key}, "target")
     return ledger, AuditLog(conn, "target", cfg.retain_payloads, key)
@@ -364,6 +394,7 @@ def run_job(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One job: (the results written to ``results.json``, the arrays the report plots).
     ``settle``: the process's entry point asks for ``settle_heap`` once the data is loaded."""
+    cfg = with_source_delta(cfg)
     if cfg.job.setting == "public-source":
         return run_public_source_job(cfg, progress), {}
     ledger, audit = open_state(cfg)
@@ -457,18 +488,19 @@ def run_public_source_job(
     rows (class labels) and ``results.json``; its charges are in this side's ledger too."""
     from dpda.target_party.reweighting import run_reweighting_job
 
+    cfg = with_source_delta(cfg)
     ledger, audit = open_state(cfg)
     table = load_target_data(cfg)
     check_representation(table.x, cfg.job.representation, "job.representation")
     source = GrpcReleaseSource(cfg, ledger, audit)
     try:
-        source.preflight(table.x.shape[1], cfg.job.delta, labeled=False)
+        source.preflight(table.x.shape[1], job_delta(cfg), labeled=False)
         out, model = run_reweighting_job(cfg, source, table, progress)
         spent = source.spent()
     finally:
         source.close()
     own = [e for e in ledger.store.entries(cfg.job.dataset) if e.session == out["session_id"]]
-    out["epsilon_job"] = spend_of([event_from_json(e.dp_event) for e in own], cfg.job.delta)
+    out["epsilon_job"] = spend_of([event_from_json(e.dp_event) for e in own], job_delta(cfg))
     out["epsilon_spent"] = spent  # the holder's dataset, every peer, as this side recomputed it
     out["protected"] = "the serving daemon's rows (this job's rows are public)"
     if model is not None:

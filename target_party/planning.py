@@ -16,7 +16,7 @@ from dpda.dp.pate import answers_event
 from dpda.errors import ConfigError, PeerMisbehaved
 from dpda.policy import PrivacyPolicy
 from dpda.service.config import TargetConfig
-from dpda.target_party.app import job_terms, load_target_data, open_state
+from dpda.target_party.app import job_terms, load_target_data, open_state, with_source_delta
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.pipeline import AdaptConfig, session_terms, target_view
 from dpda.terms import plan_batches
@@ -24,6 +24,7 @@ from dpda.terms import plan_batches
 
 def plan_job(cfg: TargetConfig) -> dict[str, Any]:
     """σ, the job's charge and what remains on both sides, before and after the job."""
+    cfg = with_source_delta(cfg)
     terms = job_terms(cfg)
     if terms.projection != "target-pca":
         raise ConfigError(

@@ -9,7 +9,7 @@ import sys
 from enum import Enum
 from typing import Any, Literal, get_args, get_origin
 
-from dpda.errors import ConfigError, DpdaError
+from dpda.errors import DpdaError
 from dpda.service.output import add_json_option, json_to_stdout, write_json
 
 
@@ -215,11 +215,11 @@ def _simulate_public_source(
     from pathlib import Path
 
     from dpda.data.tables import write_predictions
+    from dpda.dp.ledger import check_delta
     from dpda.simulation import simulate_public_source
 
     delta = args.delta if args.delta is not None else 1.0 / (10.0 * tgt.domain.x.shape[0])
-    if not (0 < delta < 1):
-        raise ConfigError(f"--delta {delta:g}: must lie strictly between 0 and 1")
+    check_delta(delta, tgt.domain.x.shape[0], "--delta", "the target (its rows are private here)")
     out = simulate_public_source(src, tgt.domain, rep, scaling, args.epsilon, delta, args.seed)
     pred = out.pop("predictions_array")
     preds_path = args.predictions or (
@@ -250,11 +250,13 @@ def _simulate_once(
 ) -> tuple[Any, Any, dict[str, Any]]:
     """One rehearsal at ``seed``: (the outcome, its terms, its JSON)."""
     from dpda.data.preprocessing import default_attribute_bound
+    from dpda.dp.ledger import check_delta
     from dpda.service.progress import Progress
     from dpda.simulation import METHODS, simulate
     from dpda.target_party.pipeline import AdaptConfig
 
     delta = args.delta if args.delta is not None else 1.0 / (10.0 * src.x.shape[0])
+    check_delta(delta, src.x.shape[0], "--delta", "the source")
     label = "source" if args.source_file else f"{args.dataset}:{args.source}"
     terms = _terms(args, label, delta)
     cfg = AdaptConfig(

@@ -185,8 +185,10 @@ def _budget_lines(config: str, store: Any) -> list[str]:
         from dpda.service.config import load_target
 
         tcfg = load_target(config)
-        events = [event_from_json(e.dp_event) for e in store.entries(tcfg.job.dataset)]
-        spent = spend_of(events, tcfg.job.delta) if events else 0.0
+        held = store.entries(tcfg.job.dataset)
+        events = [event_from_json(e.dp_event) for e in held]
+        tdelta = tcfg.job.delta or (held[0].params.get("delta") if held else None)
+        spent = spend_of(events, tdelta) if events and tdelta else 0.0
         lines.append(
             f"{tcfg.job.dataset}: the target's budget ε {tcfg.budget_epsilon:g}, the dataset's "
             f"total {spent:.4f}, remaining {max(tcfg.budget_epsilon - spent, 0.0):.4f}"

@@ -221,7 +221,12 @@ class TargetJob(_Strict):
         default=(600, 500), description="data_kind synthetic: (source rows, target rows)"
     )
     epsilon: float = Field(gt=0, le=100)
-    delta: float = Field(gt=0, lt=1)
+    delta: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="the source's δ for the dataset; default: the value the source publishes",
+    )
     privacy_unit: PrivacyUnit = PrivacyUnit.RECORD
     neighbouring: Neighbouring = Neighbouring.REPLACE_ONE
     projection: Literal["jl", "target-pca"] = "target-pca"
