@@ -70,4 +70,3 @@ def test_a_source_with_one_class_is_refused(files: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert "S_one_class.csv" in err and "'label'" in err and "one class (3)" in err
     assert not (files / "one.csv").exists() and not (files / "one.json").exists()
-
