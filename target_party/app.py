@@ -1,6 +1,7 @@
 """Composition root of the target: config → its own ledger and audit log → gRPC peer → the
-DPDA job → results on disk (``state_dir/results.json``, the model as one pipeline on raw rows in
-``state_dir/model.skops``, the predictions with the rows' ids)."""
+DPDA job → results on disk, in a folder of the job's own (``state_dir/jobs/<job id>/``:
+``results.json``, the model as one pipeline on raw rows in ``model.skops``, the predictions with
+the rows' ids, the HTML report), so that no job writes over another's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import math
 import os
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -42,7 +44,7 @@ from dpda.service.progress import Progress
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.compute import open_compute, spec_of
 from dpda.target_party.pipeline import AdaptConfig, RowQueries, run_dpda, target_view
-from dpda.target_party.report import figures_of
+from dpda.target_party.report import figures_of, render
 from dpda.target_party.training import model_pipeline, save_model
 from dpda.terms import SessionTerms
 
@@ -386,17 +388,56 @@ def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
     return ledger, AuditLog(conn, "target", cfg.retain_payloads, key)
 
 
+JOBS_DIR = "jobs"  # under state_dir: one folder per job, named by its id
+
+
+def new_job_id() -> str:
+    """A job's id: random, so two jobs (the CLI's, the API's) never share a folder."""
+    return uuid.uuid4().hex[:12]
+
+
+def job_dir(cfg: TargetConfig, job_id: str) -> Path:
+    """The folder a job writes its outputs to (created here)."""
+    if not job_id or not all(c.isalnum() or c in "-_" for c in job_id):
+        raise ConfigError(f"job id {job_id!r}: letters, digits, '-' and '_' only")
+    out = cfg.state_dir / JOBS_DIR / job_id
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def past_jobs(cfg: TargetConfig) -> list[tuple[str, dict[str, Any]]]:
+    """(id, results) of every job with a ``results.json`` under ``state_dir/jobs``, oldest
+    first."""
+    root = cfg.state_dir / JOBS_DIR
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.iterdir():
+        path = d / "results.json"
+        if not path.is_file():
+            continue
+        try:
+            results = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        found.append((path.stat().st_mtime_ns, d.name, results))
+    return [(name, results) for _, name, results in sorted(found)]
+
+
 def run_job(
     cfg: TargetConfig,
     progress: Callable[[int, int], None] | None = None,
     seed: int = 0,
     settle: bool = False,
+    job_id: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One job: (the results written to ``results.json``, the arrays the report plots).
+    """One job: (the results written to ``results.json``, the arrays the report plots), its
+    outputs in ``state_dir/jobs/<job_id>/`` (a new id by default).
     ``settle``: the process's entry point asks for ``settle_heap`` once the data is loaded."""
     cfg = with_source_delta(cfg)
+    job_id = job_id or new_job_id()
     if cfg.job.setting == "public-source":
-        return run_public_source_job(cfg, progress), {}
+        return run_public_source_job(cfg, progress, job_id), {}
     ledger, audit = open_state(cfg)
     table = load_target_data(cfg)
     check_representation(table.x, cfg.job.representation, "job.representation")
@@ -440,16 +481,18 @@ def run_job(
             where = compute.describe()
     finally:
         source.close()
+    outdir = job_dir(cfg, job_id)
     model = save_model(
-        model_pipeline(cfg.job.representation, view.scaling, res.model),
-        cfg.state_dir / "model.skops",
+        model_pipeline(cfg.job.representation, view.scaling, res.model), outdir / "model.skops"
     )
-    preds = write_predictions(
-        cfg.job.predictions or cfg.state_dir / "predictions.csv", table.ids, res.predictions
-    )
+    preds = write_predictions(outdir / "predictions.csv", table.ids, res.predictions)
+    if cfg.job.predictions:  # the config's own path too, as asked
+        write_predictions(cfg.job.predictions, table.ids, res.predictions)
     # ε of this job alone (its session's entries composed) next to the dataset's total
     mine = [e for e in ledger.store.entries(terms.dataset) if e.session == res.session_id]
     out = {
+        "job_id": job_id,
+        "output_dir": str(outdir),
         **res.summary(terms),
         "epsilon_job": spend_of([event_from_json(e.dp_event) for e in mine], terms.delta),
         "epsilon_dataset_total": res.epsilon_spent,
@@ -476,12 +519,14 @@ def run_job(
         else None,
         "target_epsilon_total": ledger.spent(OWN_ROWS) if own else None,
     }
-    (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))
-    return out, figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
+    (outdir / "results.json").write_text(json.dumps(out, indent=2))
+    figures = figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
+    (outdir / "report.html").write_text(render(out, figures), encoding="utf-8")
+    return out, figures
 
 
 def run_public_source_job(
-    cfg: TargetConfig, progress: Callable[[int, int], None] | None = None
+    cfg: TargetConfig, progress: Callable[[int, int], None] | None = None, job_id: str = ""
 ) -> dict[str, Any]:
     """The reverse deployment (seed 001): this job's labeled rows are public, the serving
     daemon's rows private (``target_party.reweighting``). Writes the weights, the model on raw
@@ -503,9 +548,11 @@ def run_public_source_job(
     out["epsilon_job"] = spend_of([event_from_json(e.dp_event) for e in own], job_delta(cfg))
     out["epsilon_spent"] = spent  # the holder's dataset, every peer, as this side recomputed it
     out["protected"] = "the serving daemon's rows (this job's rows are public)"
+    outdir = job_dir(cfg, job_id or new_job_id())
+    out = {"job_id": outdir.name, "output_dir": str(outdir), **out}
     if model is not None:
-        out["model"] = str(save_model(model, cfg.state_dir / "model.skops"))
-    (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))
+        out["model"] = str(save_model(model, outdir / "model.skops"))
+    (outdir / "results.json").write_text(json.dumps(out, indent=2))
     return out
 
 

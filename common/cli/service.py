@@ -57,7 +57,7 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
         print(
             f"{out['method']}: {out['steps']} private steps by the data holder; ε this job "
             f"{out['epsilon_job']:.4f}, the holder's dataset in all {out['epsilon_spent']:.4f}  "
-            f"weights keep ≈{out['weights_effective_rows']:.0f} rows  → {cfg.state_dir}"
+            f"weights keep ≈{out['weights_effective_rows']:.0f} rows  → {out['output_dir']}"
         )
         print(f"  weights: {out['weights']}  model: {out.get('model', 'linear predictor')}")
         print(f"  note: protected are {out['protected']}")
@@ -67,7 +67,7 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
     print(
         f"accuracy {acc}  ε this job {out['epsilon_job']:.4f}, the dataset's total "
         f"{out['epsilon_dataset_total']:.4f} (δ={out['delta']:.3g})  {out['batches']} "
-        f"release(s), {out['rows_received']} rows  → {cfg.state_dir}"
+        f"release(s), {out['rows_received']} rows  → {out['output_dir']}"
     )
     print(f"  predictions: {out['predictions']}  model: {out['model']}")
     print(f"  note: {out['caveat']}")
