@@ -27,6 +27,7 @@ from dpda.dp.events import event_from_json
 from dpda.dp.ledger import Budget, LedgerEntry, PrivacyLedger, check_delta, spend_of
 from dpda.dp.rng import secure_rng
 from dpda.dp.target_disclosure import (
+    NATURAL_CLIP,
     Disclosure,
     disclose,
     noisy_rows,
@@ -318,7 +319,54 @@ def _disclosure_plan(cfg: TargetConfig, table: Table, terms: SessionTerms, delta
             with_basis=terms.projection == "target-pca",
         )
     except ValueError as exc:
+        if pol.row_clip is None and cfg.job.representation not in NATURAL_CLIP:
+            raise ConfigError(
+                f"privacy.row_clip: the {cfg.job.representation!r} representation has no "
+                "natural row bound, and the target's statistics go out under its own DP with "
+                'their rows clipped to one. At no privacy cost: job.representation = "l2" '
+                '(or "sqrt", "rownorm": rows of norm 1, row_clip 1); or set '
+                "privacy.row_clip to a bound known without reading the rows (√k × the largest "
+                'value a feature can take); or privacy.disclosures = "exact" (no DP on the '
+                "target's side)"
+            ) from None
         raise ConfigError(f"privacy.{exc}") from None
+
+
+def own_plan(cfg: TargetConfig, table: Table, terms: SessionTerms) -> dict[str, Any]:
+    """What the job would charge the target's own ledger (``own-rows``: its scaling, basis and
+    PATE queries under ``[privacy]``), checked as the job checks it, nothing drawn or charged:
+    a ``ConfigError`` here is the one the job would raise."""
+    check_row_queries(cfg, terms)
+    pol = cfg.privacy
+    if pol.disclosures == "exact" and pol.row_queries != "dp":
+        return {"disclosures": "exact", "epsilon_charge": 0.0, "delta": None, "fits": True}
+    n = table.x.shape[0]
+    delta = own_delta(cfg, n)
+    events: list[Any] = []
+    if pol.disclosures == "dp":
+        events += _disclosure_plan(cfg, table, terms, delta).events()
+    if pol.row_queries == "dp" and terms.pate_queries > 0:
+        events += plan_row_queries(pol.query_epsilon, delta).events()
+    state = cfg.state_dir / "state.sqlite"
+    prior = []
+    if state.is_file():  # the own ledger as it stands (read only; a first job has none)
+        conn = connect(state)
+        try:
+            held = SqliteLedgerStore(state, conn).entries(OWN_ROWS)
+        finally:
+            conn.close()
+        prior = [event_from_json(e.dp_event) for e in held]
+    charge = spend_of(events, delta) if events else 0.0
+    after = spend_of([*prior, *events], delta) if prior or events else 0.0
+    return {
+        "disclosures": pol.disclosures,
+        "row_queries": pol.row_queries,
+        "epsilon_charge": charge,  # this job alone, on the target's own rows
+        "delta": delta,
+        "epsilon_total_after": after,
+        "epsilon_cap": pol.epsilon_cap,
+        "fits": after <= pol.epsilon_cap + 1e-12,
+    }
 
 
 def _disclose(

@@ -16,7 +16,13 @@ from dpda.dp.pate import answers_event
 from dpda.errors import ConfigError, PeerMisbehaved
 from dpda.policy import PrivacyPolicy
 from dpda.service.config import TargetConfig
-from dpda.target_party.app import job_terms, load_target_data, open_state, with_source_delta
+from dpda.target_party.app import (
+    job_terms,
+    load_target_data,
+    open_state,
+    own_plan,
+    with_source_delta,
+)
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.pipeline import AdaptConfig, session_terms, target_view
 from dpda.terms import plan_batches
@@ -32,6 +38,7 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
             "known only then; dpda target plan covers target-pca (the default)"
         )
     table = load_target_data(cfg)
+    own = own_plan(cfg, table, terms)  # the target's [privacy], checked before the source is asked
     view = target_view(table.domain, cfg.job.representation, scaling_mode=cfg.job.scaling)
     ledger, audit = open_state(cfg)
     source = GrpcReleaseSource(cfg, ledger, audit)
@@ -106,8 +113,10 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
         "epsilon_dataset_cap": facts.dataset_epsilon_cap,
         "fits": dataset_after <= facts.dataset_epsilon_cap + 1e-12
         and charge <= remaining["source_peer"] + 1e-12
-        and dataset_after <= cfg.budget_epsilon + 1e-12,
+        and dataset_after <= cfg.budget_epsilon + 1e-12
+        and own["fits"],
         "delta": terms.delta,
+        "target": own,  # the target's own rows: this job's ε on its ledger, its cap
         "source": {
             "n_rows": int(facts.n_rows),
             "n_features": int(facts.n_features),

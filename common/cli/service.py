@@ -65,10 +65,21 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
         return 0
     acc = "n/a" if out["accuracy"] is None else f"{out['accuracy']:.2f}%"
     print(
-        f"accuracy {acc}  ε this job {out['epsilon_job']:.4f}, the dataset's total "
-        f"{out['epsilon_dataset_total']:.4f} (δ={out['delta']:.3g})  {out['batches']} "
-        f"release(s), {out['rows_received']} rows  → {out['output_dir']}"
+        f"job {out['job_id']}: accuracy {acc}  {out['batches']} release(s), "
+        f"{out['rows_received']} rows  → {out['output_dir']}"
     )
+    print(
+        f"  the source's records: ε {out['epsilon_job']:.4f} this job, the dataset's total "
+        f"{out['epsilon_dataset_total']:.4f} (δ={out['delta']:.3g})"
+    )
+    if out.get("target_epsilon_spent") is None:
+        print("  the target's own rows: ε 0, its statistics went out exact ([privacy] opt-in)")
+    else:
+        print(
+            f"  the target's own rows: ε {out['target_epsilon_spent']:.4f} this job, its total "
+            f"{out['target_epsilon_total']:.4f} of privacy.epsilon_cap "
+            f"{cfg.privacy.epsilon_cap:g}"
+        )
     print(f"  predictions: {out['predictions']}  model: {out['model']}")
     print(f"  note: {out['caveat']}")
     write_json(args, out)
@@ -86,24 +97,39 @@ def _cmd_target_plan(args: argparse.Namespace) -> int:
         f"σ/w {out['sigma']:.4f} (noise std {out['noise_std']:.4g}), {out['steps']} release(s), "
         f"ℓ = {out['projection_dim']}, {out['privacy_unit']} unit"
     )
+    own = out["target"]
     print(
-        f"this job would charge ε {out['epsilon_charge']:.4f} (δ = {out['delta']:.3g}); the "
-        f"dataset's total would go to {out['epsilon_dataset_after']:.4f} of its cap "
-        f"{out['epsilon_dataset_cap']:.4g}"
+        f"this job would charge the source's records ε {out['epsilon_charge']:.4f} "
+        f"(δ = {out['delta']:.3g}); the source dataset's total would go to "
+        f"{out['epsilon_dataset_after']:.4f} of its cap {out['epsilon_dataset_cap']:.4g}"
     )
+    if own["delta"] is None:
+        print("  and the target's own rows ε 0: its statistics go out exact ([privacy] opt-in)")
+    else:
+        print(
+            f"  and the target's own rows ε {own['epsilon_charge']:.4f} (δ = {own['delta']:.3g}"
+            f", [privacy]); their total would go to {own['epsilon_total_after']:.4f} of the "
+            f"target's cap {own['epsilon_cap']:.4g} (privacy.epsilon_cap)"
+        )
     ch = out["epsilon_by_channel"]
     print(
         f"  by channel, each alone: features {ch['features']:.4f}, histogram "
         f"{ch['histogram']:.4f}, PATE {ch['pate']:.4f} (composed, they make the charge above)"
     )
     print(
-        f"remaining now: source dataset {by['source_dataset']:.4f}, this peer at the source "
-        f"{by['source_peer']:.4f}, the target's own budget {by['target_budget']:.4f}"
+        f"remaining now on the source's dataset: its cap {by['source_dataset']:.4f}, this "
+        f"peer's cap at the source {by['source_peer']:.4f}, the target's cap for it "
+        f"(budget_epsilon) {by['target_budget']:.4f}"
     )
     print(
         "it fits; nothing was spent by this plan"
         if out["fits"]
-        else "it does NOT fit: the source would refuse it (see the remaining budget above)"
+        else "it does NOT fit: "
+        + (
+            "the target's own cap (privacy.epsilon_cap) would be exceeded"
+            if not own["fits"]
+            else "the source would refuse it (see the remaining budget above)"
+        )
     )
     write_json(args, out)
     return 0

@@ -73,3 +73,30 @@ def test_a_certificate_the_source_does_not_trust_fails_at_once(served: Deploymen
     assert r.returncode != 0
     assert "tls.cert" in r.stderr and "refused this target's certificate" in r.stderr, r.stderr
     assert "retrying" not in r.stderr  # a setting, not an outage: nothing is retried
+
+
+def test_plan_checks_the_targets_privacy_and_suggests_a_free_bound(served: Deployment) -> None:
+    config = _variant(served, "raw-dp", ('disclosures = "exact"', 'disclosures = "dp"'))
+    r = _plan(config)
+    assert r.returncode != 0  # as the job itself would fail, before anything is asked
+    assert "privacy.row_clip" in r.stderr and 'job.representation = "l2"' in r.stderr, r.stderr
+
+
+def test_plan_and_run_show_both_parties_epsilon(served: Deployment) -> None:
+    swap = ('disclosures = "exact"', 'disclosures = "dp"\nrow_clip = 40.0')
+    config = _variant(served, "both", swap)
+    out = served.workdir / "both.json"
+    r = _plan(config, "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(out.read_text())
+    own = plan["target"]
+    assert own["disclosures"] == "dp" and 0 < own["epsilon_charge"] <= own["epsilon_total_after"]
+    assert f"the target's own rows ε {own['epsilon_charge']:.4f}" in r.stdout
+    assert f"the source's records ε {plan['epsilon_charge']:.4f}" in r.stdout
+    run = subprocess.run(
+        dpda_command("target", "run", "--config", str(config), "--quiet"),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "the source's records: ε" in run.stdout
+    assert f"the target's own rows: ε {own['epsilon_charge']:.4f} this job" in run.stdout
