@@ -5,6 +5,7 @@ the rows' ids, the HTML report), so that no job writes over another's."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -540,8 +541,12 @@ def run_job(
     mine = [e for e in ledger.store.entries(terms.dataset) if e.session == res.session_id]
     out = {
         "job_id": job_id,
+        "dataset": terms.dataset,
+        "source": cfg.source_address,
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "output_dir": str(outdir),
         **res.summary(terms),
+        "epsilon_budget": terms.epsilon,  # what this job's session may spend
         "epsilon_job": spend_of([event_from_json(e.dp_event) for e in mine], terms.delta),
         "epsilon_dataset_total": res.epsilon_spent,
         "job_seconds": job_seconds,
@@ -566,11 +571,24 @@ def run_job(
         if own
         else None,
         "target_epsilon_total": ledger.spent(OWN_ROWS) if own else None,
+        "target_delta": own[1].params["delta"] if own else None,
+        "target_epsilon_cap": cfg.privacy.epsilon_cap if own else None,
     }
     (outdir / "results.json").write_text(json.dumps(out, indent=2))
     figures = figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
+    figures.update(job_spend_of(mine, terms.delta))
     (outdir / "report.html").write_text(render(out, figures), encoding="utf-8")
     return out, figures
+
+
+def job_spend_of(entries: list[LedgerEntry], delta: float, points: int = 24) -> dict[str, Any]:
+    """This job's own ε after its releases (its session's entries composed; at most ``points``
+    of them, the last always): what the report plots against the job's budget."""
+    events = [event_from_json(e.dp_event) for e in entries]
+    if not events:
+        return {}
+    at = sorted({int(round(v)) for v in np.linspace(1, len(events), min(points, len(events)))})
+    return {"job_spend": [spend_of(events[:i], delta) for i in at], "job_spend_at": at}
 
 
 def run_public_source_job(
