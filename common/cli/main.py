@@ -7,7 +7,7 @@ import contextlib
 import math
 import sys
 from enum import Enum
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, NoReturn, get_args, get_origin
 
 from dpda.errors import DpdaError
 from dpda.service.output import add_json_option, json_to_stdout, write_json
@@ -47,13 +47,13 @@ def _cmd_privacy_sigma(args: argparse.Namespace) -> int:
     from dpda.dp.mechanisms import relation_factor
 
     sigma = calibrate_sigma(args.epsilon, args.delta, args.method)
-    factor = relation_factor(args.neighbouring)
+    factor = relation_factor(args.relation)
     data = {
         "sigma": sigma,
         "method": args.method,
         "epsilon": args.epsilon,
         "delta": args.delta,
-        "neighbouring": args.neighbouring,
+        "neighbouring": args.relation,
         "sensitivity_factor": factor,
         "note": "one Gaussian release spending all of ε; a job splits ε between its "
         "channels (features, histogram, PATE): `dpda target plan --config target.toml` "
@@ -63,7 +63,7 @@ def _cmd_privacy_sigma(args: argparse.Namespace) -> int:
         args,
         data,
         f"σ = {sigma:.6g} per unit of L2 sensitivity for ONE Gaussian release spending all of "
-        f"ε={args.epsilon} ({args.method}, δ={args.delta:g}); under {args.neighbouring} the "
+        f"ε={args.epsilon} ({args.method}, δ={args.delta:g}); under {args.relation} the "
         f"sensitivity is ×{factor}, so noise std = {sigma * factor:.6g} × (add/remove "
         "sensitivity).\n  A job splits ε between features, histogram and PATE: for its own σ "
         "and charge run `dpda target plan --config target.toml`.",
@@ -145,11 +145,11 @@ def _cmd_privacy_pate(args: argparse.Namespace) -> int:
 
 
 def _no_replace_sampled(args: argparse.Namespace) -> None:
-    if args.neighbouring == "replace-one":
+    if args.relation == "replace-one":
         from dpda.errors import ConfigError
 
         raise ConfigError(
-            "--neighbouring replace-one: Poisson-sampled accounting is only available under "
+            "--relation replace-one: Poisson-sampled accounting is only available under "
             "add-remove in dp-accounting; dpda does not offer a replace-one bound for it"
         )
 
@@ -475,7 +475,12 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
     job = TargetJob.model_fields  # the target's own settings: the same defaults as its config
     p.add_argument("--reg-e", type=float, default=job["reg_e"].default, help="entropic λe")
     p.add_argument("--reg-g", type=float, default=job["reg_g"].default, help="group-lasso λg")
-    p.add_argument("--classifier", choices=get_args(job["classifier"].annotation), default="1nn")
+    p.add_argument(
+        "--classifier",
+        choices=get_args(job["classifier"].annotation),
+        default="1nn",
+        help="the classifier trained on the adapted source rows (default 1nn)",
+    )
     p.add_argument(
         "--select",
         choices=get_args(job["select"].annotation),
@@ -513,8 +518,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line and a pointer to ``--help``, not the whole usage first."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dpda",
         description="Differentially private domain adaptation across a privacy boundary.",
     )
@@ -527,28 +539,42 @@ def build_parser() -> argparse.ArgumentParser:
     pp = sub.add_parser("privacy", help="plan noise, ε and steps before releasing anything")
     psub = pp.add_subparsers(dest="privacy_command", required=True)
     s = psub.add_parser("sigma", help="noise multiplier for one Gaussian release at (ε, δ)")
-    s.add_argument("--epsilon", type=float, required=True)
-    s.add_argument("--delta", type=float, required=True)
-    s.add_argument("--method", choices=["theorem2", "analytic"], default="theorem2")
+    s.add_argument("--epsilon", type=float, required=True, help="ε the one release spends")
+    s.add_argument("--delta", type=float, required=True, help="δ")
+    s.add_argument(
+        "--method",
+        choices=["theorem2", "analytic"],
+        default="theorem2",
+        help="theorem2 (the DPDA paper's) or analytic (Balle & Wang, less noise)",
+    )
     s.set_defaults(func=_cmd_privacy_sigma)
     e = psub.add_parser("epsilon", help="ε of T Poisson-sampled Gaussian releases")
-    e.add_argument("--sigma", type=float, required=True)
-    e.add_argument("--sampling-rate", type=float, required=True)
-    e.add_argument("--steps", type=int, required=True)
-    e.add_argument("--delta", type=float, required=True)
+    e.add_argument("--sigma", type=float, required=True, help="noise multiplier σ")
+    e.add_argument(
+        "--sampling-rate", type=float, required=True, help="Poisson sampling rate p = B/n"
+    )
+    e.add_argument("--steps", type=int, required=True, help="Poisson-sampled releases T")
+    e.add_argument("--delta", type=float, required=True, help="δ")
     e.set_defaults(func=_cmd_privacy_epsilon)
     t = psub.add_parser("steps", help="largest T whose ε stays within a target")
-    t.add_argument("--sigma", type=float, required=True)
-    t.add_argument("--sampling-rate", type=float, required=True)
-    t.add_argument("--epsilon", type=float, required=True)
-    t.add_argument("--delta", type=float, required=True)
+    t.add_argument("--sigma", type=float, required=True, help="noise multiplier σ")
+    t.add_argument(
+        "--sampling-rate", type=float, required=True, help="Poisson sampling rate p = B/n"
+    )
+    t.add_argument("--epsilon", type=float, required=True, help="the ε to stay within")
+    t.add_argument("--delta", type=float, required=True, help="δ")
     t.set_defaults(func=_cmd_privacy_steps)
     pt = psub.add_parser("pate", help="ε of PATE answers (data-independent bound)")
-    pt.add_argument("--aggregator", choices=["lnmax", "gnmax"], required=True)
+    pt.add_argument(
+        "--aggregator",
+        choices=["lnmax", "gnmax"],
+        required=True,
+        help="lnmax (Laplace noise) or gnmax (Gaussian noise)",
+    )
     pt.add_argument("--gamma", type=float, default=None, help="LNMax: Laplace noise 1/γ")
     pt.add_argument("--sigma", type=float, default=None, help="GNMax: Gaussian noise σ")
-    pt.add_argument("--queries", type=int, required=True)
-    pt.add_argument("--delta", type=float, required=True)
+    pt.add_argument("--queries", type=int, required=True, help="answers released")
+    pt.add_argument("--delta", type=float, required=True, help="δ")
     pt.add_argument(
         "--bound",
         choices=["moments", "rdp", "pld"],
@@ -557,20 +583,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_json_option(pt)
     pt.set_defaults(func=_cmd_privacy_pate)
-    for q in (s, e, t):
-        q.add_argument(
-            "--neighbouring", choices=["add-remove", "replace-one"], default="add-remove"
-        )
-        add_json_option(q)
+    # one flag for the neighbouring relation (``--neighbouring``: the same flag's other name)
+    s.add_argument(
+        "--relation",
+        "--neighbouring",
+        dest="relation",
+        choices=["add-remove", "replace-one"],
+        default="add-remove",
+        help="the neighbouring relation: add-remove (default), or replace-one (every "
+        "sensitivity doubles)",
+    )
     for q in (e, t):
         q.add_argument(
             "--relation",
-            choices=["attribute", "add-remove"],
+            "--neighbouring",
+            dest="relation",
+            choices=["attribute", "add-remove", "replace-one"],
             default="attribute",
-            help="attribute (default): the exact revealed-sampling charge dpda's attribute-unit "
-            "minibatches get; add-remove: the amplified bound (for comparison only)",
+            help="the neighbouring relation: attribute (default), the exact revealed-sampling "
+            "charge dpda's attribute-unit minibatches get; add-remove: the amplified bound (for "
+            "comparison only); replace-one: refused (no bound for it in dp-accounting)",
         )
-        q.add_argument("--accountant", choices=["pld", "rdp"], default="pld")
+        q.add_argument(
+            "--accountant",
+            choices=["pld", "rdp"],
+            default="pld",
+            help="privacy loss distributions (default, tight) or Rényi DP",
+        )
+    for q in (s, e, t):
+        add_json_option(q)
 
     # simulate
     sm = sub.add_parser("simulate", help="run source-only, OTDA and DPDA in one process")
@@ -581,10 +622,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sm.add_argument("--id-column", default=None, help="a column that names rows (not a feature)")
     sm.add_argument("--predictions", default=None, help="where to write the DPDA predictions")
-    sm.add_argument("--representation", choices=["raw", "sqrt", "rownorm", "l2"], default=None)
-    sm.add_argument("--scaling", choices=["zscore", "uniform"], default=None)
+    sm.add_argument(
+        "--representation",
+        choices=["raw", "sqrt", "rownorm", "l2"],
+        default=None,
+        help="per-row transform before scaling: raw (default for your own files), sqrt, "
+        "rownorm or l2 (rows of norm 1)",
+    )
+    sm.add_argument(
+        "--scaling",
+        choices=["zscore", "uniform"],
+        default=None,
+        help="column scaling: zscore (default for your own files) or uniform (one scale for "
+        "every column)",
+    )
     sm.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
-    sm.add_argument("--dataset", choices=["office-caltech", "mnist-usps"])
+    sm.add_argument(
+        "--dataset",
+        choices=["office-caltech", "mnist-usps"],
+        help="a benchmark instead of your own files",
+    )
     sm.add_argument("--source", help="benchmark domain letter (A C D W / M U)")
     sm.add_argument("--target", help="benchmark domain letter (A C D W / M U)")
     sm.add_argument(
@@ -640,7 +697,9 @@ def build_parser() -> argparse.ArgumentParser:
     dm = sub.add_parser("demo", help="zero-setup run on generated data")
     dm.add_argument("--workdir", default=None, help="keep state here (default: a temp dir)")
     add_json_option(dm)
-    dm.add_argument("--epsilon", type=float, default=4.0)
+    dm.add_argument(
+        "--epsilon", type=float, default=4.0, help="the session's privacy budget ε (default 4)"
+    )
     dm.add_argument(
         "--in-process",
         action="store_true",

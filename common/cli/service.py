@@ -299,7 +299,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ssub = s.add_subparsers(dest="source_command", required=True)
     ss = ssub.add_parser("serve", help="serve DP releases over gRPC with mTLS")
     ss.add_argument("--config", required=True, help="source.toml")
-    ss.add_argument("--log-level", default="info")
+    ss.add_argument("--log-level", default="info", help="debug, info (default), warning or error")
     ss.set_defaults(func=_cmd_source_serve)
 
     t = sub.add_parser("target", help="the target party")
@@ -308,25 +308,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--config", required=True, help="target.toml")
     add_json_option(tr)
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
-    tr.add_argument("--log-level", default="warning")
+    tr.add_argument(
+        "--log-level", default="warning", help="debug, info (default), warning or error"
+    )
     tr.set_defaults(func=_cmd_target_run)
     tp = tsub.add_parser(
         "plan", help="preflight: σ, this job's charge and the budget left, spending nothing"
     )
     tp.add_argument("--config", required=True, help="target.toml")
     add_json_option(tp)
-    tp.add_argument("--log-level", default="warning")
+    tp.add_argument(
+        "--log-level", default="warning", help="debug, info (default), warning or error"
+    )
     tp.set_defaults(func=_cmd_target_plan)
 
     tv = tsub.add_parser("serve", help="the target daemon: jobs over its admin HTTP API")
     tv.add_argument("--config", required=True, help="target.toml")
-    tv.add_argument("--log-level", default="info")
+    tv.add_argument("--log-level", default="info", help="debug, info (default), warning or error")
     tv.set_defaults(func=_cmd_target_serve)
 
     lg = sub.add_parser("ledger", help="inspect a daemon's privacy ledger")
     lsub = lg.add_subparsers(dest="ledger_command", required=True)
     ls = lsub.add_parser("show", help="list ledger entries")
-    ls.add_argument("state_dir")
+    ls.add_argument("state_dir", help="the daemon's state_dir (its ledger and audit log)")
     ls.add_argument(
         "--config",
         default=None,
@@ -336,7 +340,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json_option(ls)
     ls.set_defaults(func=_cmd_ledger_show)
     lv = lsub.add_parser("verify", help="check chain, signatures, charges and payload hashes")
-    lv.add_argument("state_dir")
+    lv.add_argument("state_dir", help="the daemon's state_dir (its ledger and audit log)")
     lv.add_argument(
         "--against",
         metavar="PEER_STATE_DIR",
@@ -347,9 +351,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     au = sub.add_parser("audit", help="inspect a daemon's payload audit log")
     asub = au.add_subparsers(dest="audit_command", required=True)
     av = asub.add_parser("verify", help="check the chain and ledger coverage of every release")
-    av.add_argument("state_dir")
+    av.add_argument("state_dir", help="the daemon's state_dir (its ledger and audit log)")
     av.set_defaults(func=_cmd_audit_verify)
     ar = asub.add_parser("report", help="what left the organization, by mechanism, bytes, ε")
-    ar.add_argument("state_dir")
+    ar.add_argument("state_dir", help="the daemon's state_dir (its ledger and audit log)")
     add_json_option(ar)
     ar.set_defaults(func=_cmd_audit_report)
