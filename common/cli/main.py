@@ -160,7 +160,7 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
 
     from dpda.data.loaders import load_domain, require_data_dir
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
-    from dpda.data.tables import Table, align_columns, check_classes, read_table
+    from dpda.data.tables import Table, align_columns, align_labels, check_classes, read_table
     from dpda.errors import ConfigError
 
     if args.source_file or args.target_file:
@@ -177,6 +177,7 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
             tgt = read_table(args.target_file, None, id_column=args.id_column, name="target")
         check_classes(src, str(args.label_column))
         tgt = align_columns(tgt, src)  # by header name: reordered, or refused naming them
+        tgt = align_labels(tgt, src)  # names as the source's classes, for scoring
         rep, scaling = args.representation or "raw", args.scaling or "zscore"
         names = {
             "dataset": None,  # your own files, not a benchmark
@@ -184,6 +185,7 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
             "target": str(args.target_file),
             "source_file": str(args.source_file),
             "target_file": str(args.target_file),
+            "label_names": list(src.label_names) if src.label_names else None,
         }
         return src.domain, tgt, rep, scaling, names
     if not (args.dataset and args.source and args.target):
@@ -343,7 +345,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         else Path("predictions.csv")
     )
     data.update({**names, "seed": data.get("seeds", [args.seed])[0]})
-    written = write_predictions(preds_path, tgt.ids, out.dpda.predictions)
+    label_names = names.get("label_names")
+    written = write_predictions(
+        preds_path, tgt.ids, out.dpda.predictions, tuple(label_names) if label_names else None
+    )
     data["predictions"] = str(written.resolve())
     write_json(args, data)
     a = data["accuracy"]
