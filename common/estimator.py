@@ -140,5 +140,15 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         X = validate_data(self, X, dtype=np.float64, reset=False)
         return self.classes_[self.model_.predict(X)]
 
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """(n, len(classes_)): the classifier's class probabilities (0 or 1 for ``1nn``); a
+        class no mapped source row carried has probability 0."""
+        check_is_fitted(self, "model_")
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        proba = np.asarray(self.model_.predict_proba(X))
+        out = np.zeros((X.shape[0], len(self.classes_)))
+        out[:, np.asarray(self.model_.classes_, dtype=np.int64)] = proba
+        return out
+
 
 __all__ = ["DPDAClassifier"]
