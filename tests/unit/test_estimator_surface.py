@@ -14,6 +14,7 @@ from dpda.data.synthetic import two_domains
 NAMES = np.array(["cat", "dog", "eel", "fox", "gnu"])
 
 
+@pytest.mark.slow  # a whole in-process job
 def test_predict_proba_matches_predict() -> None:
     s, t = two_domains(200, 80, k=8)
     clf = dpda.DPDAClassifier(random_state=0, projection_dim=4).fit(s.x, NAMES[s.labels()], t.x)
@@ -22,6 +23,7 @@ def test_predict_proba_matches_predict() -> None:
     assert (clf.classes_[proba.argmax(axis=1)] == clf.predict(t.x)).all()
 
 
+@pytest.mark.slow  # a whole in-process job
 def test_the_skada_estimator_takes_every_parameter_and_scores() -> None:
     skada = pytest.importorskip("skada")
     from sklearn.preprocessing import StandardScaler

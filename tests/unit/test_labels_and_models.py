@@ -29,6 +29,7 @@ def _write(path: Path, x: np.ndarray, labels: np.ndarray | None) -> None:
             w.writerow([*row.tolist(), *([labels[i]] if labels is not None else [])])
 
 
+@pytest.mark.slow  # a whole in-process job
 def test_labels_as_names_are_read_and_mapped_back(tmp_path: Path) -> None:
     s, t = two_domains(200, 80, k=8)
     _write(tmp_path / "S.csv", s.x, NAMES[s.labels()])
