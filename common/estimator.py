@@ -22,6 +22,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import check_representation, default_attribute_bound
+from dpda.dp.ledger import check_delta
 from dpda.simulation import simulate
 from dpda.target_party.pipeline import AdaptConfig, resolve_scaling
 from dpda.target_party.training import model_pipeline
@@ -83,6 +84,7 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         check_representation(xt, self.representation, "representation")
         n = X.shape[0]
         delta = self.delta if self.delta is not None else 1.0 / (10.0 * n)
+        check_delta(delta, n, "delta", "the source (X)")
         terms = SessionTerms.model_validate(
             {
                 "dataset": "source",
@@ -137,6 +139,16 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "model_")
         X = validate_data(self, X, dtype=np.float64, reset=False)
         return self.classes_[self.model_.predict(X)]
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """(n, len(classes_)): the classifier's class probabilities (0 or 1 for ``1nn``); a
+        class no mapped source row carried has probability 0."""
+        check_is_fitted(self, "model_")
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        proba = np.asarray(self.model_.predict_proba(X))
+        out = np.zeros((X.shape[0], len(self.classes_)))
+        out[:, np.asarray(self.model_.classes_, dtype=np.int64)] = proba
+        return out
 
 
 __all__ = ["DPDAClassifier"]

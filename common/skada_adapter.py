@@ -18,25 +18,10 @@ from dpda.estimator import DPDAClassifier
 
 
 class DPDASkadaEstimator(DAEstimator):
-    """The parameters are ``DPDAClassifier``'s (stored verbatim); ``estimator_`` is the fit."""
+    """The parameters are ``DPDAClassifier``'s, declared once there (its ``__init__`` is this
+    class's, so a new parameter reaches both); ``estimator_`` is the fit."""
 
-    def __init__(
-        self,
-        epsilon: float = 8.0,
-        privacy_unit: str = "record",
-        projection_dim: int = 50,
-        reg_e: float = 0.02,
-        reg_g: float = 0.5,
-        classifier: str = "1nn",
-        random_state: int | None = None,
-    ) -> None:
-        self.epsilon = epsilon
-        self.privacy_unit = privacy_unit
-        self.projection_dim = projection_dim
-        self.reg_e = reg_e
-        self.reg_g = reg_g
-        self.classifier = classifier
-        self.random_state = random_state
+    __init__ = DPDAClassifier.__init__
 
     def fit(
         self, X: Any, y: Any = None, sample_domain: Any = None, *, sample_weight: Any = None
@@ -51,6 +36,17 @@ class DPDASkadaEstimator(DAEstimator):
 
     def predict(self, X: Any, sample_domain: Any = None, *, sample_weight: Any = None) -> Any:
         return self.estimator_.predict(X)
+
+    def predict_proba(self, X: Any, sample_domain: Any = None, *, sample_weight: Any = None) -> Any:
+        return self.estimator_.predict_proba(X)
+
+    def score(
+        self, X: Any, y: Any, sample_domain: Any = None, *, sample_weight: Any = None
+    ) -> float:
+        """Accuracy (a fraction) of the predictions on ``X`` against ``y``."""
+        from sklearn.metrics import accuracy_score
+
+        return float(accuracy_score(y, self.predict(X), sample_weight=sample_weight))
 
 
 __all__ = ["DPDASkadaEstimator"]

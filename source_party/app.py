@@ -17,10 +17,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from dpda.data.loaders import Domain, load_domain, load_table
+from dpda.data.loaders import Domain, load_domain
 from dpda.data.preprocessing import check_representation
 from dpda.data.synthetic import two_domains
-from dpda.dp.ledger import Budget, PrivacyLedger
+from dpda.dp.ledger import Budget, PrivacyLedger, check_delta
 from dpda.dp.rng import public_rng, secure_rng, testing_streams
 from dpda.errors import ConfigError
 from dpda.pb import dpda_pb2_grpc as pb_grpc
@@ -40,7 +40,10 @@ log = logging.getLogger("dpda.source")
 
 def dataset_delta(ds: SourceDataset, domain: Domain) -> float:
     """The dataset's δ: configured, or 1/(10·ns) (well below 1/ns, as the policy asks)."""
-    return ds.delta if ds.delta is not None else 1.0 / (10.0 * domain.x.shape[0])
+    if ds.delta is None:
+        return 1.0 / (10.0 * domain.x.shape[0])
+    check_delta(ds.delta, domain.x.shape[0], f"datasets.{ds.name}.delta", f"dataset {ds.name!r}")
+    return ds.delta
 
 
 def load_dataset(ds: SourceDataset) -> Domain:
@@ -49,7 +52,12 @@ def load_dataset(ds: SourceDataset) -> Domain:
     if ds.path is None:
         raise ConfigError(f"datasets.{ds.name}.path: required for kind {ds.kind}")
     if ds.kind == "table":
-        d = load_table(ds.path, ds.label_column if ds.labeled else None, ds.id_column)
+        from dpda.data.tables import check_classes, read_table
+
+        label = ds.label_column if ds.labeled else None
+        table = read_table(ds.path, label, id_column=ds.id_column)
+        check_classes(table, str(ds.label_column), f"datasets.{ds.name}.label_column")
+        d = table.domain
     else:
         d = load_domain(ds.path, ds.kind, ds.domain)
     check_representation(d.x, ds.representation, f"datasets.{ds.name}.representation")

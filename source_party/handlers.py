@@ -186,7 +186,7 @@ class SourceHandlers:
         and first charge are composed ahead in the background (``_warm_plan``)."""
         releaser = self.releasers.get(dataset)
         if releaser is None:
-            raise InvalidInput("unknown dataset")
+            raise InvalidInput("unknown dataset", public=True)
         planned = None
         if planned_terms_json:
             try:
@@ -281,7 +281,7 @@ class SourceHandlers:
             check_target_claim(pub, target_claim, scaling, basis, terms)
         releaser = self.releasers.get(terms.dataset)
         if releaser is None:
-            raise InvalidInput("unknown dataset")
+            raise InvalidInput("unknown dataset", public=True)
         if session_id:
             releaser, info = self._session(peer, session_id)
             stored = releaser.session(info.session_id)[0]
@@ -669,7 +669,7 @@ class SourceHandlers:
         _, terms = self._signed_terms(peer, terms_json, target_sig, ReweightingTerms)
         releaser = self.releasers.get(terms.dataset)
         if releaser is None:
-            raise InvalidInput("unknown dataset")
+            raise InvalidInput("unknown dataset", public=True)
         existing = self.reweighting.get(session_id) if session_id else None
         if session_id and (existing is None or existing.peer != peer):
             raise InvalidInput("unknown or closed session")
@@ -843,7 +843,7 @@ class SourceHandlers:
         releases it has not countersigned yet — so that a target that lost a countersignature
         can send it again)."""
         if dataset not in self.releasers:
-            raise InvalidInput("unknown dataset")
+            raise InvalidInput("unknown dataset", public=True)
         if since < 0:
             raise InvalidInput("sequence number out of bounds")
         with self.lock:
@@ -857,7 +857,7 @@ class SourceHandlers:
         countersignature, and be the peer's own. Nothing is charged or released again; a retried
         request for a restored entry whose payload is gone is refused (it left once)."""
         if dataset not in self.releasers:
-            raise InvalidInput("unknown dataset")
+            raise InvalidInput("unknown dataset", public=True)
         name = self.peers[peer].name
         peer_pub = signing.load_public(self.peers[peer].signing_public_key)
         own_pub = self.key.public_key()

@@ -228,7 +228,7 @@ class SourceReleaser:
         side effect (the daemon runs this outside its lock, under a time limit). ``projection``
         restores a stored session's matrix instead of drawing a new one."""
         if terms.dataset != self.dataset:
-            raise InvalidInput("unknown dataset")
+            raise InvalidInput("unknown dataset", public=True)
         if self.domain.y is None:
             raise PolicyRefused("this dataset has no labels: it serves reweighting sessions only")
         budget = self.ledger.budgets.get(self.dataset)

@@ -1,15 +1,18 @@
 """Composition root of the target: config → its own ledger and audit log → gRPC peer → the
-DPDA job → results on disk (``state_dir/results.json``, the model as one pipeline on raw rows in
-``state_dir/model.skops``, the predictions with the rows' ids)."""
+DPDA job → results on disk, in a folder of the job's own (``state_dir/jobs/<job id>/``:
+``results.json``, the model as one pipeline on raw rows in ``model.skops``, the predictions with
+the rows' ids, the HTML report), so that no job writes over another's."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import logging
 import math
 import os
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -22,9 +25,10 @@ from dpda.data.preprocessing import Scaling, check_representation
 from dpda.data.synthetic import two_domains
 from dpda.data.tables import Table, read_table, write_predictions
 from dpda.dp.events import event_from_json
-from dpda.dp.ledger import Budget, LedgerEntry, PrivacyLedger, spend_of
+from dpda.dp.ledger import Budget, LedgerEntry, PrivacyLedger, check_delta, spend_of
 from dpda.dp.rng import secure_rng
 from dpda.dp.target_disclosure import (
+    NATURAL_CLIP,
     Disclosure,
     disclose,
     noisy_rows,
@@ -48,7 +52,7 @@ from dpda.target_party.pipeline import (
     run_dpda,
     target_view,
 )
-from dpda.target_party.report import figures_of
+from dpda.target_party.report import figures_of, render
 from dpda.target_party.training import model_pipeline, save_model
 from dpda.terms import SessionTerms
 
@@ -95,11 +99,41 @@ def job_terms(cfg: TargetConfig) -> SessionTerms:
     return method_terms(base, j.method, j.pate_queries, j.pate_share)
 
 
+def with_source_delta(cfg: TargetConfig) -> TargetConfig:
+    """``cfg`` with ``job.delta`` set: as configured, or the δ the source publishes for the
+    dataset (``DescribeDataset``), which a session's terms must use."""
+    if cfg.job.delta is not None:
+        return cfg
+    probe = _with_delta(cfg, 0.5)  # a description reads no ledger δ
+    ledger, audit = open_state(probe)
+    source = GrpcReleaseSource(probe, ledger, audit)
+    try:
+        facts = source.describe()
+    finally:
+        source.close()
+    return _with_delta(cfg, float(facts.delta))
+
+
+def _with_delta(cfg: TargetConfig, delta: float) -> TargetConfig:
+    return cfg.model_copy(update={"job": cfg.job.model_copy(update={"delta": delta})})
+
+
+def job_delta(cfg: TargetConfig) -> float:
+    """``job.delta`` once known (``with_source_delta``)."""
+    if cfg.job.delta is None:
+        raise ConfigError("job.delta: not set, and the source's published δ was not read")
+    return cfg.job.delta
+
+
 OWN_ROWS = "own-rows"  # the target's own ledger dataset: what it disclosed about its rows
 
 
 def own_delta(cfg: TargetConfig, n_rows: int) -> float:
-    return cfg.privacy.delta if cfg.privacy.delta is not None else 1.0 / (10.0 * n_rows)
+    """The δ of the target's own disclosures: ``[privacy] delta``, or 1/(10·nt)."""
+    if cfg.privacy.delta is None:
+        return 1.0 / (10.0 * n_rows)
+    check_delta(cfg.privacy.delta, n_rows, "privacy.delta", "the target's table")
+    return cfg.privacy.delta
 
 
 def check_row_queries(cfg: TargetConfig, terms: SessionTerms) -> None:
@@ -292,7 +326,54 @@ def _disclosure_plan(cfg: TargetConfig, table: Table, terms: SessionTerms, delta
             with_basis=terms.projection == "target-pca",
         )
     except ValueError as exc:
+        if pol.row_clip is None and cfg.job.representation not in NATURAL_CLIP:
+            raise ConfigError(
+                f"privacy.row_clip: the {cfg.job.representation!r} representation has no "
+                "natural row bound, and the target's statistics go out under its own DP with "
+                'their rows clipped to one. At no privacy cost: job.representation = "l2" '
+                '(or "sqrt", "rownorm": rows of norm 1, row_clip 1); or set '
+                "privacy.row_clip to a bound known without reading the rows (√k × the largest "
+                'value a feature can take); or privacy.disclosures = "exact" (no DP on the '
+                "target's side)"
+            ) from None
         raise ConfigError(f"privacy.{exc}") from None
+
+
+def own_plan(cfg: TargetConfig, table: Table, terms: SessionTerms) -> dict[str, Any]:
+    """What the job would charge the target's own ledger (``own-rows``: its scaling, basis and
+    PATE queries under ``[privacy]``), checked as the job checks it, nothing drawn or charged:
+    a ``ConfigError`` here is the one the job would raise."""
+    check_row_queries(cfg, terms)
+    pol = cfg.privacy
+    if pol.disclosures == "exact" and pol.row_queries != "dp":
+        return {"disclosures": "exact", "epsilon_charge": 0.0, "delta": None, "fits": True}
+    n = table.x.shape[0]
+    delta = own_delta(cfg, n)
+    events: list[Any] = []
+    if pol.disclosures == "dp" and not terms.source_space:  # a source-space release: nothing
+        events += _disclosure_plan(cfg, table, terms, delta).events()
+    if pol.row_queries == "dp" and terms.pate_queries > 0:
+        events += plan_row_queries(pol.query_epsilon, delta).events()
+    state = cfg.state_dir / "state.sqlite"
+    prior = []
+    if state.is_file():  # the own ledger as it stands (read only; a first job has none)
+        conn = connect(state)
+        try:
+            held = SqliteLedgerStore(state, conn).entries(OWN_ROWS)
+        finally:
+            conn.close()
+        prior = [event_from_json(e.dp_event) for e in held]
+    charge = spend_of(events, delta) if events else 0.0
+    after = spend_of([*prior, *events], delta) if prior or events else 0.0
+    return {
+        "disclosures": pol.disclosures,
+        "row_queries": pol.row_queries,
+        "epsilon_charge": charge,  # this job alone, on the target's own rows
+        "delta": delta,
+        "epsilon_total_after": after,
+        "epsilon_cap": pol.epsilon_cap,
+        "fits": after <= pol.epsilon_cap + 1e-12,
+    }
 
 
 def _disclose(
@@ -357,10 +438,46 @@ def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     conn = connect(cfg.state_dir / "state.sqlite")
     store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
-    ledger = PrivacyLedger(store, {cfg.job.dataset: Budget(cfg.budget_epsilon, cfg.job.delta)})
+    ledger = PrivacyLedger(store, {cfg.job.dataset: Budget(cfg.budget_epsilon, job_delta(cfg))})
     key = signing.load_private(cfg.signing_key)
     signing.write_role_keys(cfg.state_dir, key, {"source": cfg.source_signing_public_key}, "target")
     return ledger, AuditLog(conn, "target", cfg.retain_payloads, key)
+
+
+JOBS_DIR = "jobs"  # under state_dir: one folder per job, named by its id
+
+
+def new_job_id() -> str:
+    """A job's id: random, so two jobs (the CLI's, the API's) never share a folder."""
+    return uuid.uuid4().hex[:12]
+
+
+def job_dir(cfg: TargetConfig, job_id: str) -> Path:
+    """The folder a job writes its outputs to (created here)."""
+    if not job_id or not all(c.isalnum() or c in "-_" for c in job_id):
+        raise ConfigError(f"job id {job_id!r}: letters, digits, '-' and '_' only")
+    out = cfg.state_dir / JOBS_DIR / job_id
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def past_jobs(cfg: TargetConfig) -> list[tuple[str, dict[str, Any]]]:
+    """(id, results) of every job with a ``results.json`` under ``state_dir/jobs``, oldest
+    first."""
+    root = cfg.state_dir / JOBS_DIR
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.iterdir():
+        path = d / "results.json"
+        if not path.is_file():
+            continue
+        try:
+            results = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        found.append((path.stat().st_mtime_ns, d.name, results))
+    return [(name, results) for _, name, results in sorted(found)]
 
 
 def run_job(
@@ -368,11 +485,15 @@ def run_job(
     progress: Callable[[int, int], None] | None = None,
     seed: int = 0,
     settle: bool = False,
+    job_id: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One job: (the results written to ``results.json``, the arrays the report plots).
+    """One job: (the results written to ``results.json``, the arrays the report plots), its
+    outputs in ``state_dir/jobs/<job_id>/`` (a new id by default).
     ``settle``: the process's entry point asks for ``settle_heap`` once the data is loaded."""
+    cfg = with_source_delta(cfg)
+    job_id = job_id or new_job_id()
     if cfg.job.setting == "public-source":
-        return run_public_source_job(cfg, progress), {}
+        return run_public_source_job(cfg, progress, job_id), {}
     ledger, audit = open_state(cfg)
     table = load_target_data(cfg)
     check_representation(table.x, cfg.job.representation, "job.representation")
@@ -418,17 +539,23 @@ def run_job(
             where = compute.describe()
     finally:
         source.close()
+    outdir = job_dir(cfg, job_id)
     model = save_model(
-        model_pipeline(cfg.job.representation, view.scaling, res.model),
-        cfg.state_dir / "model.skops",
+        model_pipeline(cfg.job.representation, view.scaling, res.model), outdir / "model.skops"
     )
-    preds = write_predictions(
-        cfg.job.predictions or cfg.state_dir / "predictions.csv", table.ids, res.predictions
-    )
+    preds = write_predictions(outdir / "predictions.csv", table.ids, res.predictions)
+    if cfg.job.predictions:  # the config's own path too, as asked
+        write_predictions(cfg.job.predictions, table.ids, res.predictions)
     # ε of this job alone (its session's entries composed) next to the dataset's total
     mine = [e for e in ledger.store.entries(terms.dataset) if e.session == res.session_id]
     out = {
+        "job_id": job_id,
+        "dataset": terms.dataset,
+        "source": cfg.source_address,
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "output_dir": str(outdir),
         **res.summary(terms),
+        "epsilon_budget": terms.epsilon,  # what this job's session may spend
         "epsilon_job": spend_of([event_from_json(e.dp_event) for e in mine], terms.delta),
         "epsilon_dataset_total": res.epsilon_spent,
         "job_seconds": job_seconds,
@@ -453,36 +580,54 @@ def run_job(
         if own
         else (0.0 if terms.source_space else None),  # 0.0: nothing of the target was sent
         "target_epsilon_total": ledger.spent(OWN_ROWS) if own else None,
+        "target_delta": own[1].params["delta"] if own else None,
+        "target_epsilon_cap": cfg.privacy.epsilon_cap if own else None,
     }
-    (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))
-    return out, figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
+    (outdir / "results.json").write_text(json.dumps(out, indent=2))
+    figures = figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
+    figures.update(job_spend_of(mine, terms.delta))
+    (outdir / "report.html").write_text(render(out, figures), encoding="utf-8")
+    return out, figures
+
+
+def job_spend_of(entries: list[LedgerEntry], delta: float, points: int = 24) -> dict[str, Any]:
+    """This job's own ε after its releases (its session's entries composed; at most ``points``
+    of them, the last always): what the report plots against the job's budget."""
+    events = [event_from_json(e.dp_event) for e in entries]
+    if not events:
+        return {}
+    at = sorted({int(round(v)) for v in np.linspace(1, len(events), min(points, len(events)))})
+    return {"job_spend": [spend_of(events[:i], delta) for i in at], "job_spend_at": at}
 
 
 def run_public_source_job(
-    cfg: TargetConfig, progress: Callable[[int, int], None] | None = None
+    cfg: TargetConfig, progress: Callable[[int, int], None] | None = None, job_id: str = ""
 ) -> dict[str, Any]:
     """The reverse deployment (seed 001): this job's labeled rows are public, the serving
     daemon's rows private (``target_party.reweighting``). Writes the weights, the model on raw
     rows (class labels) and ``results.json``; its charges are in this side's ledger too."""
     from dpda.target_party.reweighting import run_reweighting_job
 
+    cfg = with_source_delta(cfg)
     ledger, audit = open_state(cfg)
     table = load_target_data(cfg)
     check_representation(table.x, cfg.job.representation, "job.representation")
     source = GrpcReleaseSource(cfg, ledger, audit)
     try:
-        source.preflight(table.x.shape[1], cfg.job.delta, labeled=False)
+        source.preflight(table.x.shape[1], job_delta(cfg), labeled=False)
         out, model = run_reweighting_job(cfg, source, table, progress)
         spent = source.spent()
     finally:
         source.close()
     own = [e for e in ledger.store.entries(cfg.job.dataset) if e.session == out["session_id"]]
-    out["epsilon_job"] = spend_of([event_from_json(e.dp_event) for e in own], cfg.job.delta)
+    out["epsilon_job"] = spend_of([event_from_json(e.dp_event) for e in own], job_delta(cfg))
     out["epsilon_spent"] = spent  # the holder's dataset, every peer, as this side recomputed it
     out["protected"] = "the serving daemon's rows (this job's rows are public)"
+    outdir = job_dir(cfg, job_id or new_job_id())
+    out = {"job_id": outdir.name, "output_dir": str(outdir), **out}
     if model is not None:
-        out["model"] = str(save_model(model, cfg.state_dir / "model.skops"))
-    (cfg.state_dir / "results.json").write_text(json.dumps(out, indent=2))
+        out["model"] = str(save_model(model, outdir / "model.skops"))
+    (outdir / "results.json").write_text(json.dumps(out, indent=2))
     return out
 
 

@@ -138,7 +138,9 @@ class GrpcReleaseSource:
         self.ledger = ledger
         self.dataset = cfg.job.dataset
         self.key = signing.load_private(cfg.signing_key)
-        self.source_pub = signing.load_public(cfg.source_signing_public_key)
+        self.source_pub = signing.load_public(
+            cfg.source_signing_public_key, "source_signing_public_key"
+        )
         # pin the source before any request carrying data goes out (issue 12, item 11): mTLS
         # alone let any holder of a certificate from the peer CA receive the target's basis and
         # column means. Raises PeerMisbehaved on another certificate.
@@ -265,7 +267,14 @@ class GrpcReleaseSource:
         try:
             resp = self.stub.DescribeDataset(req, timeout=self.cfg.timeout_s)
         except grpc.RpcError as exc:
-            raise _translate(exc) from None
+            err = _translate(exc)
+            if str(err).endswith(": unknown dataset"):
+                raise ConfigError(
+                    f"job.dataset: the source at {self.cfg.source_address} serves no dataset "
+                    f"{self.dataset!r} (the name is one of the [[datasets]] in the source's "
+                    "config; ask its operator)"
+                ) from None
+            raise err from None
         budget = (
             resp.dataset_epsilon_cap,
             resp.dataset_epsilon_spent,
@@ -307,7 +316,7 @@ class GrpcReleaseSource:
         if facts.delta != delta:
             raise ConfigError(
                 f"job.delta: {delta:.6g}, but the source's dataset {self.dataset!r} uses "
-                f"δ = {facts.delta!r}"
+                f"δ = {facts.delta!r}; leave job.delta out to take the source's δ"
             )
         return facts
 

@@ -53,7 +53,7 @@ from dpda.service import settle_heap
 from dpda.service.admin import AdminApp, AdminServer, Metrics, Refusal
 from dpda.service.config import TargetConfig, TargetJob
 from dpda.service.keyfiles import write_private
-from dpda.target_party.app import OWN_ROWS, open_state, run_job
+from dpda.target_party.app import OWN_ROWS, open_state, past_jobs, run_job
 from dpda.target_party.report import render
 
 log = logging.getLogger("dpda.target")
@@ -118,6 +118,7 @@ class JobView(BaseModel):
     overrides: dict[str, Any]
     results: dict[str, Any] | None
     error: str | None
+    output_dir: str | None = None  # where the job wrote its outputs (its own folder)
 
 
 def _no_constant(name: str) -> Any:
@@ -193,6 +194,7 @@ class Job:
             "overrides": self.overrides,
             "results": self.results,
             "error": self.error,
+            "output_dir": (self.results or {}).get("output_dir"),
         }
 
 
@@ -243,7 +245,10 @@ class JobRunner:
             job.done, job.total = done, total
 
         try:
-            job.results, job.figures = run_job(cfg, progress)
+            # every output in the job's own folder, named by its id; never the config's
+            # predictions path, which another job (the CLI's) writes too
+            own = cfg.model_copy(update={"job": cfg.job.model_copy(update={"predictions": None})})
+            job.results, job.figures = run_job(own, progress, job_id=job.id)
             job.state = "done"
             self.metrics.epsilon.labels(cfg.job.dataset, "source").set(job.results["epsilon_spent"])
             if job.results.get("target_epsilon_total") is not None:  # its own rows (issue 19)
@@ -283,9 +288,13 @@ class JobRunner:
             code, data = self.start(await request.body())
             return JSONResponse(data, status_code=code)
 
-        @r.get("/v1/jobs", response_model=list[JobView], summary="every job of this daemon")
+        @r.get(
+            "/v1/jobs",
+            response_model=list[JobView],
+            summary="every job: this daemon's, and each finished one found on disk (the CLI's)",
+        )
         def jobs() -> list[dict[str, Any]]:
-            return [j.view() for j in self.jobs.values()]
+            return self.listing()
 
         @r.get(
             "/v1/jobs/{job_id}",
@@ -312,6 +321,16 @@ class JobRunner:
             return HTMLResponse(render(job.results, job.figures))
 
         return r
+
+    def listing(self) -> list[dict[str, Any]]:
+        """The jobs on disk (``state_dir/jobs/<id>/results.json``, oldest first) that this
+        daemon did not run, then this daemon's own."""
+        done = [
+            Job(job_id, {}, state="done", results=results).view()
+            for job_id, results in past_jobs(self.cfg)
+            if job_id not in self.jobs
+        ]
+        return done + [j.view() for j in self.jobs.values()]
 
     def _job(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)

@@ -18,7 +18,13 @@ from dpda.dp.pate import answers_event
 from dpda.errors import ConfigError, PeerMisbehaved
 from dpda.policy import PrivacyPolicy
 from dpda.service.config import TargetConfig
-from dpda.target_party.app import job_terms, load_target_data, open_state
+from dpda.target_party.app import (
+    job_terms,
+    load_target_data,
+    open_state,
+    own_plan,
+    with_source_delta,
+)
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.pipeline import AdaptConfig, resolve_scaling, session_terms, target_view
 from dpda.terms import ReleasePlan, SessionTerms, plan_batches
@@ -26,6 +32,7 @@ from dpda.terms import ReleasePlan, SessionTerms, plan_batches
 
 def plan_job(cfg: TargetConfig) -> dict[str, Any]:
     """σ, the job's charge and what remains on both sides, before and after the job."""
+    cfg = with_source_delta(cfg)
     terms = job_terms(cfg)
     if terms.projection == "jl":
         raise ConfigError(
@@ -33,6 +40,7 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
             "known only then; dpda target plan covers target-pca (the default)"
         )
     table = load_target_data(cfg)
+    own = own_plan(cfg, table, terms)  # the target's [privacy], checked before the source is asked
     view = target_view(
         table.domain,
         cfg.job.representation,
@@ -45,6 +53,11 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
         source.sync_ledger()  # the target's copy of the dataset's ledger, verified
     finally:
         source.close()
+    if terms.dpda and facts.n_classes < 2:
+        raise ConfigError(
+            f"job.dataset: the source's dataset {terms.dataset!r} holds {int(facts.n_classes)} "
+            "class(es); adaptation needs labeled rows of at least two classes"
+        )
     terms, basis = session_terms(view, terms, AdaptConfig(seed=0))
     if basis is None:  # a source-space release: the identity on the source's features
         basis = np.eye(int(facts.n_features), 1)  # the plan reads the terms, not the width
@@ -93,7 +106,6 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
     }
     return {
         "forecast": forecast(terms, plan, int(facts.n_rows), int(facts.n_classes), view.x.shape[0]),
-        "target_epsilon_charge": 0.0 if terms.source_space else None,
         "sigma": plan.feature_noise_multiplier,
         "noise_std": plan.spec(terms).features.noise_std,
         "steps": plan.steps,
@@ -109,8 +121,10 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
         "epsilon_dataset_cap": facts.dataset_epsilon_cap,
         "fits": dataset_after <= facts.dataset_epsilon_cap + 1e-12
         and charge <= remaining["source_peer"] + 1e-12
-        and dataset_after <= cfg.budget_epsilon + 1e-12,
+        and dataset_after <= cfg.budget_epsilon + 1e-12
+        and own["fits"],
         "delta": terms.delta,
+        "target": own,  # the target's own rows: this job's ε on its ledger, its cap
         "source": {
             "n_rows": int(facts.n_rows),
             "n_features": int(facts.n_features),

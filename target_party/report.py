@@ -3,10 +3,13 @@
 Drawn here rather than with matplotlib on purpose: the report is built on daemon hosts, which do
 not install the ``bench`` extra (matplotlib draws only the benchmarks' PNG figures).
 
-Figures: ε spent across the releases; noisy class counts next to the labels the target used;
-a 2-D view (the target's top two principal directions) of target rows and mapped source rows;
-for sinkhorn-synthetic, the released synthetic points beside the target's rows in the projected
-space; accuracy when the target has labels.
+The page reads as this job's: who (job id, dataset, peer, time), the accuracy, this job's ε and
+the totals for both parties apart with the budget that applies, any ``adaptation`` / baselines
+block the results hold, then the plots: this job's ε after each release against its budget; the
+classes' shares (the source's noisy counts, the target rows predicted in each); a 2-D view (the
+target's top two principal directions) of target rows and mapped source rows, with a legend per
+class; for sinkhorn-synthetic, the released synthetic points beside the target's rows. Every
+other value of the results follows, formatted.
 """
 
 from __future__ import annotations
@@ -62,12 +65,48 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [float(round(v, 12)) for v in np.arange(first, hi + step * 1e-9, step)]
 
 
+def integer_ticks(lo: float, hi: float, n: int = 6) -> list[float]:
+    """Round whole numbers covering [lo, hi] (releases, classes: never 0.5)."""
+    ticks = [t for t in nice_ticks(lo, hi, n) if float(t).is_integer()]
+    if len(ticks) < 2:
+        ticks = [float(v) for v in range(int(np.ceil(lo)), int(np.floor(hi)) + 1)]
+    return ticks
+
+
 def _tick_label(v: float) -> str:
+    if abs(v) < 1e-12:  # never "-0"
+        return "0"
     return f"{v:.3g}"
 
 
-def _xticks(parts: list[str], lo: float, hi: float, x0: float, x1: float) -> None:
-    for v in nice_ticks(lo, hi):
+def fmt(v: Any) -> str:
+    """A value as a reader wants it: 4 significant digits, no float noise, no Python reprs."""
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int | np.integer):
+        return f"{int(v):,}"
+    if isinstance(v, float | np.floating):
+        f = float(v)
+        if not np.isfinite(f):
+            return str(f)
+        if f == 0:
+            return "0"
+        if abs(f) >= 1e5 or abs(f) < 1e-3:
+            return f"{f:.3e}"
+        return f"{f:.4g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {fmt(x)}" for k, x in v.items())
+    if isinstance(v, list | tuple):
+        return ", ".join(fmt(x) for x in v)
+    return str(v)
+
+
+def _xticks(
+    parts: list[str], lo: float, hi: float, x0: float, x1: float, whole: bool = False
+) -> None:
+    for v in integer_ticks(lo, hi) if whole else nice_ticks(lo, hi):
         x = float(_scale(np.array(v), lo, hi, x0, x1))
         parts.append(
             f'<line x1="{x:.1f}" y1="{H - PAD}" x2="{x:.1f}" y2="{H - PAD + 4}" stroke="black"/>'
@@ -86,20 +125,31 @@ def _yticks(parts: list[str], lo: float, hi: float, y0: float, y1: float) -> Non
         )
 
 
-def line_chart(ys: list[float], cap: float, title: str) -> str:
-    parts = _axes(title, "release", "ε spent")
+def line_chart(
+    ys: list[float],
+    cap: float,
+    title: str,
+    cap_label: str | None = None,
+    xs_at: list[int] | None = None,
+) -> str:
+    """ε after each release (``xs_at``: the releases the values belong to; default 1…n), with
+    the budget that applies as a dashed line labelled ``cap_label``."""
+    parts = _axes(title, "release", "ε")
     n = len(ys)
-    top = max([cap, *ys]) * 1.05 if ys else 1.0
-    xs = _scale(np.arange(1, n + 1, dtype=float), 0.0, max(n, 1), PAD, W - 20)
+    at = [float(x) for x in (xs_at or range(1, n + 1))]
+    last = max([1.0, *at])
+    top = max([cap, *ys]) * 1.08 if ys else 1.0
+    xs = _scale(np.asarray(at, dtype=float), 0.0, last, PAD, W - 20)
     yv = _scale(np.asarray(ys, dtype=float), 0.0, top, H - PAD, 30)
     cap_y = float(_scale(np.array([cap]), 0.0, top, H - PAD, 30)[0])
     parts.append(
         f'<line x1="{PAD}" y1="{cap_y:.1f}" x2="{W - 10}" y2="{cap_y:.1f}" '
         'stroke="#d62728" stroke-dasharray="4 3"/>'
     )
+    label = cap_label or f"budget {cap:g}"
     parts.append(
         f'<text x="{W - 12}" y="{cap_y - 4:.1f}" text-anchor="end" font-size="11" '
-        f'fill="#d62728">budget {cap:g}</text>'
+        f'fill="#d62728">{html.escape(label)}</text>'
     )
     pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, yv, strict=True))
     parts.append(f'<polyline points="{pts}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
@@ -108,15 +158,22 @@ def line_chart(ys: list[float], cap: float, title: str) -> str:
             f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="#1f77b4">'
             f"<title>{v:.4f}</title></circle>"
         )
-    _xticks(parts, 0.0, float(max(n, 1)), PAD, W - 20)
+    _xticks(parts, 0.0, last, PAD, W - 20, whole=True)
     _yticks(parts, 0.0, top, H - PAD, 30)
     return "".join(parts) + "</svg>"
 
 
-def bar_chart(noisy: list[int], used: list[int], title: str) -> str:
-    parts = _axes(title, "class", "rows")
+def bar_chart(
+    noisy: list[float],
+    used: list[float],
+    title: str,
+    names: tuple[str, str] = ("noisy count", "rows labelled"),
+    unit: str = "rows",
+) -> str:
+    """Two values per class side by side (orange: ``names[0]``, blue: ``names[1]``)."""
+    parts = _axes(title, "class", unit)
     q = len(noisy)
-    top = max([1, *noisy, *used]) * 1.1
+    top = max([1e-9, *noisy, *used]) * 1.15
     bw = (W - PAD - 20) / max(q, 1) / 2.5
     for c in range(q):
         x0 = PAD + 8 + c * (W - PAD - 20) / max(q, 1)
@@ -124,17 +181,17 @@ def bar_chart(noisy: list[int], used: list[int], title: str) -> str:
             h = max(0.0, v) / top * (H - PAD - 30)
             parts.append(
                 f'<rect x="{x0 + k * bw:.1f}" y="{H - PAD - h:.1f}" width="{bw:.1f}" '
-                f'height="{h:.1f}" fill="{color}"><title>{v}</title></rect>'
+                f'height="{h:.1f}" fill="{color}"><title>{fmt(v)}</title></rect>'
             )
         parts.append(
             f'<text x="{x0 + bw:.1f}" y="{H - PAD + 14}" text-anchor="middle" '
             f'font-size="10">{c}</text>'
         )
     parts.append(
-        '<rect x="60" y="28" width="10" height="10" fill="#ff7f0e"/>'
-        '<text x="74" y="37" font-size="11">noisy count</text>'
-        '<rect x="160" y="28" width="10" height="10" fill="#1f77b4"/>'
-        '<text x="174" y="37" font-size="11">rows labelled</text>'
+        '<rect x="60" y="26" width="10" height="10" fill="#ff7f0e"/>'
+        f'<text x="74" y="35" font-size="11">{html.escape(names[0])}</text>'
+        '<rect x="60" y="40" width="10" height="10" fill="#1f77b4"/>'
+        f'<text x="74" y="49" font-size="11">{html.escape(names[1])}</text>'
     )
     _yticks(parts, 0.0, top, H - PAD, 30)
     return "".join(parts) + "</svg>"
@@ -172,25 +229,49 @@ def scatter(
                     f'stroke="{color}" stroke-width="1.5"/>'
                 )
     parts.append(f'<text x="60" y="37" font-size="11">{html.escape(legend)}</text>')
+    classes = sorted({int(c) for lab in (t_lab, m_lab) if lab is not None for c in np.unique(lab)})[
+        : len(PALETTE)
+    ]
+    for i, c in enumerate(classes):  # one swatch per class, in the plot's colours
+        x = 60 + i * 54
+        parts.append(
+            f'<rect x="{x}" y="43" width="10" height="10" fill="{PALETTE[c % len(PALETTE)]}"/>'
+            f'<text x="{x + 13}" y="52" font-size="10">class {c}</text>'
+        )
     _xticks(parts, float(lo[0]), float(hi[0]), PAD + 6, W - 16)
     _yticks(parts, float(lo[1]), float(hi[1]), H - PAD - 6, 30)
     return "".join(parts) + "</svg>"
 
 
+_SHOWN_APART = {"predictions_sha256", "caveat", "accuracy", "adaptation", "baselines", "spread"}
+
+
 def render(summary: dict[str, Any], figures: dict[str, Any]) -> str:
-    """The report page. ``figures`` holds the arrays; ``summary`` the numbers of results.json."""
-    acc = summary.get("accuracy")
-    acc_txt = "not measured (no target labels)" if acc is None else f"{acc:.2f}%"
-    rows = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-        for k, v in summary.items()
-        if k not in {"predictions_sha256"}
-    )
-    svgs = [line_chart(figures["batch_spend"], figures["budget"], "ε spent after each release")]
+    """The report page. ``figures`` holds the arrays; ``summary`` the numbers of results.json.
+
+    Whatever keys the results hold are shown: who and what the job was, this job's ε and the
+    totals for both parties apart, the accuracy (one number, or one per arm), an
+    ``adaptation`` / ``baselines`` block when present, the plots, then every other value,
+    formatted."""
+    svgs = [_spend_chart(summary, figures)]
     if figures.get("noisy_counts"):
-        noisy = np.sum(np.array(figures["noisy_counts"]), axis=0).tolist()
-        used = np.bincount(figures["mapped_labels"], minlength=len(noisy)).tolist()
-        svgs.append(bar_chart(noisy, used[: len(noisy)], "noisy class counts vs rows labelled"))
+        noisy = np.sum(np.array(figures["noisy_counts"]), axis=0).astype(float)
+        pred = figures.get("predicted_counts")
+        if pred is not None:
+            other = np.zeros(noisy.size)
+            got = np.asarray(pred, dtype=float)[: noisy.size]
+            other[: got.size] = got
+            names = ("source rows, from its noisy class counts", "target rows predicted as it")
+        else:  # older results: the labels of the rows the transport used
+            other = np.bincount(figures["mapped_labels"], minlength=noisy.size)[: noisy.size]
+            other = other.astype(float)
+            names = ("source rows, from its noisy class counts", "source points transported")
+        share = [100 * noisy / max(noisy.sum(), 1e-12), 100 * other / max(other.sum(), 1e-12)]
+        svgs.append(
+            bar_chart(
+                share[0].tolist(), share[1].tolist(), "classes: share of rows (%)", names, "%"
+            )
+        )
     if figures.get("target_2d") is not None:
         svgs.append(
             scatter(
@@ -212,27 +293,114 @@ def render(summary: dict[str, Any], figures: dict[str, Any]) -> str:
                 legend="dots: target rows · crosses: released synthetic points · colour: class",
             )
         )
+    rows = "".join(
+        f"<tr><th>{html.escape(_label(k))}</th><td>{html.escape(fmt(v))}</td></tr>"
+        for k, v in summary.items()
+        if k not in _SHOWN_APART
+    )
+    blocks = "".join(
+        _block(name, summary[name])
+        for name in ("adaptation", "baselines", "spread")
+        if isinstance(summary.get(name), dict)
+    )
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>dpda job report</title>"
         "<style>body{font-family:sans-serif;margin:24px;max-width:1100px}"
-        "table{border-collapse:collapse}th,td{border:1px solid #ccc;padding:4px 8px;"
-        "text-align:left;font-size:13px}svg{margin:8px;border:1px solid #eee}</style></head>"
-        f"<body><h1>dpda job report</h1><p><b>Accuracy on the target:</b> {acc_txt}. "
-        f"<b>ε spent:</b> the source {summary.get('epsilon_spent', 0):.4f} on its records at δ = "
-        f"{summary.get('delta', 0):.3g}; {_target_spend(summary)}.</p>"
+        "table{border-collapse:collapse;margin:8px 0}th,td{border:1px solid #ccc;"
+        "padding:4px 8px;text-align:left;font-size:13px}td.n{text-align:right}"
+        "svg{margin:8px;border:1px solid #eee}.who{color:#444}</style></head>"
+        f"<body><h1>dpda job report</h1>{_who(summary)}"
+        f"<p><b>Accuracy on the target:</b> {_accuracy(summary.get('accuracy'))}</p>"
+        f"{_privacy(summary)}{blocks}"
         f"<p><i>{html.escape(str(summary.get('caveat', '')))}</i></p>"
-        f"<div>{''.join(svgs)}</div><h2>Figures</h2><table>{rows}</table></body></html>"
+        f"<h2>Plots</h2><div>{''.join(svgs)}</div>"
+        f"<h2>Every value of results.json</h2><table>{rows}</table></body></html>"
     )
 
 
-def _target_spend(summary: dict[str, Any]) -> str:
-    """The target's side of the session's privacy (issue 19), in words."""
-    t = summary.get("target_epsilon_spent")
-    if t is None:
-        return "the target disclosed its statistics exactly (its opt-in: not protected)"
-    total = summary.get("target_epsilon_total")
-    tail = f" ({total:.4f} over every job on its rows)" if total is not None else ""
-    return f"the target {t:.4f} on its own rows{tail}"
+_WHO = (
+    ("job_id", "job"),
+    ("dataset", "dataset"),
+    ("source", "source (peer)"),
+    ("method", "method"),
+    ("release", "release"),
+    ("privacy_unit", "privacy unit"),
+    ("finished_at", "finished"),
+)
+
+
+def _who(summary: dict[str, Any]) -> str:
+    items = [f"<b>{label}</b> {html.escape(fmt(summary[k]))}" for k, label in _WHO if k in summary]
+    return f"<p class='who'>{' · '.join(items)}</p>" if items else ""
+
+
+def _label(key: str) -> str:
+    return key.replace("_", " ")
+
+
+def _accuracy(acc: Any) -> str:
+    if acc is None:
+        return "not measured (the target has no labels)"
+    if isinstance(acc, dict):
+        scored = {k: v for k, v in acc.items() if v is not None}
+        if not scored:
+            return "not measured (the target has no labels)"
+        return ", ".join(f"{html.escape(_label(k))} {fmt(v)}%" for k, v in scored.items())
+    return f"{fmt(acc)}%"
+
+
+def _privacy(s: dict[str, Any]) -> str:
+    """This job's ε and the totals, for each party apart, with the budget that applies."""
+    job = s.get("epsilon_job", s.get("epsilon_spent"))
+    total = s.get("epsilon_dataset_total", s.get("epsilon_spent"))
+    budget = s.get("epsilon_budget")
+    src = (
+        f"<tr><th>the source's records (δ = {fmt(s.get('delta'))})</th>"
+        f"<td class='n'>{fmt(job)}</td><td class='n'>{fmt(total)}</td>"
+        f"<td>{'this job may spend ε ' + fmt(budget) if budget is not None else '—'}</td></tr>"
+    )
+    t_job = s.get("target_epsilon_spent")
+    if t_job is None:
+        tgt = (
+            "<tr><th>the target's own rows</th><td colspan='3'>its statistics went out exactly "
+            "(its opt-in: not protected)</td></tr>"
+        )
+    else:
+        cap = s.get("target_epsilon_cap")
+        t_delta = s.get("target_delta")
+        delta_txt = f" (δ = {fmt(t_delta)})" if t_delta is not None else ""
+        tgt = (
+            f"<tr><th>the target's own rows{delta_txt}</th><td class='n'>{fmt(t_job)}</td>"
+            f"<td class='n'>{fmt(s.get('target_epsilon_total', t_job))}</td>"
+            f"<td>{'cap ε ' + fmt(cap) + ' over every job' if cap is not None else '—'}</td></tr>"
+        )
+    return (
+        "<h2>Privacy</h2><table><tr><th></th><th>ε this job</th><th>ε in all, after it</th>"
+        f"<th>the budget that applies</th></tr>{src}{tgt}</table>"
+    )
+
+
+def _block(name: str, values: dict[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><th>{html.escape(_label(str(k)))}</th><td>{html.escape(fmt(v))}</td></tr>"
+        for k, v in values.items()
+    )
+    return f"<h2>{html.escape(_label(name).capitalize())}</h2><table>{rows}</table>"
+
+
+def _spend_chart(summary: dict[str, Any], figures: dict[str, Any]) -> str:
+    """This job's ε after each of its releases, against this job's budget (not the dataset's
+    total against it, which would read as a budget exceeded)."""
+    ys = figures.get("job_spend") or figures["batch_spend"]
+    at = figures.get("job_spend_at")
+    budget = figures["budget"]
+    return line_chart(
+        list(ys),
+        budget,
+        "this job's ε after each release",
+        cap_label=f"this job's budget ε {fmt(budget)}",
+        xs_at=list(at) if at else None,
+    )
 
 
 def figures_of(
@@ -250,6 +418,9 @@ def figures_of(
         "mapped_labels": np.asarray(res.mapped_labels, dtype=np.int64),
         "target_2d": x @ axes,
         "target_labels": view.labels if view.labels is not None else res.predictions,
+        "predicted_counts": np.bincount(np.asarray(res.predictions, dtype=np.int64)).tolist()
+        if np.asarray(res.predictions).size
+        else None,
         "mapped_2d": mapped @ axes if mapped.size else np.zeros((0, 2)),
         **_synthetic_figure(res, terms_release),
     }

@@ -26,12 +26,14 @@ from dpda.terms import ReweightingTerms, reweighter
 
 
 def reweighting_terms(cfg: TargetConfig) -> ReweightingTerms:
+    from dpda.target_party.app import job_delta
+
     j = cfg.job
     return ReweightingTerms(
         dataset=j.dataset,
         method=j.reweighting_method,
         epsilon=j.epsilon,
-        delta=j.delta,
+        delta=job_delta(cfg),
         steps=j.reweighting_steps,
         representation=j.representation,
     )

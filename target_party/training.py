@@ -41,8 +41,16 @@ def accuracy(pred: np.ndarray, truth: np.ndarray) -> float:
 
 # ------------------------------------------------------------------------- the saved model
 def scale_columns(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-    """The target's column scaling, ``(x − mean) / std``, as a pipeline step."""
-    return (np.asarray(x, dtype=np.float64) - mean) / std
+    """The target's column scaling, ``(x − mean) / std``, as a pipeline step; rows of another
+    width than the model's are refused, saying both widths."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] != mean.shape[0]:
+        got = f"{x.shape[1]} columns" if x.ndim == 2 else f"shape {x.shape}"
+        raise ValueError(
+            f"the model takes rows of {mean.shape[0]} features (the columns it was fitted on, in "
+            f"that order); these rows have {got}"
+        )
+    return (x - mean) / std
 
 
 def model_pipeline(representation: str, scaling: Scaling, classifier: object) -> Pipeline:

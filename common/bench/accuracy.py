@@ -468,7 +468,11 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
         "--epsilon", type=float, default=8.0, help="whole-batch: the session's ε (default 8)"
     )
     s.add_argument(
-        "--units", nargs="+", choices=["attribute", "record"], default=["attribute", "record"]
+        "--units",
+        nargs="+",
+        choices=["attribute", "record"],
+        default=["attribute", "record"],
+        help="privacy units to run (default attribute record)",
     )
     s.add_argument("--seeds", type=int, default=3, help="dpda-paper: seeds per pair and unit")
     s.add_argument("--batch-size", type=int, default=128, help="dpda-paper: Poisson batch size")

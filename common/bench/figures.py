@@ -281,32 +281,52 @@ def register_figures(bsub: argparse._SubParsersAction) -> None:
     d = bsub.add_parser("dpot-error", help="DPOT's |W̃ − W|/W against σ/w (paper Figure 2)")
     d.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
     d.add_argument(
-        "--dataset", choices=["office-caltech", "mnist-usps", "synthetic"], default="office-caltech"
+        "--dataset",
+        choices=["office-caltech", "mnist-usps", "synthetic"],
+        default="office-caltech",
+        help="the benchmark (default office-caltech)",
     )
-    d.add_argument("--source", default="C")
-    d.add_argument("--target", default="A")
+    d.add_argument("--source", default="C", help="the source domain (default C)")
+    d.add_argument("--target", default="A", help="the target domain (default A)")
     d.add_argument("--projection-dim", type=int, default=80, help="JL ℓ (default 80 = k/10)")
     d.add_argument(
         "--ratios",
         type=float,
         nargs="+",
         default=[0.0, 0.2, 0.4, 0.6, 0.7, 0.8, 1.0, 1.2, 1.3, 1.5],
+        help="the σ/w values (default 0 to 1.5)",
     )
     d.add_argument("--runs", type=int, default=10, help="whole-batch runs per σ/w")
-    d.add_argument("--batch-size", type=int, default=128)
+    d.add_argument(
+        "--batch-size",
+        type=int,
+        default=128,
+        help="Poisson batch size of the minibatch runs (default 128)",
+    )
     d.add_argument("--batch-runs", type=int, default=200, help="minibatches per σ/w")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int, default=0, help="fixes the noise (default 0)")
     add_json_option(d)
-    d.add_argument("--png", default=None, metavar="OUT")
+    d.add_argument("--png", default=None, metavar="OUT", help="also draw the figure to this PNG")
     d.set_defaults(func=run_dpot_error)
 
     p = bsub.add_parser("privacy-utility", help="accuracy against ε for DPDA, PATE, DPDA+PATE")
     p.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
-    p.add_argument("--pairs", nargs="*", default=["C:A", "A:W", "W:D", "M:U"])
-    p.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8, 20])
-    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument(
+        "--pairs",
+        nargs="*",
+        default=["C:A", "A:W", "W:D", "M:U"],
+        help="pairs like C:A M:U (default C:A A:W W:D M:U)",
+    )
+    p.add_argument(
+        "--epsilons",
+        type=float,
+        nargs="+",
+        default=[0.5, 1, 2, 4, 8, 20],
+        help="the ε values of the curve (default 0.5 to 20)",
+    )
+    p.add_argument("--seeds", type=int, default=2, help="seeds per pair and ε (default 2)")
     p.add_argument("--batch-size", type=int, default=0, help="0: whole batch (default)")
     p.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
     add_json_option(p)
-    p.add_argument("--png", default=None, metavar="OUT")
+    p.add_argument("--png", default=None, metavar="OUT", help="also draw the figure to this PNG")
     p.set_defaults(func=run_privacy_utility)

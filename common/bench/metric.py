@@ -368,21 +368,43 @@ def register_metric(bsub: argparse._SubParsersAction) -> None:
         help="the DP-learned ground cost (seed 003): the paper's toy, DPDA accuracy with the "
         "metric vs today's cost, 5-NN on the source vs ε",
     )
-    s.add_argument("--toy", action=argparse.BooleanOptionalAction, default=True)
+    s.add_argument(
+        "--toy",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="(a) the paper's toy problem (default on; --no-toy skips it)",
+    )
     s.add_argument("--png", default=None, help="(a) the toy's figure")
     s.add_argument("--seed", type=int, default=0, help="(a) the toy's seed")
     s.add_argument("--accuracy", action="store_true", help="(b) DPDA, metric vs sqeuclidean")
     s.add_argument("--pairs", nargs="*", default=None, help="pairs like C:A M:U (default: all 14)")
-    s.add_argument("--units", nargs="+", choices=["record", "attribute"], default=["record"])
+    s.add_argument(
+        "--units",
+        nargs="+",
+        choices=["record", "attribute"],
+        default=["record"],
+        help="(b) privacy units to run (default record)",
+    )
     s.add_argument("--epsilon", type=float, default=8.0, help="(b) the session's total ε")
     s.add_argument("--knn", action="store_true", help="(c) 5-NN on the source vs ε")
-    s.add_argument("--knn-domains", nargs="+", default=["A", "M"])
-    s.add_argument("--knn-epsilon", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0])
+    s.add_argument(
+        "--knn-domains",
+        nargs="+",
+        default=["A", "M"],
+        help="(c) domains whose 5-NN accuracy is measured (default A M)",
+    )
+    s.add_argument(
+        "--knn-epsilon",
+        type=float,
+        nargs="+",
+        default=[0.5, 1.0, 2.0, 4.0, 8.0],
+        help="(c) the ε values of the 5-NN curve",
+    )
     s.add_argument("--knn-dim", type=int, default=20, help="(c) the projected dimension ℓ")
     s.add_argument(
         "--metric-terms", default=None, help="JSON of metric terms, e.g. '{\"metric_dim\": 10}'"
     )
-    s.add_argument("--seeds", type=int, default=1)
+    s.add_argument("--seeds", type=int, default=1, help="seeds per pair and ε (default 1)")
     s.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
     s.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     add_json_option(s)

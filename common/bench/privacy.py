@@ -93,7 +93,9 @@ def register_privacy(bsub: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
     s.add_argument("--pairs", nargs="*", default=["C:A"], help="pairs like C:A (default C:A)")
-    s.add_argument("--epsilons", nargs="+", type=float, default=[8.0, 2.0])
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument(
+        "--epsilons", nargs="+", type=float, default=[8.0, 2.0], help="the ε values (default 8 2)"
+    )
+    s.add_argument("--seed", type=int, default=0, help="fixes the noise (default 0)")
     add_json_option(s)
     s.set_defaults(func=run_label_leak)

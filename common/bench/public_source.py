@@ -227,9 +227,23 @@ def register_public_source(bsub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="one repetition, n_target 1000 and 4000, ε 0.5/2/8, 300 steps",
     )
-    s.add_argument("--n-target", type=int, nargs="+", default=[1000, 2000, 4000, 8000])
-    s.add_argument("--epsilon", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
-    s.add_argument("--repetitions", type=int, default=10)
+    s.add_argument(
+        "--n-target",
+        type=int,
+        nargs="+",
+        default=[1000, 2000, 4000, 8000],
+        help="paper: private target sizes (default 1000 2000 4000 8000)",
+    )
+    s.add_argument(
+        "--epsilon",
+        type=float,
+        nargs="+",
+        default=[0.5, 1.0, 2.0, 4.0, 8.0, 16.0],
+        help="paper: the ε values (default 0.5 to 16)",
+    )
+    s.add_argument(
+        "--repetitions", type=int, default=10, help="paper: runs per size and ε (default 10)"
+    )
     s.add_argument("--steps", type=int, default=1000, help="K, optimisation steps")
     s.add_argument("--png", default=None, help="write the two plots to this PNG")
     s.add_argument(

@@ -90,7 +90,13 @@ def register_releases(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser(
         "releases", help="time of one record-level release at the source, per kind and size"
     )
-    s.add_argument("--rows", type=int, nargs="+", default=[1123, 20000])
+    s.add_argument(
+        "--rows",
+        type=int,
+        nargs="+",
+        default=[1123, 20000],
+        help="source rows per run (default 1123 20000)",
+    )
     s.add_argument(
         "--releases",
         nargs="+",
@@ -98,9 +104,14 @@ def register_releases(bsub: argparse._SubParsersAction) -> None:
         default=list(AGGREGATE_RELEASES),
         help="prototypes first: the others are compared with it",
     )
-    s.add_argument("--features", type=int, default=800)
-    s.add_argument("--classes", type=int, default=10)
+    s.add_argument("--features", type=int, default=800, help="features per row (default 800)")
+    s.add_argument("--classes", type=int, default=10, help="classes (default 10)")
     s.add_argument("--dim", type=int, default=50, help="ℓ, the projected dimension")
-    s.add_argument("--repeats", type=int, default=5)
+    s.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="timed runs per kind and size; the median is reported (default 5)",
+    )
     add_json_option(s)
     s.set_defaults(func=run_bench_releases)

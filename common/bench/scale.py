@@ -201,12 +201,43 @@ def register_scale(bsub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="20,000 × 8,000 rows, 20 batches (under 3 minutes on 1 worker)",
     )
-    s.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    s.add_argument("--n-source", dest="n_source", type=int, default=None)
-    s.add_argument("--n-target", dest="n_target", type=int, default=None)
-    s.add_argument("--dim", type=int, default=None)
-    s.add_argument("--batch-size", dest="batch_size", type=int, default=None)
-    s.add_argument("--steps", type=int, default=None)
+    s.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="Dask worker counts to compare (default 1 2)",
+    )
+    s.add_argument(
+        "--n-source",
+        dest="n_source",
+        type=int,
+        default=None,
+        help="source rows (default: the VisDA scale, or --quick's)",
+    )
+    s.add_argument(
+        "--n-target",
+        dest="n_target",
+        type=int,
+        default=None,
+        help="target rows (default: the VisDA scale, or --quick's)",
+    )
+    s.add_argument(
+        "--dim", type=int, default=None, help="features per row (default: the VisDA scale)"
+    )
+    s.add_argument(
+        "--batch-size",
+        dest="batch_size",
+        type=int,
+        default=None,
+        help="Poisson batch size (default: the VisDA scale's)",
+    )
+    s.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="minibatches (default: the VisDA scale's, or --quick's)",
+    )
     s.add_argument(
         "--memory-per-worker",
         type=int,

@@ -310,12 +310,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     bsub = b.add_subparsers(dest="bench_command", required=True)
     s = bsub.add_parser("service", help="the same DPDA job in-process and through the daemons")
     add_json_option(s)
-    s.add_argument("--data-dir", default=None)
+    s.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
     s.add_argument("--workdir", default=None, help="keep the deployments here")
-    s.add_argument("--skip-office", action="store_true")
-    s.add_argument("--synthetic-rows", type=int, default=20_000)
-    s.add_argument("--batch-size", type=int, default=500)
-    s.add_argument("--steps", type=int, default=4)
+    s.add_argument("--skip-office", action="store_true", help="run the synthetic case only")
+    s.add_argument(
+        "--synthetic-rows",
+        type=int,
+        default=20_000,
+        help="rows of the synthetic case (default 20,000)",
+    )
+    s.add_argument("--batch-size", type=int, default=500, help="Poisson batch size (default 500)")
+    s.add_argument("--steps", type=int, default=4, help="minibatches per job (default 4)")
     s.add_argument(
         "--repeats",
         type=int,

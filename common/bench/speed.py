@@ -364,7 +364,13 @@ def register_speed(bsub: argparse._SubParsersAction) -> None:
         "speed",
         help="OT solves against POT's, whole-job scaling, a VisDA-scale job, bandwidth use",
     )
-    s.add_argument("--sizes", type=int, nargs="*", default=[1000, 2000, 4000, 8000])
+    s.add_argument(
+        "--sizes",
+        type=int,
+        nargs="*",
+        default=[1000, 2000, 4000, 8000],
+        help="n for the OT solver comparison (default 1000 to 8000)",
+    )
     s.add_argument(
         "--pot-max-n",
         type=int,
@@ -378,20 +384,45 @@ def register_speed(bsub: argparse._SubParsersAction) -> None:
         default=[2000, 5000, 10000, 20000],
         help="n for whole-batch n × n DPDA jobs (none: skip)",
     )
-    s.add_argument("--visda", action=argparse.BooleanOptionalAction, default=True)
-    s.add_argument("--visda-source", type=int, default=150_000)
-    s.add_argument("--visda-target", type=int, default=50_000)
-    s.add_argument("--visda-dim", type=int, default=256)
-    s.add_argument("--visda-batch", type=int, default=1000)
-    s.add_argument("--visda-steps", type=int, default=150)
+    s.add_argument(
+        "--visda",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="(b) the VisDA-scale job (default on; --no-visda skips it)",
+    )
+    s.add_argument(
+        "--visda-source",
+        type=int,
+        default=150_000,
+        help="VisDA-scale source rows (default 150,000)",
+    )
+    s.add_argument(
+        "--visda-target", type=int, default=50_000, help="VisDA-scale target rows (default 50,000)"
+    )
+    s.add_argument(
+        "--visda-dim", type=int, default=256, help="VisDA-scale features per row (default 256)"
+    )
+    s.add_argument(
+        "--visda-batch",
+        type=int,
+        default=1000,
+        help="VisDA-scale Poisson batch size (default 1000)",
+    )
+    s.add_argument(
+        "--visda-steps", type=int, default=150, help="VisDA-scale minibatches (default 150)"
+    )
     s.add_argument(
         "--visda-target-batch",
         type=int,
         default=5000,
         help="target rows in each batch's plan (0: all 50,000; measured 17 min, over the goal)",
     )
-    s.add_argument("--visda-epsilon", type=float, default=8.0)
-    s.add_argument("--skip-bandwidth", action="store_true")
+    s.add_argument(
+        "--visda-epsilon", type=float, default=8.0, help="VisDA-scale session ε (default 8)"
+    )
+    s.add_argument(
+        "--skip-bandwidth", action="store_true", help="skip (c), the bandwidth measurement"
+    )
     s.add_argument("--bandwidth-n", type=int, default=8000, help="Sinkhorn kernel n × n for (c)")
     add_json_option(s)
     s.set_defaults(func=run_bench_speed)

@@ -157,9 +157,15 @@ def register_target_privacy(bsub: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
     s.add_argument("--pairs", nargs="*", default=None, help="pairs like C:A M:U (default: all 14)")
-    s.add_argument("--target-epsilon", type=float, nargs="+", default=[1.0, 4.0])
+    s.add_argument(
+        "--target-epsilon",
+        type=float,
+        nargs="+",
+        default=[1.0, 4.0],
+        help="the target's own ε values for its scaling and basis (default 1 4)",
+    )
     s.add_argument("--epsilon", type=float, default=8.0, help="the source's session ε")
-    s.add_argument("--seeds", type=int, default=3)
+    s.add_argument("--seeds", type=int, default=3, help="seeds per pair and setting (default 3)")
     s.add_argument("--jl", action="store_true", help="also: a JL projection (no basis sent)")
     s.add_argument(
         "--pate",

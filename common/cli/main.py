@@ -7,9 +7,9 @@ import contextlib
 import math
 import sys
 from enum import Enum
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, NoReturn, get_args, get_origin
 
-from dpda.errors import ConfigError, DpdaError
+from dpda.errors import DpdaError
 from dpda.service.output import add_json_option, json_to_stdout, write_json
 
 
@@ -21,6 +21,17 @@ def _positive(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not (math.isfinite(v) and v > 0):
         raise argparse.ArgumentTypeError(f"{text!r}: need a finite number > 0")
+    return v
+
+
+def _count(text: str) -> int:
+    """An integer ≥ 1, or argparse's own error naming the flag."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: need a whole number ≥ 1")
     return v
 
 
@@ -36,13 +47,13 @@ def _cmd_privacy_sigma(args: argparse.Namespace) -> int:
     from dpda.dp.mechanisms import relation_factor
 
     sigma = calibrate_sigma(args.epsilon, args.delta, args.method)
-    factor = relation_factor(args.neighbouring)
+    factor = relation_factor(args.relation)
     data = {
         "sigma": sigma,
         "method": args.method,
         "epsilon": args.epsilon,
         "delta": args.delta,
-        "neighbouring": args.neighbouring,
+        "neighbouring": args.relation,
         "sensitivity_factor": factor,
         "note": "one Gaussian release spending all of ε; a job splits ε between its "
         "channels (features, histogram, PATE): `dpda target plan --config target.toml` "
@@ -52,7 +63,7 @@ def _cmd_privacy_sigma(args: argparse.Namespace) -> int:
         args,
         data,
         f"σ = {sigma:.6g} per unit of L2 sensitivity for ONE Gaussian release spending all of "
-        f"ε={args.epsilon} ({args.method}, δ={args.delta:g}); under {args.neighbouring} the "
+        f"ε={args.epsilon} ({args.method}, δ={args.delta:g}); under {args.relation} the "
         f"sensitivity is ×{factor}, so noise std = {sigma * factor:.6g} × (add/remove "
         "sensitivity).\n  A job splits ε between features, histogram and PATE: for its own σ "
         "and charge run `dpda target plan --config target.toml`.",
@@ -134,11 +145,11 @@ def _cmd_privacy_pate(args: argparse.Namespace) -> int:
 
 
 def _no_replace_sampled(args: argparse.Namespace) -> None:
-    if args.neighbouring == "replace-one":
+    if args.relation == "replace-one":
         from dpda.errors import ConfigError
 
         raise ConfigError(
-            "--neighbouring replace-one: Poisson-sampled accounting is only available under "
+            "--relation replace-one: Poisson-sampled accounting is only available under "
             "add-remove in dp-accounting; dpda does not offer a replace-one bound for it"
         )
 
@@ -149,7 +160,7 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
 
     from dpda.data.loaders import load_domain, require_data_dir
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
-    from dpda.data.tables import Table, read_table
+    from dpda.data.tables import Table, align_columns, align_labels, check_classes, read_table
     from dpda.errors import ConfigError
 
     if args.source_file or args.target_file:
@@ -164,10 +175,9 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
         if isinstance(label, int) and tgt.y is not None and tgt.x.shape[1] == k - 1:
             # a position: the target file may lack the label column, one column fewer
             tgt = read_table(args.target_file, None, id_column=args.id_column, name="target")
-        if tgt.x.shape[1] != k:
-            raise ConfigError(
-                f"{args.target_file}: {tgt.x.shape[1]} feature columns, the source file {k}"
-            )
+        check_classes(src, str(args.label_column))
+        tgt = align_columns(tgt, src)  # by header name: reordered, or refused naming them
+        tgt = align_labels(tgt, src)  # names as the source's classes, for scoring
         rep, scaling = args.representation or "raw", args.scaling or "zscore"
         names = {
             "dataset": None,  # your own files, not a benchmark
@@ -175,6 +185,7 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
             "target": str(args.target_file),
             "source_file": str(args.source_file),
             "target_file": str(args.target_file),
+            "label_names": list(src.label_names) if src.label_names else None,
         }
         return src.domain, tgt, rep, scaling, names
     if not (args.dataset and args.source and args.target):
@@ -206,11 +217,11 @@ def _simulate_public_source(
     from pathlib import Path
 
     from dpda.data.tables import write_predictions
+    from dpda.dp.ledger import check_delta
     from dpda.simulation import simulate_public_source
 
     delta = args.delta if args.delta is not None else 1.0 / (10.0 * tgt.domain.x.shape[0])
-    if not (0 < delta < 1):
-        raise ConfigError(f"--delta {delta:g}: must lie strictly between 0 and 1")
+    check_delta(delta, tgt.domain.x.shape[0], "--delta", "the target (its rows are private here)")
     out = simulate_public_source(src, tgt.domain, rep, scaling, args.epsilon, delta, args.seed)
     pred = out.pop("predictions_array")
     preds_path = args.predictions or (
@@ -236,28 +247,25 @@ def _simulate_public_source(
     return 0
 
 
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from dpda.data.preprocessing import check_representation, default_attribute_bound
-    from dpda.data.tables import write_predictions
+def _simulate_once(
+    args: argparse.Namespace, src: Any, tgt: Any, rep: str, scaling: str, seed: int | None
+) -> tuple[Any, Any, dict[str, Any]]:
+    """One rehearsal at ``seed``: (the outcome, its terms, its JSON)."""
+    from dpda.data.preprocessing import default_attribute_bound
+    from dpda.dp.ledger import check_delta
     from dpda.service.progress import Progress
     from dpda.simulation import METHODS, simulate
     from dpda.target_party.pipeline import AdaptConfig, resolve_scaling
 
-    src, tgt, rep, scaling, names = _simulate_data(args)
-    check_representation(src.x, rep, "--representation")
-    check_representation(tgt.x, rep, "--representation")
-    if args.setting == "public-source":
-        return _simulate_public_source(args, src, tgt, rep, scaling, names)
     delta = args.delta if args.delta is not None else 1.0 / (10.0 * src.x.shape[0])
+    check_delta(delta, src.x.shape[0], "--delta", "the source")
     label = "source" if args.source_file else f"{args.dataset}:{args.source}"
     terms = _terms(args, label, delta)
     cfg = AdaptConfig(
         reg_e=args.reg_e,
         reg_g=args.reg_g,
         classifier=args.classifier,
-        seed=args.seed if args.seed is not None else 0,
+        seed=seed if seed is not None else 0,
         select=args.select,
         transport_step=args.transport_step,
         keep=args.keep,
@@ -269,7 +277,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         terms,
         rep,
         cfg,
-        args.seed,
+        seed,
         progress=Progress("releases"),
         scaling_mode=resolve_scaling(args.scaling or "auto", terms, scaling),
         methods=methods,
@@ -284,24 +292,86 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         or ("synthetic" if args.target_epsilon is not None else "exact"),
         target_query_epsilon=args.target_query_epsilon,
     )
-    data = out.to_json(terms)
+    return out, terms, out.to_json(terms)
+
+
+def spread_of(accuracies: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean, standard deviation (population), min and max of every numeric value each arm's
+    ``accuracy`` holds over the runs; an arm with no number (no target labels) is left out."""
+    import numpy as np
+
+    arms: dict[str, list[float]] = {}
+    for acc in accuracies:
+        for arm, v in acc.items():
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                arms.setdefault(arm, []).append(float(v))
+    return {
+        arm: {
+            "mean": float(np.mean(vs)),
+            "std": float(np.std(vs)),
+            "min": float(np.min(vs)),
+            "max": float(np.max(vs)),
+            "runs": len(vs),
+        }
+        for arm, vs in arms.items()
+    }
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dpda.data.preprocessing import check_representation
+    from dpda.data.tables import write_predictions
+
+    src, tgt, rep, scaling, names = _simulate_data(args)
+    check_representation(src.x, rep, "--representation")
+    check_representation(tgt.x, rep, "--representation")
+    if args.setting == "public-source":
+        return _simulate_public_source(args, src, tgt, rep, scaling, names)
+    if args.seeds is None:
+        out, terms, data = _simulate_once(args, src, tgt, rep, scaling, args.seed)
+    else:  # the same rehearsal at seeds s, s+1, …: the first run's outputs, every run's spread
+        first = args.seed if args.seed is not None else 0
+        seeds = list(range(first, first + args.seeds))
+        out, terms, data = _simulate_once(args, src, tgt, rep, scaling, seeds[0])
+        accuracies = [data["accuracy"]]
+        for seed in seeds[1:]:
+            accuracies.append(_simulate_once(args, src, tgt, rep, scaling, seed)[2]["accuracy"])
+        data["seeds"] = seeds
+        data["accuracy_by_seed"] = accuracies
+        data["spread"] = spread_of(accuracies)
+    delta = terms.delta
     preds_path = args.predictions or (
         Path(args.json).with_suffix(".predictions.csv")
         if args.json not in (None, "-")
         else Path("predictions.csv")
     )
-    data.update({**names, "seed": args.seed})
-    written = write_predictions(preds_path, tgt.ids, out.dpda.predictions)
+    data.update({**names, "seed": data.get("seeds", [args.seed])[0]})
+    label_names = names.get("label_names")
+    written = write_predictions(
+        preds_path, tgt.ids, out.dpda.predictions, tuple(label_names) if label_names else None
+    )
     data["predictions"] = str(written.resolve())
     write_json(args, data)
     a = data["accuracy"]
     names_ = {"dpda": "DPDA", "pate": "PATE", "dpda_pate": "DPDA+PATE"}
     private = "  ".join(f"{names_[k]} {_pct(a[k])}" for k in names_ if k in a)
     where = f"{args.source}→{args.target}" if not args.source_file else "rehearsal"
-    print(
-        f"{where}  source-only {_pct(a['source_only'])}  OTDA {_pct(a['otda'])}  "
-        f"DP without adaptation {_pct(a.get('dp_no_adaptation'))}  {private}"
-    )
+    if "spread" in data:
+        print(f"{where}, {len(data['seeds'])} seeds ({data['seeds'][0]}…{data['seeds'][-1]}):")
+        for arm, st in data["spread"].items():
+            print(
+                f"  {arm:<24} {st['mean']:6.2f} ± {st['std']:.2f}  "
+                f"(min {st['min']:.2f}, max {st['max']:.2f})"
+            )
+        if not data["spread"]:
+            print("  no accuracies: the target has no labels to score against")
+        print(f"  predictions and the figures below: seed {data['seeds'][0]}")
+    else:
+        print(
+            f"{where}  source-only {_pct(a['source_only'])}  OTDA {_pct(a['otda'])}  "
+            f"DP without adaptation {_pct(a.get('dp_no_adaptation'))}  {private}"
+        )
     if data.get("baseline_scaling"):
         print(
             f"  source-only and OTDA: non-private, under the {data['baseline_scaling']} scaling "
@@ -432,7 +502,12 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
     job = TargetJob.model_fields  # the target's own settings: the same defaults as its config
     p.add_argument("--reg-e", type=float, default=job["reg_e"].default, help="entropic λe")
     p.add_argument("--reg-g", type=float, default=job["reg_g"].default, help="group-lasso λg")
-    p.add_argument("--classifier", choices=get_args(job["classifier"].annotation), default="1nn")
+    p.add_argument(
+        "--classifier",
+        choices=get_args(job["classifier"].annotation),
+        default="1nn",
+        help="the classifier trained on the adapted source rows (default 1nn)",
+    )
     p.add_argument(
         "--select",
         choices=get_args(job["select"].annotation),
@@ -484,8 +559,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line and a pointer to ``--help``, not the whole usage first."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dpda",
         description="Differentially private domain adaptation across a privacy boundary.",
     )
@@ -498,28 +580,43 @@ def build_parser() -> argparse.ArgumentParser:
     pp = sub.add_parser("privacy", help="plan noise, ε and steps before releasing anything")
     psub = pp.add_subparsers(dest="privacy_command", required=True)
     s = psub.add_parser("sigma", help="noise multiplier for one Gaussian release at (ε, δ)")
-    s.add_argument("--epsilon", type=float, required=True)
-    s.add_argument("--delta", type=float, required=True)
-    s.add_argument("--method", choices=["theorem2", "analytic", "exact"], default="theorem2")
+    s.add_argument("--epsilon", type=float, required=True, help="ε the one release spends")
+    s.add_argument("--delta", type=float, required=True, help="δ")
+    s.add_argument(
+        "--method",
+        choices=["theorem2", "analytic", "exact"],
+        default="theorem2",
+        help="theorem2 (the DPDA paper's), analytic (Balle & Wang, less noise) or exact (the "
+        "ledger's own accountant)",
+    )
     s.set_defaults(func=_cmd_privacy_sigma)
     e = psub.add_parser("epsilon", help="ε of T Poisson-sampled Gaussian releases")
-    e.add_argument("--sigma", type=float, required=True)
-    e.add_argument("--sampling-rate", type=float, required=True)
-    e.add_argument("--steps", type=int, required=True)
-    e.add_argument("--delta", type=float, required=True)
+    e.add_argument("--sigma", type=float, required=True, help="noise multiplier σ")
+    e.add_argument(
+        "--sampling-rate", type=float, required=True, help="Poisson sampling rate p = B/n"
+    )
+    e.add_argument("--steps", type=int, required=True, help="Poisson-sampled releases T")
+    e.add_argument("--delta", type=float, required=True, help="δ")
     e.set_defaults(func=_cmd_privacy_epsilon)
     t = psub.add_parser("steps", help="largest T whose ε stays within a target")
-    t.add_argument("--sigma", type=float, required=True)
-    t.add_argument("--sampling-rate", type=float, required=True)
-    t.add_argument("--epsilon", type=float, required=True)
-    t.add_argument("--delta", type=float, required=True)
+    t.add_argument("--sigma", type=float, required=True, help="noise multiplier σ")
+    t.add_argument(
+        "--sampling-rate", type=float, required=True, help="Poisson sampling rate p = B/n"
+    )
+    t.add_argument("--epsilon", type=float, required=True, help="the ε to stay within")
+    t.add_argument("--delta", type=float, required=True, help="δ")
     t.set_defaults(func=_cmd_privacy_steps)
     pt = psub.add_parser("pate", help="ε of PATE answers (data-independent bound)")
-    pt.add_argument("--aggregator", choices=["lnmax", "gnmax"], required=True)
+    pt.add_argument(
+        "--aggregator",
+        choices=["lnmax", "gnmax"],
+        required=True,
+        help="lnmax (Laplace noise) or gnmax (Gaussian noise)",
+    )
     pt.add_argument("--gamma", type=float, default=None, help="LNMax: Laplace noise 1/γ")
     pt.add_argument("--sigma", type=float, default=None, help="GNMax: Gaussian noise σ")
-    pt.add_argument("--queries", type=int, required=True)
-    pt.add_argument("--delta", type=float, required=True)
+    pt.add_argument("--queries", type=int, required=True, help="answers released")
+    pt.add_argument("--delta", type=float, required=True, help="δ")
     pt.add_argument(
         "--bound",
         choices=["moments", "rdp", "pld"],
@@ -528,20 +625,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_json_option(pt)
     pt.set_defaults(func=_cmd_privacy_pate)
-    for q in (s, e, t):
-        q.add_argument(
-            "--neighbouring", choices=["add-remove", "replace-one"], default="add-remove"
-        )
-        add_json_option(q)
+    # one flag for the neighbouring relation (``--neighbouring``: the same flag's other name)
+    s.add_argument(
+        "--relation",
+        "--neighbouring",
+        dest="relation",
+        choices=["add-remove", "replace-one"],
+        default="add-remove",
+        help="the neighbouring relation: add-remove (default), or replace-one (every "
+        "sensitivity doubles)",
+    )
     for q in (e, t):
         q.add_argument(
             "--relation",
-            choices=["attribute", "add-remove"],
+            "--neighbouring",
+            dest="relation",
+            choices=["attribute", "add-remove", "replace-one"],
             default="attribute",
-            help="attribute (default): the exact revealed-sampling charge dpda's attribute-unit "
-            "minibatches get; add-remove: the amplified bound (for comparison only)",
+            help="the neighbouring relation: attribute (default), the exact revealed-sampling "
+            "charge dpda's attribute-unit minibatches get; add-remove: the amplified bound (for "
+            "comparison only); replace-one: refused (no bound for it in dp-accounting)",
         )
-        q.add_argument("--accountant", choices=["pld", "rdp"], default="pld")
+        q.add_argument(
+            "--accountant",
+            choices=["pld", "rdp"],
+            default="pld",
+            help="privacy loss distributions (default, tight) or Rényi DP",
+        )
+    for q in (s, e, t):
+        add_json_option(q)
 
     # simulate
     sm = sub.add_parser("simulate", help="run source-only, OTDA and DPDA in one process")
@@ -552,7 +664,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sm.add_argument("--id-column", default=None, help="a column that names rows (not a feature)")
     sm.add_argument("--predictions", default=None, help="where to write the DPDA predictions")
-    sm.add_argument("--representation", choices=["raw", "sqrt", "rownorm", "l2"], default=None)
+    sm.add_argument(
+        "--representation",
+        choices=["raw", "sqrt", "rownorm", "l2"],
+        default=None,
+        help="per-row transform before scaling: raw (default for your own files), sqrt, "
+        "rownorm or l2 (rows of norm 1)",
+    )
     sm.add_argument(
         "--scaling",
         choices=["auto", "zscore", "uniform"],
@@ -562,7 +680,11 @@ def build_parser() -> argparse.ArgumentParser:
         "space) and the dataset's own (z-score for your tables) otherwise",
     )
     sm.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
-    sm.add_argument("--dataset", choices=["office-caltech", "mnist-usps"])
+    sm.add_argument(
+        "--dataset",
+        choices=["office-caltech", "mnist-usps"],
+        help="a benchmark instead of your own files",
+    )
     sm.add_argument("--source", help="benchmark domain letter (A C D W / M U)")
     sm.add_argument("--target", help="benchmark domain letter (A C D W / M U)")
     sm.add_argument(
@@ -572,6 +694,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="private-source (default): the labeled source is private (DPDA); public-source: "
         "the source is public and the target's rows are private (seed 001: private "
         "reweighting; takes --epsilon, --delta (default 1/(10·nt)) and --seed only)",
+    )
+    sm.add_argument(
+        "--seeds",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="run the rehearsal N times, at seeds --seed (default 0) to --seed + N - 1, and "
+        "print each arm's mean ± standard deviation (min, max); the JSON gains 'spread'",
     )
     sm.add_argument(
         "--target-epsilon",
@@ -610,7 +740,9 @@ def build_parser() -> argparse.ArgumentParser:
     dm = sub.add_parser("demo", help="zero-setup run on generated data")
     dm.add_argument("--workdir", default=None, help="keep state here (default: a temp dir)")
     add_json_option(dm)
-    dm.add_argument("--epsilon", type=float, default=4.0)
+    dm.add_argument(
+        "--epsilon", type=float, default=4.0, help="the session's privacy budget ε (default 4)"
+    )
     dm.add_argument(
         "--in-process",
         action="store_true",

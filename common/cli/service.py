@@ -57,7 +57,7 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
         print(
             f"{out['method']}: {out['steps']} private steps by the data holder; ε this job "
             f"{out['epsilon_job']:.4f}, the holder's dataset in all {out['epsilon_spent']:.4f}  "
-            f"weights keep ≈{out['weights_effective_rows']:.0f} rows  → {cfg.state_dir}"
+            f"weights keep ≈{out['weights_effective_rows']:.0f} rows  → {out['output_dir']}"
         )
         print(f"  weights: {out['weights']}  model: {out.get('model', 'linear predictor')}")
         print(f"  note: protected are {out['protected']}")
@@ -65,10 +65,21 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
         return 0
     acc = "n/a" if out["accuracy"] is None else f"{out['accuracy']:.2f}%"
     print(
-        f"accuracy {acc}  ε this job {out['epsilon_job']:.4f}, the dataset's total "
-        f"{out['epsilon_dataset_total']:.4f} (δ={out['delta']:.3g})  {out['batches']} "
-        f"release(s), {out['rows_received']} rows  → {cfg.state_dir}"
+        f"job {out['job_id']}: accuracy {acc}  {out['batches']} release(s), "
+        f"{out['rows_received']} rows  → {out['output_dir']}"
     )
+    print(
+        f"  the source's records: ε {out['epsilon_job']:.4f} this job, the dataset's total "
+        f"{out['epsilon_dataset_total']:.4f} (δ={out['delta']:.3g})"
+    )
+    if out.get("target_epsilon_spent") is None:
+        print("  the target's own rows: ε 0, its statistics went out exact ([privacy] opt-in)")
+    else:
+        print(
+            f"  the target's own rows: ε {out['target_epsilon_spent']:.4f} this job, its total "
+            f"{out['target_epsilon_total']:.4f} of privacy.epsilon_cap "
+            f"{cfg.privacy.epsilon_cap:g}"
+        )
     print(f"  predictions: {out['predictions']}  model: {out['model']}")
     print(f"  note: {out['caveat']}")
     write_json(args, out)
@@ -86,19 +97,29 @@ def _cmd_target_plan(args: argparse.Namespace) -> int:
         f"σ/w {out['sigma']:.4f} (noise std {out['noise_std']:.4g}), {out['steps']} release(s), "
         f"ℓ = {out['projection_dim']}, {out['privacy_unit']} unit"
     )
+    own = out["target"]
     print(
-        f"this job would charge ε {out['epsilon_charge']:.4f} (δ = {out['delta']:.3g}); the "
-        f"dataset's total would go to {out['epsilon_dataset_after']:.4f} of its cap "
-        f"{out['epsilon_dataset_cap']:.4g}"
+        f"this job would charge the source's records ε {out['epsilon_charge']:.4f} "
+        f"(δ = {out['delta']:.3g}); the source dataset's total would go to "
+        f"{out['epsilon_dataset_after']:.4f} of its cap {out['epsilon_dataset_cap']:.4g}"
     )
+    if own["delta"] is None:
+        print("  and the target's own rows ε 0: its statistics go out exact ([privacy] opt-in)")
+    else:
+        print(
+            f"  and the target's own rows ε {own['epsilon_charge']:.4f} (δ = {own['delta']:.3g}"
+            f", [privacy]); their total would go to {own['epsilon_total_after']:.4f} of the "
+            f"target's cap {own['epsilon_cap']:.4g} (privacy.epsilon_cap)"
+        )
     ch = out["epsilon_by_channel"]
     print(
         f"  by channel, each alone: features {ch['features']:.4f}, histogram "
         f"{ch['histogram']:.4f}, PATE {ch['pate']:.4f} (composed, they make the charge above)"
     )
     print(
-        f"remaining now: source dataset {by['source_dataset']:.4f}, this peer at the source "
-        f"{by['source_peer']:.4f}, the target's own budget {by['target_budget']:.4f}"
+        f"remaining now on the source's dataset: its cap {by['source_dataset']:.4f}, this "
+        f"peer's cap at the source {by['source_peer']:.4f}, the target's cap for it "
+        f"(budget_epsilon) {by['target_budget']:.4f}"
     )
     fc = out["forecast"]
     print(
@@ -110,12 +131,17 @@ def _cmd_target_plan(args: argparse.Namespace) -> int:
             else f"under the noise-dominated line {fc['threshold']:g}"
         )
     )
-    if out.get("target_epsilon_charge") == 0.0:
-        print("the target sends nothing about its rows for this release: its own ε is 0")
+    if out["target"].get("epsilon_charge") == 0.0:
+        print("the target sends nothing about its rows for this job: its own ε is 0")
     print(
         "it fits; nothing was spent by this plan"
         if out["fits"]
-        else "it does NOT fit: the source would refuse it (see the remaining budget above)"
+        else "it does NOT fit: "
+        + (
+            "the target's own cap (privacy.epsilon_cap) would be exceeded"
+            if not own["fits"]
+            else "the source would refuse it (see the remaining budget above)"
+        )
     )
     write_json(args, out)
     return 0
@@ -197,8 +223,10 @@ def _budget_lines(config: str, store: Any) -> list[str]:
         from dpda.service.config import load_target
 
         tcfg = load_target(config)
-        events = [event_from_json(e.dp_event) for e in store.entries(tcfg.job.dataset)]
-        spent = spend_of(events, tcfg.job.delta) if events else 0.0
+        held = store.entries(tcfg.job.dataset)
+        events = [event_from_json(e.dp_event) for e in held]
+        tdelta = tcfg.job.delta or (held[0].params.get("delta") if held else None)
+        spent = spend_of(events, tdelta) if events and tdelta else 0.0
         lines.append(
             f"{tcfg.job.dataset}: the target's budget ε {tcfg.budget_epsilon:g}, the dataset's "
             f"total {spent:.4f}, remaining {max(tcfg.budget_epsilon - spent, 0.0):.4f}"
@@ -283,7 +311,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ssub = s.add_subparsers(dest="source_command", required=True)
     ss = ssub.add_parser("serve", help="serve DP releases over gRPC with mTLS")
     ss.add_argument("--config", required=True, help="source.toml")
-    ss.add_argument("--log-level", default="info")
+    ss.add_argument("--log-level", default="info", help="debug, info (default), warning or error")
     ss.set_defaults(func=_cmd_source_serve)
 
     t = sub.add_parser("target", help="the target party")
@@ -292,25 +320,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--config", required=True, help="target.toml")
     add_json_option(tr)
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
-    tr.add_argument("--log-level", default="warning")
+    tr.add_argument(
+        "--log-level", default="warning", help="debug, info (default), warning or error"
+    )
     tr.set_defaults(func=_cmd_target_run)
     tp = tsub.add_parser(
         "plan", help="preflight: σ, this job's charge and the budget left, spending nothing"
     )
     tp.add_argument("--config", required=True, help="target.toml")
     add_json_option(tp)
-    tp.add_argument("--log-level", default="warning")
+    tp.add_argument(
+        "--log-level", default="warning", help="debug, info (default), warning or error"
+    )
     tp.set_defaults(func=_cmd_target_plan)
 
     tv = tsub.add_parser("serve", help="the target daemon: jobs over its admin HTTP API")
     tv.add_argument("--config", required=True, help="target.toml")
-    tv.add_argument("--log-level", default="info")
+    tv.add_argument("--log-level", default="info", help="debug, info (default), warning or error")
     tv.set_defaults(func=_cmd_target_serve)
 
     lg = sub.add_parser("ledger", help="inspect a daemon's privacy ledger")
     lsub = lg.add_subparsers(dest="ledger_command", required=True)
     ls = lsub.add_parser("show", help="list ledger entries")
-    ls.add_argument("state_dir")
+    ls.add_argument("state_dir", help="the daemon's state_dir (its ledger and audit log)")
     ls.add_argument(
         "--config",
         default=None,
@@ -320,7 +352,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json_option(ls)
     ls.set_defaults(func=_cmd_ledger_show)
     lv = lsub.add_parser("verify", help="check chain, signatures, charges and payload hashes")
-    lv.add_argument("state_dir")
+    lv.add_argument("state_dir", help="the daemon's state_dir (its ledger and audit log)")
     lv.add_argument(
         "--against",
         metavar="PEER_STATE_DIR",
@@ -331,9 +363,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     au = sub.add_parser("audit", help="inspect a daemon's payload audit log")
     asub = au.add_subparsers(dest="audit_command", required=True)
     av = asub.add_parser("verify", help="check the chain and ledger coverage of every release")
-    av.add_argument("state_dir")
+    av.add_argument("state_dir", help="the daemon's state_dir (its ledger and audit log)")
     av.set_defaults(func=_cmd_audit_verify)
     ar = asub.add_parser("report", help="what left the organization, by mechanism, bytes, ε")
-    ar.add_argument("state_dir")
+    ar.add_argument("state_dir", help="the daemon's state_dir (its ledger and audit log)")
     add_json_option(ar)
     ar.set_defaults(func=_cmd_audit_report)

@@ -32,6 +32,8 @@ class Table:
     ids: np.ndarray  # (n,) the id column's values, else row numbers 0..n-1
     columns: tuple[str, ...]  # feature names (``x0``… when the file has none)
     where: str  # the file (or "DataFrame"), for messages
+    named: bool = False  # the columns' names come from the file (a header), not ``x0``…
+    label_names: tuple[str, ...] | None = None  # string labels: the name of class 0, 1, …
 
     @classmethod
     def of(cls, domain: Domain) -> Table:
@@ -149,7 +151,8 @@ def read_table(
     ``required`` (a source), ``optional`` (a target: a *named* label column may be absent;
     present, it is read for evaluation only) or ``none`` (every column is a feature).
     ``id_column``: a column kept as row ids (not a feature); without one, a header column named
-    ``id`` or ``row_id`` is taken as it. Labels are non-negative integers.
+    ``id`` or ``row_id`` is taken as it. Labels are class indices (0, 1, …) or names (any text:
+    classes in sorted order, ``label_names``).
     """
     where = "DataFrame" if hasattr(source, "columns") else str(source)
     names, rows, first, unit = _raw(source, where)
@@ -188,18 +191,100 @@ def read_table(
         for k, j in enumerate(feature_at):
             x[i, k] = _number(r[j], where, col_names[j], unit, first + i)
     y = None
+    label_names = None
     if label_at is not None:
-        y = np.array(
-            [
-                _label(r[label_at], where, col_names[label_at], unit, first + i)
-                for i, r in enumerate(rows)
-            ],
-            dtype=np.int64,
-        )
+        raw = [r[label_at] for r in rows]
+        if all(_is_number(str(v)) for v in raw):  # class indices 0, 1, …
+            y = np.array(
+                [_label(v, where, col_names[label_at], unit, first + i) for i, v in enumerate(raw)],
+                dtype=np.int64,
+            )
+        else:  # names: classes in sorted order, mapped back in the predictions
+            text = [str(v).strip() for v in raw]
+            label_names = tuple(sorted(set(text)))
+            index = {name: c for c, name in enumerate(label_names)}
+            y = np.array([index[t] for t in text], dtype=np.int64)
     ids = np.array([r[id_at] for r in rows]) if id_at is not None else np.arange(len(rows))
     stem = name or (Path(where).stem if where != "DataFrame" else "table")
-    n_classes = int(y.max()) + 1 if y is not None else 0
-    return Table(Domain(stem, x, y, n_classes), ids, tuple(col_names[j] for j in feature_at), where)
+    n_classes = (len(label_names) if label_names else int(y.max()) + 1) if y is not None else 0
+    features = tuple(col_names[j] for j in feature_at)
+    domain = Domain(stem, x, y, n_classes)
+    return Table(domain, ids, features, where, names is not None, label_names)
+
+
+def align_labels(table: Table, reference: Table) -> Table:
+    """``table``'s labels (a target's, for scoring) as ``reference``'s classes: by name when the
+    reference's labels are names; a name the reference has not is refused, naming it."""
+    if reference.label_names is None or table.y is None:
+        return table
+    names = table.label_names or tuple(str(c) for c in range(int(table.y.max()) + 1))
+    index = {name: c for c, name in enumerate(reference.label_names)}
+    unknown = sorted({names[c] for c in np.unique(table.y)} - set(index))
+    if unknown:
+        raise ConfigError(
+            f"{table.where}: labels {', '.join(map(repr, unknown))} are no class of "
+            f"{reference.where or 'the source'} ({', '.join(map(repr, reference.label_names))})"
+        )
+    y = np.array([index[names[c]] for c in table.y], dtype=np.int64)
+    d = table.domain
+    domain = Domain(d.name, d.x, y, len(reference.label_names))
+    return Table(domain, table.ids, table.columns, table.where, table.named, reference.label_names)
+
+
+def align_columns(table: Table, reference: Table) -> Table:
+    """``table`` with its feature columns in the order of ``reference``'s, matched by name.
+
+    Headers decide, never positions: the same names in another order are reordered; a name that
+    differs is refused, naming the columns on both sides. Without names on both sides (a file
+    with no header, a ``.npy``) only the widths are compared.
+    """
+    columns, ref = reference.columns, reference.where or "the source"
+    named = (
+        table.named
+        and reference.named
+        and len(set(table.columns)) == len(table.columns)
+        and len(set(columns)) == len(columns)
+    )
+    if not named:
+        if len(table.columns) != len(columns):
+            raise ConfigError(
+                f"{table.where}: {len(table.columns)} feature columns, {ref} {len(columns)}"
+            )
+        return table
+    if table.columns == columns:
+        return table
+    missing = [c for c in columns if c not in table.columns]
+    extra = [c for c in table.columns if c not in columns]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"lacks {', '.join(map(repr, missing))}")
+        if extra:
+            parts.append(f"has {', '.join(map(repr, extra))}, which {ref} has not")
+        raise ConfigError(
+            f"{table.where}: its feature columns differ from {ref}'s: it "
+            + " and ".join(parts)
+            + " (columns are matched by their header names; rename them to agree)"
+        )
+    order = [table.columns.index(c) for c in columns]
+    d = table.domain
+    domain = Domain(d.name, d.x[:, order], d.y, d.n_classes)
+    return Table(domain, table.ids, columns, table.where, True)
+
+
+def check_classes(table: Table, label_column: str, field: str = "") -> None:
+    """Refuse labels that hold fewer than two classes: nothing is learnt from one class, and
+    every prediction would be that class. ``field``: the config field that names the column."""
+    y = table.y
+    if y is None:
+        return
+    present = np.unique(y)
+    if present.size < 2:
+        at = f" ({field})" if field else ""
+        raise ConfigError(
+            f"{table.where}: column {label_column!r}{at} holds one class ({int(present[0])}) in "
+            f"all {y.size} rows; a source needs labeled rows of at least two classes"
+        )
 
 
 def _number(value: Any, where: str, column: str, unit: str, at: int) -> float:
@@ -225,9 +310,17 @@ def _label(value: Any, where: str, column: str, unit: str, at: int) -> int:
     return int(v)
 
 
-def write_predictions(path: str | Path, ids: np.ndarray, predictions: np.ndarray) -> Path:
-    """Predictions with the rows' ids: CSV (``id,prediction``) or Parquet, by the suffix."""
+def write_predictions(
+    path: str | Path,
+    ids: np.ndarray,
+    predictions: np.ndarray,
+    label_names: tuple[str, ...] | None = None,
+) -> Path:
+    """Predictions with the rows' ids: CSV (``id,prediction``) or Parquet, by the suffix.
+    ``label_names``: the source's labels were names; class ``c`` is written as its name."""
     path = Path(path)
+    if label_names is not None:
+        predictions = np.asarray(label_names, dtype=object)[np.asarray(predictions, dtype=int)]
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix.lower() == ".parquet":
         try:

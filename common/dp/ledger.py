@@ -26,7 +26,7 @@ from dp_accounting import dp_event
 
 from dpda.dp.accounting import LEDGER_PLD_INTERVAL, Accountant, group_events, ledger_epsilon
 from dpda.dp.events import canonical_json, event_from_json, event_to_json
-from dpda.errors import BudgetExceeded, LedgerCorrupt
+from dpda.errors import BudgetExceeded, ConfigError, LedgerCorrupt
 
 GENESIS = "0" * 64
 
@@ -136,6 +136,18 @@ class Budget:
     epsilon: float
     delta: float
     accountant: str = Accountant.PLD.value
+
+
+def check_delta(delta: float, n_rows: int, field: str, rows: str) -> None:
+    """Refuse a δ of 1/n or more: a mechanism that releases one of ``n`` records in the clear
+    with probability δ satisfies (0, δ)-DP at δ = 1/n, so such a δ protects nothing.
+    ``field``: the setting that gave it; ``rows``: whose rows n counts."""
+    if not 0 < delta < 1.0 / n_rows:
+        raise ConfigError(
+            f"{field}: δ = {delta:g} must lie in (0, 1/n) = (0, {1.0 / n_rows:.3g}) for the "
+            f"{n_rows} rows of {rows} (at δ ≥ 1/n one record may be released in the clear); "
+            f"the default is 1/(10·n) = {1.0 / (10 * n_rows):.3g}"
+        )
 
 
 def _exceeded(which: str, cap: float, spent: float, after: float) -> BudgetExceeded:

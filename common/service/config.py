@@ -7,10 +7,11 @@ resolved against the directory of the config file.
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -225,7 +226,12 @@ class TargetJob(_Strict):
         default=(600, 500), description="data_kind synthetic: (source rows, target rows)"
     )
     epsilon: float = Field(gt=0, le=100)
-    delta: float = Field(gt=0, lt=1)
+    delta: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="the source's δ for the dataset; default: the value the source publishes",
+    )
     privacy_unit: PrivacyUnit = PrivacyUnit.RECORD
     neighbouring: Neighbouring = Neighbouring.REPLACE_ONE
     # None: the release decides (source for prototypes and class-gaussians, else target-pca)
@@ -393,9 +399,52 @@ def load(path: str | Path, model: type[_Strict]) -> _Strict:
     try:
         return model.model_validate(_resolve(raw, path.parent))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        raise ConfigError(f"{path}: {field}: {err['msg']}") from None
+        raise ConfigError(f"{path}: {explain(exc, model)}") from None
+
+
+def explain(exc: ValidationError, model: type[BaseModel]) -> str:
+    """The first error as ``field: message``; an unknown key comes first, with the known key it
+    most resembles ("did you mean …"), since a misspelt key also makes the intended one missing."""
+    errors = exc.errors()
+    extra = next((e for e in errors if e["type"] == "extra_forbidden"), None)
+    err = extra or errors[0]
+    field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if extra is None:
+        return f"{field}: {err['msg']}"
+    known = _keys_at(model, err["loc"][:-1])
+    key = str(err["loc"][-1])
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        return f"{field}: unknown key {key!r}; did you mean {close[0]!r}?"
+    return f"{field}: unknown key {key!r} (known keys: {', '.join(sorted(known))})"
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the model a location inside ``model`` points into."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an entry of a list of tables: the same model
+        field = current.model_fields.get(str(part)) if _is_model(current) else None
+        if field is None:
+            return []
+        current = _model_in(field.annotation)
+    return list(current.model_fields) if _is_model(current) else []
+
+
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model an annotation holds (itself, or inside a tuple, list or union)."""
+    if _is_model(annotation):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def load_source(path: str | Path) -> SourceConfig:

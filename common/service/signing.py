@@ -9,6 +9,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from dpda.errors import ConfigError
+
 
 def new_key() -> Ed25519PrivateKey:
     return Ed25519PrivateKey.generate()
@@ -33,15 +35,26 @@ def save_key(key: Ed25519PrivateKey, private_path: Path, public_path: Path) -> N
     )
 
 
-def load_private(path: str | Path) -> Ed25519PrivateKey:
-    key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+def _read(path: str | Path, field: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{field}: {path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{field}: {path}: {exc.strerror or exc}") from None
+
+
+def load_private(path: str | Path, field: str = "signing_key") -> Ed25519PrivateKey:
+    """The Ed25519 signing key at ``path``; ``field``: the config setting that names it."""
+    key = serialization.load_pem_private_key(_read(path, field), password=None)
     if not isinstance(key, Ed25519PrivateKey):
         raise ValueError(f"{path}: not an Ed25519 private key")
     return key
 
 
-def load_public(path: str | Path) -> Ed25519PublicKey:
-    key = serialization.load_pem_public_key(Path(path).read_bytes())
+def load_public(path: str | Path, field: str = "signing_public_key") -> Ed25519PublicKey:
+    """The Ed25519 public key at ``path``; ``field``: the config setting that names it."""
+    key = serialization.load_pem_public_key(_read(path, field))
     if not isinstance(key, Ed25519PublicKey):
         raise ValueError(f"{path}: not an Ed25519 public key")
     return key

@@ -137,19 +137,79 @@ def init_party(
     )
 
 
+def read_config_file(path: Path, field: str) -> bytes:
+    """A file a config names, or a ``ConfigError`` naming the field behind it."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{field}: {path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{field}: {path}: {exc.strerror or exc}") from None
+
+
+def tls_files(cert: Path, key: Path, ca: Path) -> tuple[bytes, bytes, bytes]:
+    """(certificate, key, CA) as PEM bytes, each named by its ``[tls]`` field when missing or
+    unreadable, and the key checked against the certificate: a key of another certificate fails
+    here, by name, not inside the TLS library."""
+    cert_pem = read_config_file(cert, "tls.cert")
+    key_pem = read_config_file(key, "tls.key")
+    ca_pem = read_config_file(ca, "tls.peer_ca")
+    try:
+        public = x509.load_pem_x509_certificate(cert_pem).public_key()
+    except ValueError:
+        raise ConfigError(f"tls.cert: {cert}: not a PEM certificate") from None
+    try:
+        private = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise ConfigError(f"tls.key: {key}: not an unencrypted PEM private key") from None
+    der = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if private.public_key().public_bytes(*der) != public.public_bytes(*der):
+        raise ConfigError(
+            f"tls.key: {key} is not the key of the certificate tls.cert ({cert}); use the key "
+            "made with that certificate (`dpda keys init` writes them side by side)"
+        )
+    return cert_pem, key_pem, ca_pem
+
+
 def server_credentials(cert: Path, key: Path, client_ca: Path) -> grpc.ServerCredentials:
+    cert_pem, key_pem, ca_pem = tls_files(cert, key, client_ca)
     return grpc.ssl_server_credentials(
-        [(key.read_bytes(), cert.read_bytes())],
-        root_certificates=client_ca.read_bytes(),
-        require_client_auth=True,
+        [(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=True
     )
 
 
 def channel_credentials(cert: Path, key: Path, server_ca: Path) -> grpc.ChannelCredentials:
+    cert_pem, key_pem, ca_pem = tls_files(cert, key, server_ca)
     return grpc.ssl_channel_credentials(
-        root_certificates=server_ca.read_bytes(),
-        private_key=key.read_bytes(),
-        certificate_chain=cert.read_bytes(),
+        root_certificates=ca_pem, private_key=key_pem, certificate_chain=cert_pem
+    )
+
+
+# TLS alerts by which a server refuses the client's certificate (OpenSSL's reason names)
+_REFUSED_ALERTS = (
+    "UNKNOWN_CA",
+    "BAD_CERTIFICATE",
+    "CERTIFICATE_UNKNOWN",
+    "CERTIFICATE_REQUIRED",
+    "UNSUPPORTED_CERTIFICATE",
+    "CERTIFICATE_EXPIRED",
+    "CERTIFICATE_REVOKED",
+    "ACCESS_DENIED",
+)
+
+
+def _refused_by_server(exc: ssl.SSLError, address: str, cert: Path) -> ConfigError | None:
+    """A ``ConfigError`` when ``exc`` is the server's alert refusing our certificate."""
+    reason = str(exc.reason or exc)
+    if not any(a in reason.upper() for a in _REFUSED_ALERTS):
+        return None
+    return _refused(address, cert, f"TLS alert {reason}")
+
+
+def _refused(address: str, cert: Path, how: str) -> ConfigError:
+    return ConfigError(
+        f"tls.cert: the source {address} refused this target's certificate ({cert}; {how}): "
+        "the source's tls.peer_ca must be the CA that signed it; nothing was sent"
     )
 
 
@@ -206,6 +266,7 @@ def check_server_fingerprint(
     server with backoff for ``retry_s`` seconds, then raises ``DpdaError``. Returns the
     fingerprint."""
     host, port = grpc_host_port(address)
+    tls_files(cert, key, ca)  # each file by its field, and the key against the certificate
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_verify_locations(cafile=str(ca))
@@ -220,12 +281,32 @@ def check_server_fingerprint(
                 ctx.wrap_socket(sock, server_hostname=host) as tls,
             ):
                 der = tls.getpeercert(binary_form=True)
+                # under TLS 1.3 the server judges our certificate after the handshake: its first
+                # bytes (HTTP/2 settings) or its alert tell whether it accepted it
+                tls.settimeout(min(timeout, 5.0))
+                try:
+                    first = tls.recv(1)
+                except TimeoutError:
+                    first = None  # no word yet: gRPC's own handshake will tell
+            if first == b"":  # closed at once, with no HTTP/2 settings: our certificate refused
+                raise _refused(address, cert, "the connection closed after the handshake")
             break
         except ssl.SSLCertVerificationError as exc:
             raise PeerMisbehaved(
                 f"source {address}: its certificate does not verify against {ca} "
                 f"({exc.verify_message}); nothing was sent"
             ) from None
+        except ssl.SSLError as exc:
+            refused = _refused_by_server(exc, address, cert)
+            if refused is not None:
+                raise refused from None  # a setting, not an outage: no retry helps
+            if time.monotonic() + delay > deadline:
+                raise DpdaError(
+                    f"source error: {address} unavailable for the certificate check ({exc})"
+                ) from None
+            log.warning("source %s unavailable (%s); retrying in %.1f s", address, exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
         except OSError as exc:  # refused, reset, timed out, a failed handshake: unavailable
             if time.monotonic() + delay > deadline:
                 raise DpdaError(

@@ -185,6 +185,7 @@ def test_the_openapi_schema_covers_every_route() -> None:
     code, _, body = app.handle({"path": "/openapi.json", "headers": []})
     spec = json.loads(body)
     routes = {getattr(r, "path", "") for r in app.api.routes} - {"", "/openapi.json"}
+    routes -= {"/docs", "/redoc"}  # the schema's HTML pages, not in it
     routes |= {r.path for r in runner.router().routes if hasattr(r, "path")}
     assert code == 200 and routes == set(spec["paths"])
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/report", "/metrics"} <= routes
@@ -192,3 +193,16 @@ def test_the_openapi_schema_covers_every_route() -> None:
     assert set(body_schema["schema"]["properties"]) == set(OVERRIDABLE)
     assert spec["paths"]["/v1/ledger"]["get"]["parameters"][0]["name"] == "dataset"
     assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+
+
+def test_docs_and_redoc_are_served_behind_the_token() -> None:
+    from dpda.service.admin import AdminApp, Metrics
+
+    app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, "t0k", open_reads=True)
+    for path in ("/docs", "/redoc"):
+        assert app.handle(_scope(path=path))[0] == 401  # open reads do not open them
+        code, ctype, body = app.handle(_scope(path=path, authorization="Bearer t0k"))
+        assert code == 200 and ctype.startswith("text/html") and b"/openapi.json" in body
+    bare = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True)
+    code, _, body = bare.handle(_scope(path="/docs"))
+    assert code == 401 and b"no admin token" in body

@@ -91,6 +91,7 @@ PUBLIC_REASONS = [
         r"INVALID_ARGUMENT: scaling: \d+ and \d+ columns, the source has \d+ features",
         r"INVALID_ARGUMENT: target-pca needs the target's basis",
         r"INVALID_ARGUMENT: planned_terms_json: its dataset is not the one described",
+        r"INVALID_ARGUMENT: unknown dataset",  # the caller's own name for it, to a pinned peer
         r"LEDGER_CORRUPT: this (release|answer) was sent before and its stored copy is lost: .*",
         # the reverse shape's holder (source_party.reweighting): shapes, bounds and counts
         r"INVALID_ARGUMENT: rows: need 2 to \d+ rows",

@@ -90,7 +90,8 @@ def test_public_source_job_between_two_daemons(tmp_path) -> None:
     finally:
         source.stop()
     assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads((dep.target_state / "results.json").read_text())
+    (results,) = (dep.target_state / "jobs").glob("*/results.json")  # the job's own folder
+    out = json.loads(results.read_text())
     assert out["setting"] == "public-source" and out["method"] == "noisy-fw"
     # the holder's DP outputs, replayed by the driver, are the in-process run's exactly
     expected = _in_process("noisy-fw", 60, 2.0)

@@ -72,7 +72,7 @@ def test_jobs_api_and_report(daemons, tmp_path) -> None:
     code, page = _req(port, f"/v1/jobs/{job_id}/report")
     assert code == 200
     html = page.decode()
-    assert html.count("<svg") == 3 and "ε spent after each release" in html
+    assert html.count("<svg") == 3 and "this job&#x27;s ε after each release" in html
     assert "Accuracy on the target" in html
     ledger = json.loads(_req(port, "/v1/ledger")[1])
     assert len(ledger) == 4 and all(e["target_sig"] for e in ledger)

@@ -75,3 +75,48 @@ def test_session_parameters_have_one_declaration() -> None:
         assert flags[name].default == job[name].default == adapt[name], name
     assert flags["pate_share"].default == job["pate_share"].default == PATE_SHARE
     assert flags["pate_queries"].default == job["pate_queries"].default
+
+
+def _parsers():
+    import argparse
+
+    stack = [("dpda", build_parser())]
+    while stack:
+        name, p = stack.pop()
+        yield name, p
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend((f"{name} {sub}", sp) for sub, sp in action.choices.items())
+
+
+def test_every_flag_and_argument_has_help() -> None:
+    import argparse
+
+    bare = [
+        f"{name} {a.option_strings or a.dest}"
+        for name, p in _parsers()
+        for a in p._actions
+        if not isinstance(a, argparse._SubParsersAction) and not a.help
+    ]
+    assert bare == []
+
+
+def test_one_flag_names_the_neighbouring_relation() -> None:
+    for name, p in _parsers():
+        flags = [a for a in p._actions if {"--relation", "--neighbouring"} & set(a.option_strings)]
+        assert len(flags) <= 1, name  # one flag (its two spellings are one action)
+
+
+def test_a_bad_value_is_one_line_not_the_usage(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--epsilon", "abc"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "usage:" not in err
+    assert "--epsilon" in err and "'abc'" in err and "dpda simulate --help" in err
+
+
+def test_the_package_ships_its_type_hints() -> None:
+    from importlib.resources import files
+
+    assert files("dpda").joinpath("py.typed").is_file()

@@ -69,14 +69,68 @@ def test_sinkhorn_synthetic_report_shows_synthetic_points_beside_the_target() ->
 
 
 def test_the_report_states_both_parties_epsilon() -> None:
-    """Issue 19: the job's page says what the source spent on its records and the target on its
-    own rows, or that the target's statistics went out exactly."""
+    """The job's page says what the source spent on its records and the target on its own
+    rows, this job and in all apart, or that the target's statistics went out exactly."""
     from dpda.target_party.report import render
 
     figs = {"batch_spend": [3.0], "budget": 4.0}
-    dp = render({"epsilon_spent": 3.0, "delta": 1e-5, "target_epsilon_spent": 4.0,
-                 "target_epsilon_total": 6.08}, figs)  # fmt: skip
-    assert "the source 3.0000 on its records" in dp
-    assert "the target 4.0000 on its own rows (6.0800 over every job" in dp
+    dp = render({"epsilon_job": 3.0, "epsilon_dataset_total": 5.5, "delta": 1e-5,
+                 "target_epsilon_spent": 4.0, "target_epsilon_total": 6.08,
+                 "target_epsilon_cap": 8.0}, figs)  # fmt: skip
+    src = dp[dp.index("the source's records") :]
+    assert src.index("<td class='n'>3</td>") < src.index("<td class='n'>5.5</td>")
+    tgt = dp[dp.index("the target's own rows") :]
+    assert "<td class='n'>4</td><td class='n'>6.08</td><td>cap ε 8 over every job" in tgt
     exact = render({"epsilon_spent": 3.0, "delta": 1e-5, "target_epsilon_spent": None}, figs)
-    assert "disclosed its statistics exactly" in exact and "on its own rows" not in exact
+    assert "went out exactly" in exact
+
+
+# what a service job's results.json holds (the numbers of the new user's report)
+RESULTS = {
+    "job_id": "3f2a9c0d1b7e",
+    "dataset": "digits",
+    "source": "source.example:50051",
+    "finished_at": "2026-12-03T06:30:00+00:00",
+    "accuracy": None,
+    "epsilon_job": 2.536,
+    "epsilon_dataset_total": 6.9188,
+    "epsilon_spent": 6.9188,
+    "epsilon_budget": 3.0,
+    "delta": 0.00011111111111111112,
+    "selection": {"reg_e": 0.1, "reg_g": 1.0},
+    "target_epsilon_spent": None,
+    "adaptation": {"helped": "likely", "estimate": 0.031},
+}
+
+
+def _figures(n_releases: int = 1) -> dict:
+    rng = np.random.default_rng(0)
+    pts = rng.normal(size=(60, 2))
+    return {
+        "batch_spend": [6.9188] * n_releases,  # the dataset's total: not what this job spent
+        "job_spend": [2.536 * (i + 1) / n_releases for i in range(n_releases)],
+        "budget": 3.0,
+        "noisy_counts": [[88.6, 91.2, 90.1]],
+        "mapped_labels": np.array([0, 1, 2]),
+        "predicted_counts": [30, 20, 10],
+        "target_2d": pts,
+        "target_labels": np.arange(60) % 3,
+        "mapped_2d": pts[:3] + 0.1,
+    }
+
+
+def test_the_report_reads_as_this_job_and_formats_every_number() -> None:
+    from dpda.target_party.report import render
+
+    page = render(RESULTS, _figures())
+    ticks = re.findall(r'font-size="10">([^<]+)</text>', page)
+    assert "-0" not in ticks and "0.5" not in ticks  # one release: whole-number releases only
+    assert "job&#x27;s budget ε 3</text>" in page  # the budget line that applies, named
+    assert "<title>2.5360</title>" in page and "<title>6.9188</title>" not in page  # this job's
+    assert "0.00011111111111111112" not in page and "1.111e-04" in page
+    assert "{'" not in page and "None" not in page
+    assert "class 0" in page and "class 2" in page  # the scatter's class legend
+    assert "target rows predicted as it" in page  # what the blue bars are
+    for fact in ("3f2a9c0d1b7e", "digits", "source.example:50051", "2026-12-03T06:30:00"):
+        assert fact in page
+    assert "<h2>Adaptation</h2>" in page and "estimate 0.031" not in page  # a table of its own

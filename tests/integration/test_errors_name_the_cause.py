@@ -1,0 +1,102 @@
+"""What goes wrong at the client is said at the client, by name: δ taken from the source when
+the target leaves it out, an unknown dataset, a certificate the source does not trust (at once,
+naming which side refused). A real source daemon in its own process, real mTLS."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dpda.deployment import Deployment, SourceProcess, dpda_command, make_deployment
+from dpda.service.tls import init_party
+
+N_SOURCE = 300
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("errors")
+    dep = make_deployment(
+        tmp / "deploy",
+        dataset={"name": "syn", "kind": "synthetic", "synthetic_rows": [N_SOURCE, 200],
+                 "epsilon": 10.0},
+        job={"dataset": "syn", "data_kind": "synthetic", "synthetic_rows": [N_SOURCE, 200],
+             "epsilon": 2.0},  # no delta: the source's is taken
+        target_privacy={"disclosures": "exact"},
+    )  # fmt: skip
+    source = SourceProcess(dep)
+    try:
+        yield dep
+    finally:
+        source.stop()
+
+
+def _variant(dep: Deployment, name: str, *swaps: tuple[str, str]) -> Path:
+    text = dep.target_config.read_text()
+    for old, new in swaps:
+        assert old in text
+        text = text.replace(old, new)
+    path = dep.workdir / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def _plan(config: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = dpda_command("target", "plan", "--config", str(config), *extra)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_the_target_takes_the_sources_delta_when_it_sets_none(served: Deployment) -> None:
+    out = served.workdir / "plan.json"
+    r = _plan(served.target_config, "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["delta"] == 1.0 / (10.0 * N_SOURCE)
+
+
+def test_an_unknown_dataset_is_named_at_the_client(served: Deployment) -> None:
+    config = _variant(served, "unknown", ('dataset = "syn"', 'dataset = "nope"'))
+    r = _plan(config)
+    assert r.returncode != 0
+    assert "job.dataset" in r.stderr and "'nope'" in r.stderr, r.stderr
+
+
+def test_a_certificate_the_source_does_not_trust_fails_at_once(served: Deployment) -> None:
+    other = init_party(served.workdir / "other-keys", "target-org")  # a CA the source never saw
+    keys = served.target_keys
+    config = _variant(
+        served, "untrusted", (str(keys.cert), str(other.cert)), (str(keys.key), str(other.key))
+    )
+    r = _plan(config)
+    assert r.returncode != 0
+    assert "tls.cert" in r.stderr and "refused this target's certificate" in r.stderr, r.stderr
+    assert "retrying" not in r.stderr  # a setting, not an outage: nothing is retried
+
+
+def test_plan_checks_the_targets_privacy_and_suggests_a_free_bound(served: Deployment) -> None:
+    config = _variant(served, "raw-dp", ('disclosures = "exact"', 'disclosures = "dp"'))
+    r = _plan(config)
+    assert r.returncode != 0  # as the job itself would fail, before anything is asked
+    assert "privacy.row_clip" in r.stderr and 'job.representation = "l2"' in r.stderr, r.stderr
+
+
+def test_plan_and_run_show_both_parties_epsilon(served: Deployment) -> None:
+    swap = ('disclosures = "exact"', 'disclosures = "dp"\nrow_clip = 40.0')
+    config = _variant(served, "both", swap)
+    out = served.workdir / "both.json"
+    r = _plan(config, "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(out.read_text())
+    own = plan["target"]
+    assert own["disclosures"] == "dp" and 0 < own["epsilon_charge"] <= own["epsilon_total_after"]
+    assert f"the target's own rows ε {own['epsilon_charge']:.4f}" in r.stdout
+    assert f"the source's records ε {plan['epsilon_charge']:.4f}" in r.stdout
+    run = subprocess.run(
+        dpda_command("target", "run", "--config", str(config), "--quiet"),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "the source's records: ε" in run.stdout
+    assert f"the target's own rows: ε {own['epsilon_charge']:.4f} this job" in run.stdout
