@@ -1,4 +1,4 @@
-"""Where the target's per-batch fits run (issue 18): in the job's own process (the default) or
+"""Where the target's per-batch fits run: in the job's own process (the default) or
 as Dask tasks on a ``LocalCluster`` or an existing Dask cluster.
 
 The job's process alone talks to the source: it pulls the releases in order and makes every

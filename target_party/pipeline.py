@@ -132,6 +132,42 @@ def target_pca_basis(x: np.ndarray, ell: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class FitTraffic:
+    """What a job's fits did, summed over its batches: the counts ``dpda bench speed --visda``
+    and ``dpda bench scale`` print beside the bytes-over-bandwidth bound."""
+
+    fits: int = 0
+    kernel_builds: int = 0
+    passes: int = 0  # passes over a kernel: one per Sinkhorn iteration
+    bytes_read: int = 0  # bytes of plan-sized arrays read (solver, cost, products)
+    pass_bytes: int = 0  # bytes the passes alone must read (passes × plan bytes)
+    seconds: float = 0.0  # the fits' own time (where they ran)
+
+    @classmethod
+    def of(cls, fits: list[BatchFit]) -> FitTraffic:
+        return cls(
+            fits=len(fits),
+            kernel_builds=sum(f.kernel_builds for f in fits),
+            passes=sum(f.passes for f in fits),
+            bytes_read=sum(f.bytes_read for f in fits),
+            pass_bytes=sum(f.pass_bytes for f in fits),
+            seconds=float(sum(f.seconds for f in fits)),
+        )
+
+    def to_json(self) -> dict[str, float]:
+        per = max(self.fits, 1)
+        return {
+            "fits": self.fits,
+            "kernel_builds_per_fit": self.kernel_builds / per,
+            "passes_per_fit": self.passes / per,
+            "bytes_read_per_fit": self.bytes_read / per,
+            "pass_bytes_per_fit": self.pass_bytes / per,
+            "read_over_pass_bytes": self.bytes_read / max(self.pass_bytes, 1),
+            "seconds_per_fit": self.seconds / per,
+        }
+
+
+@dataclass(frozen=True)
 class DPDAResult:
     accuracy: float | None  # of the job's final model (DPDA+PATE > DPDA > PATE student)
     epsilon_spent: float
@@ -162,6 +198,7 @@ class DPDAResult:
         default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False
     )
     target_projected: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
+    fit_traffic: FitTraffic = field(default_factory=FitTraffic)
 
     def summary(self, asked: SessionTerms) -> dict[str, Any]:
         """The numbers of one run, as ``results.json`` and ``dpda simulate --json`` report them
@@ -207,7 +244,8 @@ class BatchFit:
     kernel_builds: int = 0
     passes: int = 0
     bytes_read: int = 0
-    plan_bytes: int = 0  # one pass over the plan (n × m entries)
+    pass_bytes: int = 0  # what the passes alone must read: passes × the plan's bytes
+    seconds: float = 0.0  # the fit's own time, where it ran
     # target-side potentials of the first entropic solve, in the raw cost's units (the warm
     # start of a later batch's fit); None when the fit covers a subset of the target's rows
     warm: np.ndarray | None = None
@@ -233,6 +271,7 @@ def fit_points(
     still maps the source onto the target's own rows. ``warm``: an earlier fit's ``warm`` onto
     the same target rows (the first Sinkhorn solve starts from it; the plan does not depend
     on it beyond the solver's tolerance). A pure function of its arguments."""
+    t0 = time.perf_counter()
     mask = label_mask(ys, view.known) if np.any(view.known >= 0) else None
     if metric is None:
         cost = dpot_cost(pts, xt_proj, noise_std, mask)
@@ -272,7 +311,8 @@ def fit_points(
         passes=res.passes,
         # + the cost's normalization (its maximum, then the division) and the three products
         bytes_read=res.bytes_read + 2 * cost.normalized.nbytes + 3 * plan.nbytes,
-        plan_bytes=plan.nbytes,
+        pass_bytes=res.passes * plan.nbytes,
+        seconds=time.perf_counter() - t0,
         warm=None if out is None else out.beta * cost.scale,
     )
 
@@ -513,7 +553,8 @@ def combine(pieces: list[BatchFit], shares: list[float], weights: np.ndarray) ->
         kernel_builds=sum(f.kernel_builds for f in pieces),
         passes=sum(f.passes for f in pieces),
         bytes_read=sum(f.bytes_read for f in pieces),
-        plan_bytes=sum(f.plan_bytes for f in pieces),
+        pass_bytes=sum(f.pass_bytes for f in pieces),
+        seconds=sum(f.seconds for f in pieces),
         warm=pieces[0].warm,
     )
 
@@ -806,4 +847,5 @@ def _result(
         terms=s.terms,
         session_id=s.info.session_id,
         selection=selection,
+        fit_traffic=FitTraffic.of(fits),
     )
