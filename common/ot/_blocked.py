@@ -210,9 +210,9 @@ def direction(
             kb -= gb
             c_d += float(np.dot(c[i:j].reshape(-1), kb.reshape(-1)))
             np.multiply(gb, kb, out=t)
-            sq_b[lab] += t.sum(axis=0, dtype=np.float64)
+            sq_b[lab] += t.sum(axis=0)
             np.multiply(kb, kb, out=t)
-            sq_d[lab] += t.sum(axis=0, dtype=np.float64)
+            sq_d[lab] += t.sum(axis=0)
         return c_d, sq_b, sq_d
 
     parts = _run(pool, layout.spans(), part)
@@ -286,7 +286,7 @@ def squares(
         for i, j, lab in layout.blocks(lo, hi):
             t = tmp[: j - i]
             np.multiply(g[i:j], g[i:j], out=t)
-            sq[lab] += t.sum(axis=0, dtype=np.float64)
+            sq[lab] += t.sum(axis=0)
         return sq
 
     traffic.bytes_read += g.nbytes

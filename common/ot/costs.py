@@ -61,11 +61,11 @@ def dpot_cost(
 ) -> Cost:
     """Debiased, normalized cost between noisy source rows ``z (n, ℓ)`` and ``xt_proj (m, ℓ)``.
 
-    Built a block of rows at a time into the float32 result (each block held in cache while it
-    is finished and its maximum taken), from both sides centred on the target's mean (distances
+    Built in the float32 result (one product, then each block of rows finished and its maximum
+    taken while it is in cache), from both sides centred on the target's mean (distances
     do not change; the expansion ``‖z‖² + ‖x‖² − 2z·x`` then loses little to float32); so an
-    ``n × m`` cost costs ``4nm`` bytes, no ``n × m`` temporaries and two passes (the build, the
-    normalization).
+    ``n × m`` cost costs ``4nm`` bytes, no ``n × m`` temporaries and three passes (the product,
+    the finish, the normalization).
     """
     n, m = z.shape[0], xt_proj.shape[0]
     out = np.empty((n, m), dtype=np.float32)
@@ -75,11 +75,13 @@ def dpot_cost(
     xt_t = np.ascontiguousarray(xc.T)
     zz = np.einsum("ij,ij->i", zc, zc, dtype=np.float64).astype(np.float32)
     yy = np.einsum("ij,ij->i", xc, xc, dtype=np.float64).astype(np.float32)
+    # one GEMM for the whole product (BLAS is fast on it and slow on thin blocks of rows), then
+    # each block finished and its maximum taken while it is in cache
+    np.matmul(zc, xt_t, out=out)
     rows = max(1, _BLOCK // max(m, 1))
     top = 0.0
     for i in range(0, n, rows):
         blk = out[i : i + rows]
-        np.matmul(zc[i : i + rows], xt_t, out=blk)
         blk *= np.float32(-2.0)
         blk += zz[i : i + rows, None]
         blk += yy
