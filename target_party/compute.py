@@ -1,4 +1,4 @@
-"""Where the target's per-batch fits run (issue 18): in the job's own process (the default) or
+"""Where the target's per-batch fits run: in the job's own process (the default) or
 as Dask tasks on a ``LocalCluster`` or an existing Dask cluster.
 
 The job's process alone talks to the source: it pulls the releases in order and makes every
@@ -88,6 +88,16 @@ class Compute:
     def gather(self, pending: list[Any]) -> list[Any]:
         return [p.value for p in pending]
 
+    def handle(self, pending: Any) -> Any:
+        """What a later task takes as an argument for ``pending``'s result: the value itself
+        here; on Dask the future (the later task then waits for it)."""
+        return pending.value
+
+    def derive(self, fn: Callable[[Any], Any], pending: Any) -> Any:
+        """``fn`` of ``pending``'s result, as a pending result of its own (a small task, not a
+        fit: on Dask it is not held to the fits' BLAS limit and keeps its own name)."""
+        return Pending(fn(pending.value))
+
     def max_cells(self) -> int | None:
         """Plan entries one task may hold in a worker's memory (None: no limit)."""
         if self.memory_per_worker is None:
@@ -134,6 +144,12 @@ class DaskCompute(Compute):
         # pure=False: a fresh key per task (two grid points never share a result by accident);
         # a lost result is recomputed from the task, whose arguments the scheduler keeps
         return self.client.submit(_limited, self.threads, fn, *args, pure=False)
+
+    def handle(self, pending: Any) -> Any:
+        return pending
+
+    def derive(self, fn: Callable[[Any], Any], pending: Any) -> Any:
+        return self.client.submit(fn, pending, pure=False)
 
     def gather(self, pending: list[Any]) -> list[Any]:
         out = self.client.gather(pending)

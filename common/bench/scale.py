@@ -1,12 +1,14 @@
 """``dpda bench scale``: the VisDA-scale job with every target row in every batch's plan, its
-per-batch fits as Dask tasks on a ``LocalCluster`` of 1, then 2 workers of this machine (issue
-18) — seconds, throughput per worker and the parallel efficiency.
+per-batch fits as Dask tasks on a ``LocalCluster`` of 1, then 2 workers of this machine —
+seconds, throughput per worker and the parallel efficiency.
 
 Each worker runs one Dask thread with one BLAS thread, and the job's own process (releases,
 the final classifier) is held to one BLAS thread too, so the ratio of the two runs measures how
 the fits scale, not how BLAS pools share cores. Each run is a fresh process with a fresh
 cluster. Besides the wall time of the job, the workers' task stream gives the busy seconds of
 the fits: their mean is the measured per-batch cost the README's 10^6 × 10^6 plan starts from.
+Each row also carries what the fits read (kernel builds, passes, bytes) and the time those reads
+take at the read bandwidth measured in the same process (``dpda.bench.speed.fit_bounds``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ import threading
 import time
 from typing import Any
 
-from dpda.bench.speed import _in_child, _rss_mb, _status_mb, job_inputs
+from dpda.bench.speed import (
+    _in_child,
+    _rss_mb,
+    _status_mb,
+    fit_bounds,
+    job_inputs,
+    memory_bandwidth_gbs,
+    print_fits,
+)
 from dpda.service.output import add_json_option, write_json
 
 FULL = {"n_source": 150_000, "n_target": 50_000, "dim": 256, "batch_size": 1000, "steps": 150}
@@ -33,6 +43,7 @@ def _scale_child(spec: dict[str, Any], workers: int, conn) -> None:
     from dpda.simulation import simulate
     from dpda.target_party.compute import ComputeSpec, open_compute
 
+    bw = memory_bandwidth_gbs(mb=512, repeats=3)  # the bound the fits are compared with
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     src, tgt, terms, cfg = job_inputs({**spec, "target_batch": 0})
@@ -94,6 +105,7 @@ def _scale_child(spec: dict[str, Any], workers: int, conn) -> None:
             "job_peak_mb": _status_mb("VmHWM") or _rss_mb(),
             "load_before": list(load_before),
             "load_after": list(os.getloadavg()),
+            **fit_bounds(d.fit_traffic.to_json(), bw),
         }
     )
     conn.close()
@@ -155,6 +167,9 @@ def _print(rows: list[dict[str, Any]]) -> None:
             f"{r['load_before'][0]:>4.1f}→{r['load_after'][0]:<4.1f}",
             flush=True,
         )
+    for r in rows:
+        print(f"{r['workers']} worker(s):", end="")
+        print_fits(r)
 
 
 def run_bench_scale(args: argparse.Namespace) -> int:

@@ -197,20 +197,27 @@ def solver_rows(sizes: list[int], pot_max_n: int) -> dict[str, list[dict[str, An
 
 # ------------------------------------------------------------------------------ (b) whole jobs
 def _job_child(spec: dict[str, Any], conn) -> None:
+    import os
+
     from dpda.simulation import simulate
 
+    # the machine's read bandwidth, measured here, before the job: the bound its fits are
+    # compared with (bytes read / bandwidth)
+    bw = memory_bandwidth_gbs(mb=512, repeats=3) if spec.get("bandwidth") else None
     # Linux keeps a process's maximum RSS across fork + exec, so ru_maxrss here would start at
     # the parent's size; reset the high-water mark and read it back instead.
     mem = PeakMemory().__enter__()
+    load_before = os.getloadavg()
     t0 = time.perf_counter()
     src, tgt, terms, cfg = job_inputs(spec)  # the solver is measured, at the fixed λe, λg
     data_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     out = simulate(src, tgt, terms, "raw", cfg, seed=spec["seed"], baselines=False)
+    seconds = time.perf_counter() - t1
     d = out.dpda
     conn.send(
         {
-            "seconds": time.perf_counter() - t1,
+            "seconds": seconds,
             "data_seconds": data_s,
             "peak_mb": _status_mb("VmHWM") if mem.reset else _rss_mb(),
             "accuracy": d.accuracy,
@@ -218,9 +225,46 @@ def _job_child(spec: dict[str, Any], conn) -> None:
             "batches": d.n_batches,
             "rows_received": d.rows_received,
             "solver_converged": d.solver_converged,
+            "load_before": list(load_before),
+            "load_after": list(os.getloadavg()),
+            **fit_bounds(d.fit_traffic.to_json(), bw),
         }
     )
     conn.close()
+
+
+def fit_bounds(traffic: dict[str, float], bw: dict[str, float] | None) -> dict[str, Any]:
+    """A job's per-fit counts with the time its reads take at the measured read bandwidth:
+    ``pass_bound_seconds_per_fit`` for its passes alone, ``read_bound_seconds_per_fit`` for
+    every byte it reads (a fit can be no faster than these on this machine)."""
+    out: dict[str, Any] = dict(traffic)
+    out["read_gbs"] = bw["read_gbs"] if bw else None
+    if bw and bw["read_gbs"] > 0:
+        rate = bw["read_gbs"] * 1e9
+        out["pass_bound_seconds_per_fit"] = traffic["pass_bytes_per_fit"] / rate
+        out["read_bound_seconds_per_fit"] = traffic["bytes_read_per_fit"] / rate
+    else:
+        out["pass_bound_seconds_per_fit"] = out["read_bound_seconds_per_fit"] = None
+    return out
+
+
+def print_fits(r: dict[str, Any]) -> None:
+    """The per-fit counts and bounds of a job row (``fit_bounds``)."""
+    if not r.get("fits"):
+        return
+    line = (
+        f"  per fit: {r['kernel_builds_per_fit']:.1f} kernel builds, "
+        f"{r['passes_per_fit']:.1f} passes, {r['bytes_read_per_fit'] / 1e9:.2f} GB read "
+        f"({r['read_over_pass_bytes']:.2f}× what its passes must read), "
+        f"{r['seconds_per_fit']:.2f} s"
+    )
+    if r.get("read_gbs"):
+        line += (
+            f" | at {r['read_gbs']:.1f} GB/s read bandwidth: passes ≥ "
+            f"{r['pass_bound_seconds_per_fit']:.2f} s, all reads ≥ "
+            f"{r['read_bound_seconds_per_fit']:.2f} s"
+        )
+    print(line, flush=True)
 
 
 def job_spec(n_source: int, n_target: int, **kw: Any) -> dict[str, Any]:
@@ -250,9 +294,10 @@ def _print_job(label: str, r: dict[str, Any]) -> None:
     print(
         f"{label:9s} {r['n_source']:>7} × {r['n_target']:<7} batches {r['batches']:>4} "
         f"{r['seconds']:8.1f} s {r['peak_mb']:8.0f} MB peak | accuracy {r['accuracy']:.2f} | "
-        f"ε {r['epsilon_spent']:.3f}",
+        f"ε {r['epsilon_spent']:.3f} | load {r['load_before'][0]:.1f}→{r['load_after'][0]:.1f}",
         flush=True,
     )
+    print_fits(r)
 
 
 # ------------------------------------------------------------------------------ (c) bandwidth
@@ -326,16 +371,38 @@ def run_bench_speed(args: argparse.Namespace) -> int:
             steps=args.visda_steps,
             target_batch=args.visda_target_batch,
             classifier="logistic",
+            bandwidth=True,
+        )
+        rows = (
+            f"{args.visda_target_batch} target rows"
+            if args.visda_target_batch
+            else "every target row"
         )
         print(
             f"VisDA-scale job ({args.visda_dim}-d synthetic, Poisson minibatches of "
-            f"{args.visda_batch}, {args.visda_steps} steps, {args.visda_target_batch} target rows "
-            "per batch, logistic regression):",
+            f"{args.visda_batch}, {args.visda_steps} steps, {rows} in each batch's plan, "
+            "logistic regression):",
             flush=True,
         )
         r = run_job(spec)
         _print_job("visda", r)
         result["visda"] = {**r, "spec": spec}
+        subset = args.visda_subset_batch
+        if subset and subset == args.visda_target_batch:
+            result["visda"]["subset_accuracy"] = r["accuracy"]
+        elif subset and args.visda_target_batch == 0 and subset < args.visda_target:
+            print(f"the same job with {subset} random target rows per batch:", flush=True)
+            sub = run_job({**spec, "target_batch": subset})
+            _print_job("subset", sub)
+            result["visda"]["subset_accuracy"] = sub["accuracy"]
+            result["visda"]["subset"] = sub
+            print(
+                f"every target row: accuracy {r['accuracy']:.2f} in {r['seconds']:.1f} s | "
+                f"{subset} rows: {sub['accuracy']:.2f} in {sub['seconds']:.1f} s",
+                flush=True,
+            )
+        else:
+            result["visda"]["subset_accuracy"] = None
     result["bandwidth_fraction"] = None
     if not args.skip_bandwidth:
         bw = _in_child(_bandwidth_child, args.bandwidth_n)
@@ -415,7 +482,14 @@ def register_speed(bsub: argparse._SubParsersAction) -> None:
         "--visda-target-batch",
         type=int,
         default=5000,
-        help="target rows in each batch's plan (0: all 50,000; measured 17 min, over the goal)",
+        help="target rows in each batch's plan (0: every target row)",
+    )
+    s.add_argument(
+        "--visda-subset-batch",
+        type=int,
+        default=5000,
+        help="with --visda-target-batch 0, also run the job with this many random target rows "
+        "per batch and report its accuracy beside the full job's (0: skip)",
     )
     s.add_argument(
         "--visda-epsilon", type=float, default=8.0, help="VisDA-scale session ε (default 8)"

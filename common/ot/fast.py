@@ -2,31 +2,43 @@
 
 The same algorithms as POT's ``ot.sinkhorn`` and ``ot.optim.gcg`` (which
 ``ot.da.sinkhorn_l1l2_gl`` calls), arranged so that an ``n × m`` problem touches three ``n × m``
-buffers and each Sinkhorn iteration reads the kernel twice and nothing else:
+buffers (the cost, the kernel, the plan) and reads each as few times as it can:
 
 * **Sinkhorn.** ``u = a / Kv``, ``v = b / Kᵀu``. The column-marginal error of the current plan is
   ``‖v∘(Kᵀu) − b‖₁``, a by-product of the ``v`` update, so the stopping test is free (POT spends a
-  third pass over the kernel on it every ten iterations). The kernel is built from the cost shifted
-  by its row minima, then column minima — the shifts fold into ``u`` and ``v`` — so no row or column
-  of the kernel underflows to zero in float32.
-* **Conditional gradient.** At each outer step the linearized cost is ``Mᵢ = C + λg∇Ω(G)`` and the
-  direction is the entropic plan on ``Mᵢ`` (exactly POT's ``gcg``). Sinkhorn is warm-started from
-  the previous step's dual potentials, so after the first solve it needs a few tens of iterations
-  instead of hundreds.
+  third pass over the kernel on it every ten iterations). ``sinkhorn`` builds the kernel from the
+  cost shifted by its row minima, then column minima — the shifts fold into ``u`` and ``v`` — so no
+  row or column of the kernel underflows to zero in float32.
+* **Conditional gradient** (``group_lasso``). At each outer step the linearized cost is
+  ``Mᵢ = C + λg∇Ω(G)`` and the direction is the entropic plan on ``Mᵢ`` (exactly POT's ``gcg``).
+  Its kernel is built in one blocked pass over ``C`` and ``G`` with the previous step's column
+  potentials absorbed into it (then each row's c-transform), so Sinkhorn starts at ``v = 1`` a
+  few iterations from its fixed point, and each Sinkhorn iteration is one pass over the kernel
+  (``dpda.ot._blocked``: a block of rows stays in cache for ``Kv`` and ``Kᵀu``). The first solve
+  can start from another problem's potentials (``start``: an earlier minibatch onto the same
+  target rows). Each inner solve stops at ``inner_stop_thr``, the plan's own marginal error.
 * **Line search.** Along ``G + αΔ`` the objective ``⟨C,G⟩ + λgΩ(G)`` is
   ``⟨C,G⟩ + α⟨C,Δ⟩ + λg Σ_{c,j} √(A + 2αB + α²D)`` with ``A, B, D`` the per-class, per-column sums
-  of ``G∘G``, ``G∘Δ``, ``Δ∘Δ`` (``q × m`` each). They are computed once per step, so the Armijo
-  search (POT's, same constants) costs ``O(qm)`` per trial instead of a pass over ``n × m``.
+  of ``G∘G``, ``G∘Δ``, ``Δ∘Δ`` (``q × m`` each). ``B``, ``D`` and ``⟨C,Δ⟩`` come from the pass that
+  writes ``Δ``; ``A`` and ``⟨C,G⟩`` are updated from them, so the Armijo search (POT's, same
+  constants) costs ``O(qm)`` per trial, and the step ``G += αΔ`` is taken in the next kernel build.
 
-Inner products over ``n × m`` arrays are accumulated in float64, a block of rows at a time.
+``SolveInfo.traffic`` counts the kernel builds, the passes over the kernel and the bytes of
+``n × m`` arrays read. Inner products over ``n × m`` arrays are accumulated in float64, a block of
+rows at a time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 from ot.optim import scalar_search_armijo
+
+from dpda.ot import _blocked
+from dpda.ot._blocked import Traffic
 
 _EPS_NORM = 1e-12
 _CHUNK = 1 << 17  # elements per BLAS dot in dot64: a few hundred KB
@@ -151,6 +163,14 @@ class SolveInfo:
     outer: int
     inner: list[int]
     marginal_error: float
+    traffic: Traffic = field(default_factory=Traffic)
+    # the dual potentials of the first entropic solve (the plan of ``C`` alone): a warm start
+    # for the next problem with the same target marginal and target rows
+    start_state: SinkhornState | None = None
+    rows: np.ndarray | None = None  # (n,) γ1 of the returned plan, float64
+    cols: np.ndarray | None = None  # (m,) γᵀ1
+    cost: float | None = None  # ⟨C, γ⟩
+    class_mass: np.ndarray | None = None  # (q, m) Yᵀγ
 
 
 def sinkhorn(
@@ -170,6 +190,44 @@ def sinkhorn(
     return plan_inplace(k, u, v), SolveInfo(outer=0, inner=[it], marginal_error=err)
 
 
+def solver_threads() -> int:
+    """Threads a solve's passes use: the BLAS threads in effect (one on a Dask worker, whose
+    BLAS is held to one thread), else the machine's cores."""
+    from threadpoolctl import threadpool_info
+
+    counts = [
+        int(p.get("num_threads") or 1) for p in threadpool_info() if p.get("user_api") == "blas"
+    ]
+    return max(1, min(counts) if counts else (os.cpu_count() or 1))
+
+
+def _scalings(
+    k: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    layout: _blocked.Rows,
+    pool: ThreadPoolExecutor | None,
+    traffic: Traffic,
+    max_iter: int,
+    stop_thr: float,
+) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """Sinkhorn–Knopp from ``v = 1`` (the kernel's shifts hold the warm start), one pass an
+    iteration; stops when the plan's column-marginal L1 error is below ``stop_thr``."""
+    tiny = np.finfo(k.dtype).tiny
+    v = np.ones(k.shape[1], dtype=k.dtype)
+    u = np.empty(k.shape[0], dtype=k.dtype)
+    err = np.inf
+    done = 0
+    while done < max_iter:
+        done += 1
+        ktu = _blocked.sweep(k, a, v, u, layout, pool, traffic)
+        err = float(np.abs(v * ktu - b).sum(dtype=np.float64))
+        v = b / np.maximum(ktu, tiny)
+        if err < stop_thr:
+            break
+    return u, v, done, err
+
+
 def group_lasso(
     a: np.ndarray,
     b: np.ndarray,
@@ -184,81 +242,103 @@ def group_lasso(
     inner_stop_thr: float = 1e-6,
     warm_start: bool = True,
     dtype: type = np.float32,
+    start: SinkhornState | None = None,
+    threads: int | None = None,
 ) -> tuple[np.ndarray, SolveInfo]:
     """``min ⟨γ,C⟩ + λe Σγlogγ + λg Σ_j Σ_c ‖γ(I_c,j)‖₂`` by conditional gradient.
 
     ``y (n, q)`` one-hot labels. ``warm_start`` starts from the entropic plan of ``C`` (every
     iterate then keeps the zeros of masked entries); otherwise from ``a·bᵀ`` as POT does.
     ``stop_thr`` is the relative objective change that ends the outer loop (POT's ``stopThr``).
+    ``start``: dual potentials of an earlier problem with the same target rows and marginal
+    (``SolveInfo.start_state`` of the previous minibatch), the warm start of the first entropic
+    solve; only its ``beta`` is used. ``threads``: threads for the passes (default
+    ``solver_threads()``).
+
+    Two ``n × m`` buffers besides the cost: the kernel (then the direction ``Δ``) and the plan.
+    Every pass is blocked (``dpda.ot._blocked``) and counted in ``SolveInfo.traffic``.
     """
+    from threadpoolctl import threadpool_limits
+
     n, m = cost.shape
-    # read only: a C-contiguous cost in the working precision is used as it is, not copied
     c: np.ndarray = np.ascontiguousarray(cost, dtype=dtype)
-    yd: np.ndarray = np.asarray(y, dtype=dtype)
+    yd = np.asarray(y)
+    q = yd.shape[1]
+    labels = yd.argmax(axis=1).astype(np.int64)
+    threads = solver_threads() if threads is None else max(1, threads)
+    layout = _blocked.rows_for(n, m, threads, labels)
+    traffic = Traffic()
+    a_d: np.ndarray = a.astype(dtype)
+    b_d: np.ndarray = b.astype(dtype)
     inner: list[int] = []
-    work: np.ndarray = np.empty((n, m), dtype=dtype)
-
-    if warm_start:
-        np.copyto(work, c)
-        r, s = kernel_inplace(work, reg_e)
-        u, v, it, err = sinkhorn_scalings(work, a, b, np.ones(m), inner_iter, inner_stop_thr)
-        inner.append(it)
-        state: SinkhornState | None = _state(u, v, r, s, reg_e)
-        g = plan_inplace(work, u, v)
-        work = np.empty((n, m), dtype=dtype)
-    else:
-        g = np.outer(a, b).astype(dtype)
-        state = None
-        err = float("nan")
-
-    rows = max(1, _PRODUCT_BLOCK // max(m, 1))
-    tmp = np.empty((min(rows, n), m), dtype=dtype)
-
-    def sq_norms(x: np.ndarray, z: np.ndarray) -> np.ndarray:
-        """``Yᵀ(x∘z)`` (q, m), a block of rows (a few MB, held in the last-level cache) at a
-        time; measured fastest among row, column and whole-array variants."""
-        out = np.zeros((yd.shape[1], m))
-        for i in range(0, n, rows):
-            k = min(rows, n - i)
-            np.multiply(x[i : i + k], z[i : i + k], out=tmp[:k])
-            out += yd[i : i + k].T @ tmp[:k]
-        return out
-
-    sq = sq_norms(g, g)
-    c_g = dot64(c, g)
-    loss = c_g + reg_g * float(np.sqrt(sq).sum())
-    outer = 0
-    while outer < outer_iter:
-        outer += 1
-        norms = np.sqrt(sq)
-        scaled_inv = (reg_g / np.maximum(norms, _EPS_NORM)).astype(dtype)
-        # Mi = C + λg·∇Ω(G), ∇Ω(G)_ij = G_ij / ‖G(I_c(i), j)‖
-        np.matmul(yd, scaled_inv, out=work)
-        work *= g
-        work += c
-        r, s = kernel_inplace(work, reg_e)
-        v0 = _scalings_from_state(state, s, reg_e, m)
-        u, v, it, err = sinkhorn_scalings(work, a, b, v0, inner_iter, inner_stop_thr)
-        inner.append(it)
-        state = _state(u, v, r, s, reg_e)
-        delta = plan_inplace(work, u, v)
-        delta -= g  # Δ = Gc − G
-        # line search on φ(α) = ⟨C,G⟩ + α⟨C,Δ⟩ + λg Σ √(A + 2αB + α²D)
-        c_d = dot64(c, delta)
-        sq_b = sq_norms(g, delta)
-        sq_d = sq_norms(delta, delta)
-        derphi0 = c_d + reg_g * float((sq_b / np.maximum(norms, _EPS_NORM)).sum())
-
-        alpha, new_loss = _line_search(loss, derphi0, c_g, c_d, sq, sq_b, sq_d, reg_g)
-        delta *= alpha
-        g += delta
-        sq = np.maximum(sq + 2.0 * alpha * sq_b + alpha * alpha * sq_d, 0.0)
-        c_g = c_g + alpha * c_d
-        old, loss = loss, float(new_loss)
-        if abs(loss - old) < stop_thr * abs(loss) or abs(loss - old) < _ABS_STOP:
-            break
-    marginal = max(
-        float(np.abs(g.sum(axis=1, dtype=np.float64) - a).sum()),
-        float(np.abs(g.sum(axis=0, dtype=np.float64) - b).sum()),
+    k: np.ndarray = np.empty((n, m), dtype=dtype)
+    pool = ThreadPoolExecutor(layout.threads) if layout.threads > 1 else None
+    limits = threadpool_limits(limits=1) if pool is not None else None
+    try:
+        start_state: SinkhornState | None = None
+        if warm_start:
+            shift = start.beta.copy() if start is not None else np.zeros(m)
+            r = _blocked.build_kernel(k, c, reg_e, shift, layout, pool, traffic)
+            u, v, it, err = _scalings(
+                k, a_d, b_d, layout, pool, traffic, inner_iter, inner_stop_thr
+            )
+            inner.append(it)
+            start_state = state = _state(u, v, r, shift, reg_e)
+            _blocked.plan(k, u, v, layout, pool, traffic)
+            g = k
+            k = np.empty((n, m), dtype=dtype)
+        else:
+            g = np.outer(a, b).astype(dtype)
+            state = None
+        sq = _blocked.squares(g, q, layout, pool, traffic)
+        c_g = dot64(c, g)
+        traffic.bytes_read += 2 * g.nbytes
+        loss = c_g + reg_g * float(np.sqrt(sq).sum())
+        pending: float | None = None  # a step G += αΔ not yet applied (Δ is in k)
+        outer = 0
+        while outer < outer_iter:
+            outer += 1
+            norms = np.sqrt(sq)
+            # Mi = C + λg·∇Ω(G), ∇Ω(G)_ij = G_ij / ‖G(I_c(i), j)‖
+            table = (reg_g / np.maximum(norms, _EPS_NORM)).astype(dtype)
+            shift = state.beta.copy() if state is not None else np.zeros(m)
+            r = _blocked.build_kernel(
+                k, c, reg_e, shift, layout, pool, traffic, g=g, table=table, alpha=pending
+            )
+            pending = None
+            u, v, it, err = _scalings(
+                k, a_d, b_d, layout, pool, traffic, inner_iter, inner_stop_thr
+            )
+            inner.append(it)
+            state = _state(u, v, r, shift, reg_e)
+            c_d, sq_b, sq_d = _blocked.direction(k, u, v, g, c, q, layout, pool, traffic)
+            # line search on φ(α) = ⟨C,G⟩ + α⟨C,Δ⟩ + λg Σ √(A + 2αB + α²D)
+            derphi0 = c_d + reg_g * float((sq_b / np.maximum(norms, _EPS_NORM)).sum())
+            alpha, new_loss = _line_search(loss, derphi0, c_g, c_d, sq, sq_b, sq_d, reg_g)
+            sq = np.maximum(sq + 2.0 * alpha * sq_b + alpha * alpha * sq_d, 0.0)
+            c_g = c_g + alpha * c_d
+            pending = alpha
+            old, loss = loss, float(new_loss)
+            if abs(loss - old) < stop_thr * abs(loss) or abs(loss - old) < _ABS_STOP:
+                break
+        if pending is not None:
+            _blocked.step(g, k, pending, layout, pool, traffic)
+        del k
+        done = _blocked.summary(g, c, q, layout, pool, traffic)
+    finally:
+        if limits is not None:
+            limits.restore_original_limits()
+        if pool is not None:
+            pool.shutdown()
+    marginal = max(float(np.abs(done.rows - a).sum()), float(np.abs(done.cols - b).sum()))
+    return g, SolveInfo(
+        outer=outer,
+        inner=inner,
+        marginal_error=marginal,
+        traffic=traffic,
+        start_state=start_state,
+        rows=done.rows,
+        cols=done.cols,
+        cost=done.cost,
+        class_mass=done.class_mass,
     )
-    return g, SolveInfo(outer=outer, inner=inner, marginal_error=marginal)

@@ -17,7 +17,8 @@ def test_bench_speed_smoke(tmp_path, capsys) -> None:
     out = tmp_path / "speed.json"
     argv = ["bench", "speed", "--sizes", "500", "--job-sizes", "400", "--json", str(out)]
     argv += ["--visda-source", "3000", "--visda-target", "1000", "--visda-batch", "300"]
-    argv += ["--visda-steps", "3", "--visda-target-batch", "400", "--visda-dim", "16"]
+    argv += ["--visda-steps", "3", "--visda-target-batch", "0", "--visda-dim", "16"]
+    argv += ["--visda-subset-batch", "400"]
     argv += ["--bandwidth-n", "1500"]
     assert main(argv) == 0
     data = json.loads(out.read_text())
@@ -40,6 +41,12 @@ def test_bench_speed_smoke(tmp_path, capsys) -> None:
     visda = data["visda"]
     assert {"seconds", "peak_mb", "accuracy"} <= set(visda)
     assert visda["batches"] == 3 and visda["epsilon_spent"] > 0
+    # every target row, and the 400-row subset job beside it; what each fit read
+    assert visda["subset"]["target_batch"] == 400 and visda["target_batch"] == 0
+    assert visda["subset_accuracy"] == visda["subset"]["accuracy"]
+    assert visda["passes_per_fit"] > 0 and visda["kernel_builds_per_fit"] >= 2
+    assert 1 < visda["read_over_pass_bytes"] < 3
+    assert visda["read_gbs"] > 0 and 0 < visda["pass_bound_seconds_per_fit"] < visda["seconds"]
     assert 0 < data["bandwidth_fraction"] < 5
     assert data["bandwidth"]["read_gbs"] > 0
     assert "plan agreement" in capsys.readouterr().out

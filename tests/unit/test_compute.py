@@ -56,7 +56,9 @@ def _plan(pts, ys, a, xt_proj, cfg):
     """The plan ``fit_points`` solves (the same cost and solver), for checking ``combine``."""
     cost = dpot_cost(pts, xt_proj, 0.1, None)
     b = uniform(xt_proj.shape[0])
-    res = sinkhorn_group_lasso(a, b, cost.normalized, ys, cfg.reg_e, cfg.reg_g)
+    res = sinkhorn_group_lasso(
+        a, b, cost.normalized, ys, cfg.reg_e, cfg.reg_g, inner_tol=cfg.inner_tol
+    )
     return res.plan.astype(np.float64)
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -8,7 +9,8 @@ import pytest
 from dpda.cli.main import main
 from dpda.data.synthetic import two_domains
 from dpda.simulation import simulate
-from dpda.target_party.pipeline import AdaptConfig
+from dpda.target_party.compute import Compute
+from dpda.target_party.pipeline import AdaptConfig, fit_piece
 from dpda.terms import SessionTerms
 from tests.support import memory_releaser
 
@@ -219,3 +221,38 @@ def test_target_batch_transports_each_release_onto_a_target_subset() -> None:
     assert sub.epsilon_spent == full.epsilon_spent and sub.rows_received == full.rows_received
     assert not np.array_equal(sub.mapped, full.mapped)
     assert 0 <= sub.accuracy <= 100
+
+
+class _Recording(Compute):
+    """The in-process engine, keeping each fit task's warm start (the edge the job hands
+    its fits to; the fits themselves run for real)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.warm: list[np.ndarray | None] = []
+
+    def submit(self, fn, *args):
+        if fn is fit_piece:
+            self.warm.append(args[-1])
+        return super().submit(fn, *args)
+
+
+@pytest.mark.slow  # two small jobs: seconds on a shared machine
+def test_minibatch_fits_warm_start_from_the_first_fit_and_count_their_passes() -> None:
+    s, t = two_domains(n_source=300, n_target=200)
+    terms = _terms(batch_size=100, steps=3, privacy_unit="attribute")
+    cfg = AdaptConfig(select="none")
+    spy = _Recording()
+    warm = simulate(s, t, terms, "raw", cfg, seed=2, baselines=False, compute=spy).dpda
+    assert spy.warm[0] is None and len(spy.warm) == 3
+    assert all(w is not None and w.shape == (200,) for w in spy.warm[1:])
+    assert spy.warm[1] is spy.warm[2]  # both from the first fit, not from each other
+    cold = simulate(
+        s, t, terms, "raw", replace(cfg, warm_batches=False), seed=2, baselines=False
+    ).dpda
+    # the same plans to within the solver's tolerance, in fewer passes
+    assert np.abs(warm.mapped - cold.mapped).max() < 1e-2 * np.abs(cold.mapped).max()
+    ft, fc = warm.fit_traffic, cold.fit_traffic
+    assert ft.fits == fc.fits == 3 and ft.kernel_builds > 0
+    assert ft.passes < fc.passes
+    assert ft.pass_bytes < ft.bytes_read < 3 * ft.pass_bytes

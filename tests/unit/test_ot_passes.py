@@ -1,0 +1,85 @@
+"""The blocked group-lasso solver: what it counts, its warm start, its independence of threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpda.ot import fast
+from dpda.ot._blocked import BLOCK_ELEMS
+from dpda.ot.costs import dpot_cost
+from dpda.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
+
+
+def _batch(rng: np.random.Generator, xt: np.ndarray, n: int = 80, q: int = 3):
+    """A minibatch of labeled source points (sorted by label, as a release's rows are)."""
+    ys = np.sort(rng.integers(0, q, size=n))
+    xs = rng.normal(size=(n, xt.shape[1])) + ys[:, None] * 0.8
+    return dpot_cost(xs, xt).normalized, ys
+
+
+def _mass_moved(p: np.ndarray, r: np.ndarray) -> float:
+    return float(0.5 * np.abs(p.astype(np.float64) - r).sum())
+
+
+def test_counts_are_the_passes_the_solver_made(rng: np.random.Generator) -> None:
+    xt = rng.normal(size=(70, 4))
+    c, ys = _batch(rng, xt)
+    plan, info = fast.group_lasso(uniform(80), uniform(70), c, one_hot(ys), 0.05, 0.5)
+    t = info.traffic
+    assert t.passes == sum(info.inner)  # one pass over the kernel per Sinkhorn iteration
+    assert t.kernel_builds == info.outer + 1  # the entropic start, then one per outer step
+    # besides its passes the solve reads a few plan-sized arrays per kernel build, no more
+    assert t.passes * plan.nbytes < t.bytes_read < (t.passes + 8 * t.kernel_builds) * plan.nbytes
+    assert info.rows is not None and np.allclose(info.rows, plan.sum(axis=1), atol=1e-7)
+    assert info.cost == pytest.approx(float(np.sum(plan * c, dtype=np.float64)), rel=1e-5)
+
+
+def test_warm_start_from_another_batch_is_the_same_plan_in_fewer_passes(
+    rng: np.random.Generator,
+) -> None:
+    xt = rng.normal(size=(70, 4))
+    first, ys1 = _batch(rng, xt)
+    c, ys = _batch(rng, xt)
+    _, info1 = fast.group_lasso(uniform(80), uniform(70), first, one_hot(ys1), 0.02, 0.5)
+    assert info1.start_state is not None and info1.start_state.beta.shape == (70,)
+    cold, ci = fast.group_lasso(uniform(80), uniform(70), c, one_hot(ys), 0.02, 0.5)
+    warm, wi = fast.group_lasso(
+        uniform(80), uniform(70), c, one_hot(ys), 0.02, 0.5, start=info1.start_state
+    )
+    assert wi.inner[0] < ci.inner[0]  # the first solve starts near its fixed point
+    assert _mass_moved(warm, cold) < 1e-4  # and reaches the same one
+
+
+def test_a_column_the_warm_start_drowns_is_shifted_back(rng: np.random.Generator) -> None:
+    """Potentials far off for one column underflow it in float32; the build shifts it back."""
+    xt = rng.normal(size=(70, 4))
+    c, ys = _batch(rng, xt)
+    cold, _ = fast.group_lasso(uniform(80), uniform(70), c, one_hot(ys), 0.02, 0.5)
+    beta = np.zeros(70)
+    beta[5] = -50.0  # exp(−50 / 0.02): far below float32's smallest number
+    bad = fast.SinkhornState(np.zeros(80), beta)
+    plan, info = fast.group_lasso(uniform(80), uniform(70), c, one_hot(ys), 0.02, 0.5, start=bad)
+    assert plan[:, 5].sum() == pytest.approx(1 / 70, rel=1e-3)
+    assert _mass_moved(plan, cold) < 1e-4 and info.marginal_error < 1e-4
+
+
+def test_plan_is_the_same_bit_for_bit_on_one_thread_or_two(rng: np.random.Generator) -> None:
+    m = 300  # several blocks of rows per span
+    rows = max(1, BLOCK_ELEMS // m)
+    n = 9 * rows // 2 if rows < 200 else 200
+    xt = rng.normal(size=(m, 4))
+    c, ys = _batch(rng, xt, n=n)
+    one, _ = fast.group_lasso(uniform(n), uniform(m), c, one_hot(ys), 0.05, 0.5, threads=1)
+    two, _ = fast.group_lasso(uniform(n), uniform(m), c, one_hot(ys), 0.05, 0.5, threads=2)
+    assert np.array_equal(one, two)
+
+
+def test_inner_tolerance_keeps_the_plan_and_its_convergence(rng: np.random.Generator) -> None:
+    xt = rng.normal(size=(70, 4))
+    c, ys = _batch(rng, xt)
+    tight = sinkhorn_group_lasso(uniform(80), uniform(70), c, ys, 0.02, 0.5)
+    loose = sinkhorn_group_lasso(uniform(80), uniform(70), c, ys, 0.02, 0.5, inner_tol=2.5e-4)
+    assert loose.converged and loose.marginal_error < 1e-3
+    assert loose.passes < tight.passes
+    assert _mass_moved(loose.plan, tight.plan.astype(np.float64)) < 2e-3
