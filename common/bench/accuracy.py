@@ -176,6 +176,132 @@ def paper_pair(
     }
 
 
+# ------------------------------------------------------------------- the job's defaults
+DEFAULT_ARMS = ("dpda", "dp_no_adaptation", "pate", "source_only", "otda")
+
+
+def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) -> dict:
+    """One pair, seed and ε with exactly the job's defaults (``dpda simulate`` with no flag:
+    the terms' defaults, the dataset's representation, the scaling ``auto``, the AdaptConfig
+    defaults), the same release without adaptation, and PATE's student as its own session at
+    the same ε. The non-private baselines come from ``defaults_baselines``."""
+    from dpda.data.loaders import load_domain
+    from dpda.data.preprocessing import DEFAULT_REPRESENTATION
+    from dpda.simulation import simulate
+    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.terms import SessionTerms
+
+    ds = dataset_of(src)
+    s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
+    terms = SessionTerms(dataset=f"{ds}:{src}", epsilon=epsilon, delta=1 / (10 * s.x.shape[0]))
+    t0 = time.perf_counter()
+    out = simulate(
+        s, t, terms, DEFAULT_REPRESENTATION[ds], AdaptConfig(seed=seed), seed,
+        baselines=False, methods=("dpda", "pate"),
+    )  # fmt: skip
+    data = out.to_json(terms)
+    d = out.runs["dpda"]
+    return {
+        "pair": f"{src}→{tgt}",
+        "seed": seed,
+        "epsilon": epsilon,
+        "epsilon_spent": d.epsilon_spent,
+        "target_epsilon_spent": data["target_epsilon_spent"],
+        "dpda": d.accuracy_by_method.get("dpda"),
+        "dp_no_adaptation": d.accuracy_by_method.get("dp_no_adaptation"),
+        "pate": out.runs["pate"].accuracy,
+        "kept": d.adaptation.get("kept"),
+        "estimate": d.adaptation.get("estimate"),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def defaults_baselines(data_dir: str, src: str, tgt: str) -> dict:
+    """Non-private source-only and OTDA of one pair in their best scaling (no noise, no seed)."""
+    from dpda.data.loaders import load_domain
+    from dpda.data.preprocessing import DEFAULT_REPRESENTATION
+    from dpda.simulation import best_scaling_baselines
+    from dpda.target_party.pipeline import AdaptConfig
+
+    ds = dataset_of(src)
+    s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
+    _, kept, scores = best_scaling_baselines(s, t, DEFAULT_REPRESENTATION[ds], AdaptConfig())
+    return {"pair": f"{src}→{tgt}", "baseline_scaling": kept, **scores[kept], "all": scores}
+
+
+def summarize_defaults(
+    rows: list[dict], base: list[dict], pairs: list[str], epsilons: list[float]
+) -> dict[str, Any]:
+    """Per ε: each pair's mean over seeds beside its baselines, the Office-Caltech mean, and on
+    how many pairs DPDA is at least each baseline."""
+    by_pair = {b["pair"]: b for b in base}
+    out: dict[str, Any] = {}
+    for eps in epsilons:
+        table = {}
+        for p in pairs:
+            runs = [r for r in rows if r["pair"] == p and r["epsilon"] == eps]
+            if not runs:
+                continue
+            row: dict[str, Any] = {
+                a: _mean([r[a] for r in runs]) for a in ("dpda", "dp_no_adaptation", "pate")
+            }
+            row["source_only"] = by_pair[p]["source_only"]
+            row["otda"] = by_pair[p]["otda"]
+            row["baseline_scaling"] = by_pair[p]["baseline_scaling"]
+            row["epsilon_spent"] = _mean([r["epsilon_spent"] for r in runs])
+            row["target_epsilon_spent"] = max(r["target_epsilon_spent"] or 0.0 for r in runs)
+            row["kept"] = sorted({r["kept"] for r in runs})
+            row["seeds"] = len(runs)
+            table[p] = row
+        office = [p for p in table if p[0] in "ACDW"]
+
+        def beats(arm: str, among: list[str], table: dict = table) -> int:
+            return sum((table[p]["dpda"] or 0) >= (table[p][arm] or 0) for p in among)
+
+        large = [p for p in office if p[0] in "AC"]
+        digits = [p for p in table if p[0] in "MU"]
+        out[f"{eps:g}"] = {
+            "pairs": table,
+            "office_mean": {a: _mean([table[p][a] for p in office]) for a in DEFAULT_ARMS},
+            "digits_mean": {a: _mean([table[p][a] for p in digits]) for a in DEFAULT_ARMS},
+            "dpda_at_least_dp_no_adaptation": f"{beats('dp_no_adaptation', office)}/{len(office)}",
+            "dpda_at_least_source_only_a_c_sources": f"{beats('source_only', large)}/{len(large)}",
+            "dpda_at_least_source_only_digits": f"{beats('source_only', digits)}/{len(digits)}",
+            "epsilon_spent_min_ratio": min((table[p]["epsilon_spent"] or 0) / eps for p in table),
+        }
+    return out
+
+
+def _print_defaults(summary: dict[str, Any]) -> None:
+    for eps, block in summary.items():
+        print(f"\nThe job's defaults at ε = {eps} (mean over seeds; non-private baselines in their "
+              "better scaling)")  # fmt: skip
+        print(f"{'pair':<6} {'DPDA':>6} {'DP no adapt':>11} {'PATE':>6} {'src-only':>8} "
+              f"{'OTDA':>6} {'scaling':>8} {'ε spent':>8} {'target ε':>8}")  # fmt: skip
+        for p, r in block["pairs"].items():
+            print(
+                f"{p:<6} {_f(r['dpda']):>6} {_f(r['dp_no_adaptation']):>11} {_f(r['pate']):>6} "
+                f"{_f(r['source_only']):>8} {_f(r['otda']):>6} {r['baseline_scaling']:>8} "
+                f"{r['epsilon_spent']:>8.3f} {r['target_epsilon_spent']:>8.3f}"
+            )
+        m = block["office_mean"]
+        print(
+            f"{'Office':<6} {_f(m['dpda']):>6} {_f(m['dp_no_adaptation']):>11} {_f(m['pate']):>6} "
+            f"{_f(m['source_only']):>8} {_f(m['otda']):>6}"
+        )
+        b = block
+        print(
+            f"DPDA ≥ DP without adaptation on {b['dpda_at_least_dp_no_adaptation']} "
+            f"Office-Caltech pairs; ≥ source-only on "
+            f"{b['dpda_at_least_source_only_a_c_sources']} pairs with source A or C and "
+            f"{b['dpda_at_least_source_only_digits']} digits pairs"
+        )
+
+
+def _f(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1f}"
+
+
 # ------------------------------------------------------------------------------ (b) TPAMI
 def _subsample(y: np.ndarray, per_class: int, rng: np.random.Generator) -> np.ndarray:
     idx = []
@@ -430,6 +556,23 @@ def run_bench_accuracy(args: argparse.Namespace) -> int:
             rows = gather(tasks, f"{protocol} runs")
             table = summarize_paper(rows, names, title)
             result[protocol.replace("-", "_")] = {"runs": rows, "table": table}
+        if "defaults" in args.protocol:
+            base = gather(
+                [pool.submit(defaults_baselines, str(data_dir), s, t) for s, t in pairs],
+                "baselines",
+            )
+            rows = gather(
+                [
+                    pool.submit(defaults_pair, str(data_dir), s, t, seed, eps)
+                    for eps in args.epsilons
+                    for s, t in pairs
+                    for seed in range(args.seeds)
+                ],
+                "defaults runs",
+            )
+            summary = summarize_defaults(rows, base, names, args.epsilons)
+            _print_defaults(summary)
+            result["defaults"] = {"runs": rows, "baselines": base, "table": summary}
         if "otda-tpami" in args.protocol:
             tasks = [
                 pool.submit(tpami_pair, str(data_dir), s, t, run)
@@ -452,9 +595,10 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--protocol",
         nargs="+",
-        choices=["dpda-paper", "otda-tpami", "whole-batch"],
+        choices=["dpda-paper", "otda-tpami", "whole-batch", "defaults"],
         default=["dpda-paper", "otda-tpami"],
-        help="whole-batch: ε = --epsilon, one whole-dataset release (the simulate defaults)",
+        help="whole-batch: ε = --epsilon, one whole-dataset release; defaults: the job's own "
+        "defaults at each of --epsilons beside every fair baseline",
     )
     s.add_argument(
         "--record-release",
@@ -474,7 +618,14 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
         default=["attribute", "record"],
         help="privacy units to run (default attribute record)",
     )
-    s.add_argument("--seeds", type=int, default=3, help="dpda-paper: seeds per pair and unit")
+    s.add_argument(
+        "--epsilons",
+        type=float,
+        nargs="+",
+        default=[8.0, 2.0],
+        help="defaults: the budgets to run (default 8 2)",
+    )
+    s.add_argument("--seeds", type=int, default=3, help="seeds per pair (and unit)")
     s.add_argument("--batch-size", type=int, default=128, help="dpda-paper: Poisson batch size")
     s.add_argument("--runs", type=int, default=10, help="otda-tpami: runs per pair")
     s.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")

@@ -86,8 +86,9 @@ def _service(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         },
         peer_cap=args.epsilon,
         target_budget=args.epsilon,
-        # the target's default policy: its scaling and basis under its own DP (the generated
-        # rows are raw, so their norm bound is given: every row is below 15)
+        # the target's default policy: its scaling and basis under its own DP where a release
+        # needs them (the generated rows are raw, so their norm bound is given: every row is
+        # below 15)
         target_privacy={"row_clip": 15.0, "epsilon": DEMO_TARGET_EPSILON},
     )
     data = _two_daemons(dep, workdir, "source daemon", "target-result.json")
@@ -195,7 +196,9 @@ def run_demo(args: argparse.Namespace) -> int:
         f"({data['privacy_unit']} unit, {data['neighbouring']}, {data['release']}) on the "
         "source's records"
     )
-    if data.get("target_epsilon_spent") is not None:
+    if data.get("target_disclosures") == "none":
+        print("  the target sent nothing about its rows (a source-space release): its ε is 0")
+    elif data.get("target_epsilon_spent") is not None:
         print(
             f"  the target spent ε {data['target_epsilon_spent']:.3f} on its own rows: its "
             "column scaling and basis went out under its own DP"
