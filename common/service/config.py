@@ -300,9 +300,24 @@ class ComputeConfig(_Strict):
 
     scheduler: str = Field(
         default="inprocess",
-        pattern=r"^(inprocess|local|tcp://[^\s/]+:\d+)$",
+        pattern=r"^(inprocess|local|(tcp|tls)://[^\s/]+:\d+)$",
         description="inprocess (default): in the job's process; local: a Dask LocalCluster on "
-        "this machine; tcp://host:8786: an existing Dask scheduler",
+        "this machine's loopback, TLS with credentials made for the job, no dashboard; "
+        "tls://host:8786: an existing Dask scheduler, with tls_ca_file, tls_cert and tls_key; "
+        "tcp://host:8786: an existing scheduler without TLS, only with "
+        "allow_unauthenticated_scheduler",
+    )
+    tls_ca_file: Path | None = Field(
+        default=None, description="tls:// scheduler: the CA that signed the cluster's certificates"
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="tls:// scheduler: the job's client certificate"
+    )
+    tls_key: Path | None = Field(default=None, description="tls:// scheduler: its private key")
+    allow_unauthenticated_scheduler: bool = Field(
+        default=False,
+        description="accept a tcp:// scheduler: anyone who reaches it can run code as the job, "
+        "read the target's rows and its signing key",
     )
     workers: int = Field(default=1, ge=1, le=1024, description="local: worker processes")
     memory_per_worker: str | None = Field(
@@ -314,6 +329,20 @@ class ComputeConfig(_Strict):
     threads_per_worker: int = Field(
         default=1, ge=1, le=256, description="Dask threads (and BLAS threads) per worker"
     )
+
+    @model_validator(mode="after")
+    def _authenticated(self) -> ComputeConfig:
+        if self.scheduler.startswith("tcp://") and not self.allow_unauthenticated_scheduler:
+            raise ValueError(
+                "scheduler: a tcp:// scheduler lets anyone who reaches it run code as the job; "
+                "use tls:// (with tls_ca_file, tls_cert, tls_key) or set "
+                "allow_unauthenticated_scheduler = true"
+            )
+        if self.scheduler.startswith("tls://"):
+            for name in ("tls_ca_file", "tls_cert", "tls_key"):
+                if getattr(self, name) is None:
+                    raise ValueError(f"{name}: required with a tls:// scheduler")
+        return self
 
 
 class TargetConfig(_Strict):
@@ -356,6 +385,9 @@ def _resolve(data: object, base: Path) -> object:
                     "path",
                     "data_path",
                     "source_signing_public_key",
+                    "tls_ca_file",
+                    "tls_cert",
+                    "tls_key",
                 }
             )
             out[k] = str((base / v).resolve()) if is_path else _resolve(v, base)
