@@ -481,6 +481,10 @@ class GrpcReleaseSource:
         std = None if disclosure.scaling is None else disclosure.scaling.std
         try:
             resp = self.stub.OpenSession(req, timeout=self.cfg.timeout_s)
+            if resume and resp.session_id != resume:
+                # another id would be another session: its releases (and the target's own
+                # queries for it) charged again for the same job
+                raise PeerMisbehaved("the source answered a resumed session with another id")
             if disclosure.basis is not None and terms.dpda and not resume:
                 # the source must use the target's own basis: every release's ledger entry,
                 # signed, binds the digest of the projection it was computed with (checked

@@ -359,6 +359,13 @@ class TargetConfig(_Strict):
     reconnect_s: float = Field(
         default=60.0, ge=0, description="keep retrying an unavailable source this long"
     )
+    max_reruns: int = Field(
+        default=8,
+        ge=1,
+        le=1000,
+        description="starts of one job against one source without it finishing; more are "
+        "refused (a finished job clears its count)",
+    )
     admin: AdminConfig = Field(default_factory=AdminConfig)
     privacy: TargetPrivacyPolicy = Field(
         default_factory=TargetPrivacyPolicy,
