@@ -229,10 +229,12 @@ class AdminApp:
     routes. ``ready()`` and the stores are injected by the composition root.
 
     ``token``: the bearer token, or None. ``open_reads``: GET/HEAD need no token (the target's
-    generated token guards only its state-changing requests); default: every request needs the
-    token when there is one. ``allowed_hosts``: Host names accepted besides the listen host and
-    the loopback names. ``bind(host, port)`` (``AdminServer.start`` calls it) sets what the Host
-    header must name. ``routers``: routes a daemon adds (the target's jobs API).
+    generated token guards its state-changing requests), except under the ``guarded_reads``
+    path prefixes (the target's jobs: their results, reports and plots), which need it always;
+    default: every request needs the token when there is one. ``allowed_hosts``: Host names
+    accepted besides the listen host and the loopback names. ``bind(host, port)``
+    (``AdminServer.start`` calls it) sets what the Host header must name. ``routers``: routes a
+    daemon adds (the target's jobs API).
     """
 
     def __init__(
@@ -246,6 +248,7 @@ class AdminApp:
         *,
         open_reads: bool = False,
         allowed_hosts: tuple[str, ...] = (),
+        guarded_reads: tuple[str, ...] = (),
     ) -> None:
         self.metrics = metrics
         self.ledger_entries = ledger_entries
@@ -253,6 +256,7 @@ class AdminApp:
         self.ready = ready
         self.token = token
         self.open_reads = open_reads
+        self.guarded_reads = guarded_reads
         self.allowed_hosts = tuple(h.lower() for h in allowed_hosts)
         self.port: int | None = None
         self.host_names: frozenset[str] = frozenset((*_LOOPBACK_NAMES, *self.allowed_hosts))
@@ -430,7 +434,9 @@ class AdminApp:
 
     def _refusal(self, scope: Scope, method: str) -> str | None:
         """Why the bearer token check fails, or None when it passes."""
-        if method in SAFE_METHODS and (self.token is None or self.open_reads):
+        path = str(scope.get("path", ""))
+        guarded = any(path == p or path.startswith(p + "/") for p in self.guarded_reads)
+        if method in SAFE_METHODS and not guarded and (self.token is None or self.open_reads):
             return None
         if self.token is None:
             return "this daemon has no admin token; state-changing requests are refused"

@@ -9,6 +9,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from dpda.service.keyfiles import check_trusted
+
 
 def new_key() -> Ed25519PrivateKey:
     return Ed25519PrivateKey.generate()
@@ -34,6 +36,7 @@ def save_key(key: Ed25519PrivateKey, private_path: Path, public_path: Path) -> N
 
 
 def load_private(path: str | Path) -> Ed25519PrivateKey:
+    check_trusted(path)
     key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     if not isinstance(key, Ed25519PrivateKey):
         raise ValueError(f"{path}: not an Ed25519 private key")
@@ -41,6 +44,7 @@ def load_private(path: str | Path) -> Ed25519PrivateKey:
 
 
 def load_public(path: str | Path) -> Ed25519PublicKey:
+    check_trusted(path)
     key = serialization.load_pem_public_key(Path(path).read_bytes())
     if not isinstance(key, Ed25519PublicKey):
         raise ValueError(f"{path}: not an Ed25519 public key")

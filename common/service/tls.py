@@ -21,7 +21,7 @@ from cryptography.x509.oid import NameOID
 
 from dpda.errors import ConfigError, DpdaError, PeerMisbehaved
 from dpda.service import signing
-from dpda.service.keyfiles import private_dir, write_private
+from dpda.service.keyfiles import check_trusted, private_dir, write_private
 
 log = logging.getLogger("dpda.tls")
 
@@ -138,6 +138,8 @@ def init_party(
 
 
 def server_credentials(cert: Path, key: Path, client_ca: Path) -> grpc.ServerCredentials:
+    for p in (cert, key, client_ca):
+        check_trusted(p)
     return grpc.ssl_server_credentials(
         [(key.read_bytes(), cert.read_bytes())],
         root_certificates=client_ca.read_bytes(),
@@ -146,6 +148,8 @@ def server_credentials(cert: Path, key: Path, client_ca: Path) -> grpc.ServerCre
 
 
 def channel_credentials(cert: Path, key: Path, server_ca: Path) -> grpc.ChannelCredentials:
+    for p in (cert, key, server_ca):
+        check_trusted(p)
     return grpc.ssl_channel_credentials(
         root_certificates=server_ca.read_bytes(),
         private_key=key.read_bytes(),
