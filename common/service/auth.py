@@ -208,6 +208,7 @@ class AdmissionInterceptor:
                 raw = next(requests, None)
                 if raw is None:
                     deny(context, Denial(method, caller, role, "INVALID_ARGUMENT", "no message"))
+                    raise AssertionError("unreachable")
                 size = len(raw)
                 if size > admission.limits.get(method, SMALL_MESSAGE):
                     reason = f"message of {size} bytes"
