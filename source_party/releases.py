@@ -625,8 +625,11 @@ class SourceReleaser:
         queries: np.ndarray,
         peer: str = "in-process",
         extra_caps: Sequence[tuple[str, float, Sequence[Any]]] = (),
+        votes: np.ndarray | None = None,
     ) -> PateAnswer:
-        """Answer a batch of PATE queries: charge first, then the noisy arg-max of the votes."""
+        """Answer a batch of PATE queries: charge first, then the noisy arg-max of the votes.
+        ``votes``: the teachers' votes on ``queries`` (``votes``), counted before the caller
+        took its lock; counted here when None."""
         self.check_queries(session_id, queries)
         terms, info = self.session(session_id)
         mine = [e for e in self.ledger.store.entries(self.dataset) if e.session == session_id]
@@ -656,16 +659,28 @@ class SourceReleaser:
             },
             extra_caps=[("session", terms.epsilon, prior), *extra_caps],
         )
-        return self.draw_answer(session_id, queries, entry)
+        return self.draw_answer(session_id, queries, entry, votes)
+
+    def votes(self, session_id: str, queries: np.ndarray) -> np.ndarray:
+        """The teachers' vote counts on ``queries``: deterministic, no noise and no charge, so
+        they are counted outside any lock (the work a peer sizes by its number of queries)."""
+        return self._teachers(session_id).votes(queries)
 
     def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
         """The ``ReleaseSource`` view of ``answer``: only the labels."""
         return self.answer(session_id, index, queries).labels
 
-    def draw_answer(self, session_id: str, queries: np.ndarray, entry: LedgerEntry) -> PateAnswer:
-        """Votes and noise for an entry already durably in the ledger."""
+    def draw_answer(
+        self,
+        session_id: str,
+        queries: np.ndarray,
+        entry: LedgerEntry,
+        votes: np.ndarray | None = None,
+    ) -> PateAnswer:
+        """Votes (unless counted before) and noise for an entry already durably in the ledger."""
         terms, info = self.session(session_id)
-        votes = self._teachers(session_id).votes(queries)
+        if votes is None:
+            votes = self._teachers(session_id).votes(queries)
         scale = float(entry.params["scale"])
         labels = noisy_argmax(votes, terms.pate_aggregator, scale, self._noise[session_id])
         ans = PateAnswer(labels, entry.seq)

@@ -1,0 +1,103 @@
+"""Work a peer sizes (its number of PATE queries and teachers) runs outside the source's global
+lock: only the charge, the noise and the store hold it. A PATE request held blocked in the
+teachers' vote count leaves the lock free, and another session's release completes meanwhile."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import grpc
+import numpy as np
+
+from dpda.dp.ledger import LedgerEntry, head_hash
+from dpda.pb import dpda_pb2 as pb
+from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.service import serde, signing
+from dpda.service.config import load_source
+from dpda.service.tls import channel_credentials
+from dpda.source_party.app import run_server
+from dpda.source_party.teachers import TeacherEnsemble
+from dpda.terms import SessionTerms
+
+from .helpers import DELTA, SignedStub, synthetic_deployment
+
+TIMEOUT = 60  # bounds a hang; the first PATE answer trains the teachers
+
+
+def _terms(**kw: Any) -> str:
+    base: dict[str, Any] = dict(
+        dataset="synthetic", epsilon=4.0, delta=DELTA, projection="jl", projection_dim=5
+    )
+    base.update(kw)
+    return SessionTerms(**base).model_dump_json()
+
+
+def test_pate_votes_are_counted_outside_the_global_lock(tmp_path, monkeypatch) -> None:
+    dep = synthetic_deployment(tmp_path)
+    entered, go = threading.Event(), threading.Event()
+    real = TeacherEnsemble.votes
+
+    def held(self: TeacherEnsemble, queries: np.ndarray) -> np.ndarray:
+        if queries.shape[0] == 7:  # the peer's big request (7 rows here)
+            entered.set()
+            go.wait(TIMEOUT)
+        return real(self, queries)
+
+    monkeypatch.setattr(TeacherEnsemble, "votes", held)
+    with run_server(load_source(dep.source_config)) as rs:
+        k = dep.target_keys
+        creds = channel_credentials(k.cert, k.key, k.ca)
+        with grpc.secure_channel(f"127.0.0.1:{rs.port}", creds) as ch:
+            stub = SignedStub(pb_grpc.SourceServiceStub(ch), dep)
+
+            def head() -> str:
+                return head_hash(rs.handlers.ledger.store.entries("synthetic"))
+
+            pate = stub.OpenSession(
+                pb.OpenSessionRequest(
+                    terms_json=_terms(
+                        dpda=False, pate_epsilon=4.0, pate_queries=20, pate_teachers=5
+                    )
+                ),
+                timeout=TIMEOUT,
+            ).session_id
+            honest = stub.OpenSession(
+                pb.OpenSessionRequest(terms_json=_terms(epsilon=1.0)), timeout=TIMEOUT
+            ).session_id
+            answer: dict[str, Any] = {}
+
+            def big() -> None:
+                n = len(rs.handlers.ledger.store.entries("synthetic"))
+                req = pb.QueryTeachersRequest(
+                    session_id=pate,
+                    queries=serde.to_pb(np.ones((7, 5))),
+                    ledger_head=head(),
+                    ledger_length=n,  # the release below lands meanwhile: a known prefix
+                )
+                answer["labels"] = stub.QueryTeachers(req, timeout=TIMEOUT).labels
+
+            th = threading.Thread(target=big)
+            th.start()
+            try:
+                assert entered.wait(TIMEOUT)  # the votes are being counted now
+                free = rs.handlers.lock.acquire(blocking=False)
+                if free:
+                    rs.handlers.lock.release()
+                # another session's release completes while the votes are held
+                req = pb.ReleaseBatchesRequest(
+                    session_id=honest, start=0, count=1, ledger_head=head()
+                )
+                (msg,) = list(stub.ReleaseBatches(req, timeout=TIMEOUT))
+                entry = LedgerEntry.from_json(msg.entry_json)
+                sig = signing.sign(stub._key, entry.signed_message())
+                stub.Countersign(
+                    pb.CountersignRequest(dataset=entry.dataset, seq=entry.seq, target_sig=sig),
+                    timeout=TIMEOUT,
+                )
+                released_while_held = not go.is_set()
+            finally:
+                go.set()
+                th.join(TIMEOUT)
+    assert free, "the global lock was held while the peer's votes were counted"
+    assert released_while_held and "labels" in answer
