@@ -206,7 +206,8 @@ class SourceReleaser:
         self._rows: np.ndarray | None = None  # the per-row representation (``rows``)
         self._feat_lock = threading.Lock()
         self._rows_lock = threading.Lock()
-        self._ens_lock = threading.Lock()
+        self._ens_lock = threading.Lock()  # guards _ens_locks
+        self._ens_locks: dict[str, threading.Lock] = {}  # per session: its teachers' training
         self._bound: dict[str, dict[str, Any]] = {}  # session → what its charges depend on
         self._noise: dict[str, np.random.Generator] = {}  # session → its own noise stream
 
@@ -584,7 +585,11 @@ class SourceReleaser:
         its lock (``prepare_teachers``): training can take seconds and must not hold up other
         sessions' releases."""
         terms, info = self.session(session_id)
+        # one session's training waits only for itself: a peer's 600 teachers must not hold
+        # up another session's teachers
         with self._ens_lock:
+            lock = self._ens_locks.setdefault(session_id, threading.Lock())
+        with lock:
             return self._ensemble(session_id, terms, info)
 
     prepare_teachers = _teachers
@@ -690,5 +695,7 @@ class SourceReleaser:
     def close_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
         self._ensembles.pop(session_id, None)
+        with self._ens_lock:
+            self._ens_locks.pop(session_id, None)
         self._bound.pop(session_id, None)
         self._noise.pop(session_id, None)

@@ -101,3 +101,50 @@ def test_pate_votes_are_counted_outside_the_global_lock(tmp_path, monkeypatch) -
                 th.join(TIMEOUT)
     assert free, "the global lock was held while the peer's votes were counted"
     assert released_while_held and "labels" in answer
+
+
+def test_one_sessions_teachers_do_not_wait_for_anothers(tmp_path, monkeypatch) -> None:
+    """A peer's session of 7 teachers held in training; another session's teachers train
+    meanwhile (one lock for every session's training made them wait)."""
+    dep = synthetic_deployment(tmp_path)
+    entered, go, other_done = threading.Event(), threading.Event(), threading.Event()
+    real = TeacherEnsemble.__init__
+
+    def held(self: TeacherEnsemble, x: Any, y: Any, parts: Any, n: int, *a: Any) -> None:
+        if n == 7:
+            entered.set()
+            go.wait(TIMEOUT)
+        real(self, x, y, parts, n, *a)
+
+    monkeypatch.setattr(TeacherEnsemble, "__init__", held)
+    with run_server(load_source(dep.source_config)) as rs:
+        k = dep.target_keys
+        creds = channel_credentials(k.cert, k.key, k.ca)
+        with grpc.secure_channel(f"127.0.0.1:{rs.port}", creds) as ch:
+            stub = SignedStub(pb_grpc.SourceServiceStub(ch), dep)
+            sids = [
+                stub.OpenSession(
+                    pb.OpenSessionRequest(
+                        terms_json=_terms(
+                            dpda=False, pate_epsilon=4.0, pate_queries=20, pate_teachers=n
+                        )
+                    ),
+                    timeout=TIMEOUT,
+                ).session_id
+                for n in (7, 5)
+            ]
+        releaser = rs.handlers.releasers["synthetic"]
+        big = threading.Thread(target=releaser.prepare_teachers, args=(sids[0],))
+        big.start()
+        try:
+            assert entered.wait(TIMEOUT)
+            other = threading.Thread(
+                target=lambda: (releaser.prepare_teachers(sids[1]), other_done.set())
+            )
+            other.start()
+            trained_while_held = other_done.wait(TIMEOUT) and not go.is_set()
+        finally:
+            go.set()
+            big.join(TIMEOUT)
+            other.join(TIMEOUT)
+    assert trained_while_held
