@@ -203,7 +203,8 @@ def hostile_process(
             fingerprint=keys["fingerprint"],
         )
         dep = _Dep(keys)
-        src = _client(Path(root), 900, Peer("mallory-pinned", party), dep, address, Recorder())
+        index = 900 + PATTERNS.index(pattern)  # a state directory of its own per pattern
+        src = _client(Path(root), index, Peer("mallory-pinned", party), dep, address, Recorder())
         if pattern == "hint":
             worker = threading.Thread(target=_hint, args=(src, stop, tally), daemon=True)
         else:
