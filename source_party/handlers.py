@@ -52,6 +52,7 @@ from dpda.service import responsive_io_threads, signing
 from dpda.service.config import Peer, SourceLimits
 from dpda.service.crashpoints import crash_point
 from dpda.source_party import reweighting as RW
+from dpda.source_party.peer_cpu import PeerCpuBudget
 from dpda.source_party.releases import PreparedSession, SourceReleaser
 from dpda.terms import ReweightingTerms, SessionTerms, terms_error
 
@@ -161,6 +162,8 @@ class SourceHandlers:
         self.lock = threading.RLock()  # one release at a time: the charge check must be atomic
         # plans (calibrations) run outside the lock, a few at a time, each under a time limit
         self.planning = threading.BoundedSemaphore(max(1, self.limits.workers // 4))
+        # the work a peer sizes (teachers, votes, hints): CPU seconds per peer and window
+        self.cpu = PeerCpuBudget(self.limits.peer_cpu_seconds, self.limits.peer_cpu_window_s)
         self.last_used: dict[str, float] = {}  # session → monotonic time of its last use
         # reverse-deployment sessions (seed 001): in memory; after a restart the peer opens a
         # new one (the charges already made stay in the ledger and keep counting)
@@ -235,13 +238,16 @@ class SourceHandlers:
         report."""
         with self.lock:
             full = self._open_sessions(peer) >= self.limits.sessions_per_peer
-        if full or not self._plan_slot.acquire(blocking=False):
+        if full or self.cpu.used(peer) >= self.cpu.seconds:
+            return  # a hint is only a head start: a peer over its CPU budget gets none
+        if not self._plan_slot.acquire(blocking=False):
             return
 
         def run() -> None:
             try:
                 caps = [self._peer_cap(peer, releaser.dataset)]
-                releaser.warm_plan(terms, caps, self.limits.plan_seconds)
+                with self.cpu.spend(peer):
+                    releaser.warm_plan(terms, caps, self.limits.plan_seconds)
             except Exception:  # only caches: OpenSession checks and reports for itself
                 log.debug("planning ahead for %s failed", self.peers[peer].name, exc_info=True)
             finally:
@@ -611,11 +617,12 @@ class SourceHandlers:
             raise InvalidInput("query index out of bounds")
         releaser, _ = self._session(peer, session_id)
         releaser.check_queries(session_id, queries)
-        releaser.prepare_teachers(session_id)  # training outside the lock (seconds, at times)
-        # the votes too: their cost grows with the peer's queries and teachers (100,000 queries
-        # to 600 teachers held the lock about 6 s); only the charge, the noise and the store
-        # need it
-        votes = releaser.votes(session_id, queries)
+        with self.cpu.spend(peer):  # refused before any work once the peer's budget is used
+            releaser.prepare_teachers(session_id)  # training outside the lock (seconds)
+            # the votes too: their cost grows with the peer's queries and teachers (100,000
+            # queries to 600 teachers held the lock about 6 s); only the charge, the noise and
+            # the store need it
+            votes = releaser.votes(session_id, queries)
         with self.lock:
             ds = releaser.dataset
             entries = self.ledger.store.entries(ds)

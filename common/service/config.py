@@ -158,6 +158,15 @@ class SourceLimits(_Strict):
     plan_seconds: float = Field(
         default=10.0, gt=0, description="time limit of a session's release plan (calibration)"
     )
+    peer_cpu_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="CPU seconds per peer and window for the work the peer sizes (PATE "
+        "teachers and votes, planned-terms hints); past it: OVERLOADED",
+    )
+    peer_cpu_window_s: float = Field(
+        default=60.0, gt=0, description="the window of peer_cpu_seconds"
+    )
 
     @model_validator(mode="after")
     def _fits(self) -> SourceLimits:

@@ -1,6 +1,8 @@
 """Work a peer sizes (its number of PATE queries and teachers) runs outside the source's global
 lock: only the charge, the noise and the store hold it. A PATE request held blocked in the
-teachers' vote count leaves the lock free, and another session's release completes meanwhile."""
+teachers' vote count leaves the lock free, and another session's release completes meanwhile;
+one session's teachers do not wait for another's; and a peer past its CPU budget for the
+window is refused before any work or charge."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import pytest
 
 from dpda.dp.ledger import LedgerEntry, head_hash
 from dpda.pb import dpda_pb2 as pb
@@ -148,3 +151,51 @@ def test_one_sessions_teachers_do_not_wait_for_anothers(tmp_path, monkeypatch) -
             big.join(TIMEOUT)
             other.join(TIMEOUT)
     assert trained_while_held
+
+
+def test_pate_past_the_peers_cpu_budget_is_refused_uncharged(tmp_path) -> None:
+    """A peer that used its CPU seconds for the window on PATE work gets OVERLOADED before any
+    work, charge or noise; the ledger holds only the answers it got before."""
+    from dpda.service.config import SourceLimits
+
+    dep = synthetic_deployment(tmp_path)
+    cfg = load_source(dep.source_config)
+    cfg = cfg.model_copy(update={"limits": SourceLimits(peer_cpu_seconds=1e-9)})
+    with run_server(cfg) as rs:
+        k = dep.target_keys
+        creds = channel_credentials(k.cert, k.key, k.ca)
+        with grpc.secure_channel(f"127.0.0.1:{rs.port}", creds) as ch:
+            stub = SignedStub(pb_grpc.SourceServiceStub(ch), dep)
+            sid = stub.OpenSession(
+                pb.OpenSessionRequest(
+                    terms_json=_terms(
+                        dpda=False, pate_epsilon=4.0, pate_queries=20, pate_teachers=5
+                    )
+                ),
+                timeout=TIMEOUT,
+            ).session_id
+
+            def ask(index: int) -> Any:
+                entries = rs.handlers.ledger.store.entries("synthetic")
+                req = pb.QueryTeachersRequest(
+                    session_id=sid,
+                    index=index,
+                    queries=serde.to_pb(np.ones((3, 5))),
+                    ledger_head=head_hash(entries),
+                    ledger_length=len(entries),
+                )
+                return stub.QueryTeachers(req, timeout=TIMEOUT)
+
+            first = ask(0)  # the budget is checked before the work: the first one runs
+            entry = LedgerEntry.from_json(first.entry_json)
+            sig = signing.sign(stub._key, entry.signed_message())
+            stub.Countersign(
+                pb.CountersignRequest(dataset=entry.dataset, seq=entry.seq, target_sig=sig),
+                timeout=TIMEOUT,
+            )
+            before = rs.handlers.ledger.store.entries()
+            with pytest.raises(grpc.RpcError) as e:
+                ask(1)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert e.value.details().startswith("OVERLOADED")
+            assert rs.handlers.ledger.store.entries() == before
