@@ -159,7 +159,7 @@ class SourceLimits(_Strict):
         default=10.0, gt=0, description="time limit of a session's release plan (calibration)"
     )
     peer_cpu_seconds: float = Field(
-        default=60.0,
+        default=30.0,
         gt=0,
         description="CPU seconds per peer and window for the work the peer sizes (PATE "
         "teachers and votes, planned-terms hints); past it: OVERLOADED",
