@@ -126,6 +126,8 @@ def is_loopback(host: str) -> bool:
 
 
 MAX_BODY = 64 * 1024  # bytes of a request body; more gets 413
+MAX_CONNECTIONS = 32  # connections and requests in flight at once; more get 503
+MAX_HEAD = 16 * 1024  # bytes of a request line and headers
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 _WILDCARDS = ("", "0.0.0.0", "::")
@@ -354,6 +356,11 @@ class AdminApp:
         if scope["type"] != "http":
             return
         answer = self.guard(scope)
+        if answer is None:
+            # the token before the body: a caller without it gets no byte of its body read
+            refusal = self._refusal(scope, scope.get("method", "GET"))
+            if refusal is not None:
+                answer = _js(401, {"error": refusal})
         body_in = b""
         if answer is None and scope.get("method", "GET") not in SAFE_METHODS:
             more = True
@@ -511,6 +518,9 @@ class AdminServer:
             access_log=False,
             proxy_headers=False,  # the checks read the request's own headers, never X-Forwarded-*
             server_header=False,
+            # bytes in flight before any check: connections at once, and one request's head
+            limit_concurrency=MAX_CONNECTIONS,
+            h11_max_incomplete_event_size=MAX_HEAD,
         )
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, name="dpda-admin", daemon=True)
