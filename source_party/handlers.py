@@ -51,6 +51,7 @@ from dpda.protocol import (
 from dpda.service import responsive_io_threads, signing
 from dpda.service.config import Peer, SourceLimits
 from dpda.service.crashpoints import crash_point
+from dpda.source_party import reweight_quota
 from dpda.source_party import reweighting as RW
 from dpda.source_party.peer_cpu import PeerCpuBudget
 from dpda.source_party.releases import PreparedSession, SourceReleaser
@@ -766,6 +767,7 @@ class SourceHandlers:
                         )
                     entry = existing
                 else:
+                    self._check_reweight_room(rs, peer, entries, count)  # before any charge
                     entry, known = self._charge_reweighting(rs, peer, rid, start, count, entries,
                                                             ledger_head, ledger_length)  # fmt: skip
             crash_point("source.reweight.charged")
@@ -780,6 +782,22 @@ class SourceHandlers:
                 now = self.ledger.store.entries(ds)
                 gap = tuple(now[known : entry.seq]) if known is not None else ()
                 return out, self._sign(ds, entry.seq), gap
+
+    def _check_reweight_room(
+        self, rs: RW.ReweightingSession, peer: str, entries: list[LedgerEntry], count: int
+    ) -> None:
+        """The block's outputs must fit the session's and the peer's storage (under the lock)."""
+        name = self.peers[peer].name
+        mine = [e for e in entries if e.peer == name and "/reweight/" in e.request_id]
+        session = [e.seq for e in mine if e.session == rs.session_id]
+        new = count * reweight_quota.step_bytes(rs.terms.method, int(rs.opt.q.size))
+        reweight_quota.check(
+            new,
+            reweight_quota.stored_bytes(self.conn, rs.dataset, session),
+            reweight_quota.stored_bytes(self.conn, rs.dataset, [e.seq for e in mine]),
+            self.limits.reweight_bytes_per_session,
+            self.limits.reweight_bytes_per_peer,
+        )
 
     def _charge_reweighting(
         self,

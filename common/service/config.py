@@ -164,6 +164,12 @@ class SourceLimits(_Strict):
         description="CPU seconds per peer and window for the work the peer sizes (PATE "
         "teachers and votes, planned-terms hints); past it: OVERLOADED",
     )
+    reweight_bytes_per_session: int = Field(
+        default=64 * 2**20, ge=1, description="stored reweighting outputs of one session (bytes)"
+    )
+    reweight_bytes_per_peer: int = Field(
+        default=512 * 2**20, ge=1, description="stored reweighting outputs of one peer (bytes)"
+    )
     peer_cpu_window_s: float = Field(
         default=60.0, gt=0, description="the window of peer_cpu_seconds"
     )
