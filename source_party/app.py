@@ -31,6 +31,7 @@ from dpda.service.auth import Admission, AdmissionInterceptor, Denial, method_li
 from dpda.service.config import SourceConfig, SourceDataset
 from dpda.service.ledger_store import SqliteLedgerStore, connect
 from dpda.service.tls import peer_fingerprint, server_credentials
+from dpda.service.tokens import read_token
 from dpda.source_party.handlers import SourceHandlers
 from dpda.source_party.releases import SourceReleaser
 from dpda.source_party.servicer import SourceServicer
@@ -213,7 +214,9 @@ def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
 def _admin(cfg: SourceConfig, rs: RunningSource) -> AdminServer | None:
     if not cfg.admin.enabled:
         return None
-    token = cfg.admin.token_file.read_text().strip() if cfg.admin.token_file else None
+    token = None
+    if cfg.admin.token_file is not None:
+        token = read_token(cfg.admin.token_file, "admin.token_file")
     store = rs.handlers.ledger.store
 
     def ready() -> bool:

@@ -51,7 +51,9 @@ from dpda.protocol import (
 from dpda.service import responsive_io_threads, signing
 from dpda.service.config import Peer, SourceLimits
 from dpda.service.crashpoints import crash_point
+from dpda.source_party import reweight_quota
 from dpda.source_party import reweighting as RW
+from dpda.source_party.peer_cpu import PeerCpuBudget
 from dpda.source_party.releases import PreparedSession, SourceReleaser
 from dpda.terms import ReweightingTerms, SessionTerms, terms_error
 
@@ -161,6 +163,8 @@ class SourceHandlers:
         self.lock = threading.RLock()  # one release at a time: the charge check must be atomic
         # plans (calibrations) run outside the lock, a few at a time, each under a time limit
         self.planning = threading.BoundedSemaphore(max(1, self.limits.workers // 4))
+        # the work a peer sizes (teachers, votes, hints): CPU seconds per peer and window
+        self.cpu = PeerCpuBudget(self.limits.peer_cpu_seconds, self.limits.peer_cpu_window_s)
         self.last_used: dict[str, float] = {}  # session → monotonic time of its last use
         # reverse-deployment sessions (seed 001): in memory; after a restart the peer opens a
         # new one (the charges already made stay in the ledger and keep counting)
@@ -235,13 +239,16 @@ class SourceHandlers:
         report."""
         with self.lock:
             full = self._open_sessions(peer) >= self.limits.sessions_per_peer
-        if full or not self._plan_slot.acquire(blocking=False):
+        if full or self.cpu.used(peer) >= self.cpu.seconds:
+            return  # a hint is only a head start: a peer over its CPU budget gets none
+        if not self._plan_slot.acquire(blocking=False):
             return
 
         def run() -> None:
             try:
                 caps = [self._peer_cap(peer, releaser.dataset)]
-                releaser.warm_plan(terms, caps, self.limits.plan_seconds)
+                with self.cpu.spend(peer):
+                    releaser.warm_plan(terms, caps, self.limits.plan_seconds)
             except Exception:  # only caches: OpenSession checks and reports for itself
                 log.debug("planning ahead for %s failed", self.peers[peer].name, exc_info=True)
             finally:
@@ -611,7 +618,12 @@ class SourceHandlers:
             raise InvalidInput("query index out of bounds")
         releaser, _ = self._session(peer, session_id)
         releaser.check_queries(session_id, queries)
-        releaser.prepare_teachers(session_id)  # training outside the lock (seconds, at times)
+        with self.cpu.spend(peer):  # refused before any work once the peer's budget is used
+            releaser.prepare_teachers(session_id)  # training outside the lock (seconds)
+            # the votes too: their cost grows with the peer's queries and teachers (100,000
+            # queries to 600 teachers held the lock about 6 s); only the charge, the noise and
+            # the store need it
+            votes = releaser.votes(session_id, queries)
         with self.lock:
             ds = releaser.dataset
             entries = self.ledger.store.entries(ds)
@@ -634,13 +646,18 @@ class SourceHandlers:
                         "sent again",
                         public=True,
                     )
-                ans = releaser.draw_answer(session_id, queries, existing)
+                ans = releaser.draw_answer(session_id, queries, existing, votes)
             else:
                 known = self._known_prefix(ds, ledger_head, ledger_length)
                 name = self.peers[peer].name
                 self._require_countersigned(ds, name, set())
                 ans = releaser.answer(
-                    session_id, index, queries, peer=name, extra_caps=[self._peer_cap(peer, ds)]
+                    session_id,
+                    index,
+                    queries,
+                    peer=name,
+                    extra_caps=[self._peer_cap(peer, ds)],
+                    votes=votes,
                 )
             crash_point("source.pate.drawn")
             self.conn.execute(
@@ -750,6 +767,7 @@ class SourceHandlers:
                         )
                     entry = existing
                 else:
+                    self._check_reweight_room(rs, peer, entries, count)  # before any charge
                     entry, known = self._charge_reweighting(rs, peer, rid, start, count, entries,
                                                             ledger_head, ledger_length)  # fmt: skip
             crash_point("source.reweight.charged")
@@ -764,6 +782,22 @@ class SourceHandlers:
                 now = self.ledger.store.entries(ds)
                 gap = tuple(now[known : entry.seq]) if known is not None else ()
                 return out, self._sign(ds, entry.seq), gap
+
+    def _check_reweight_room(
+        self, rs: RW.ReweightingSession, peer: str, entries: list[LedgerEntry], count: int
+    ) -> None:
+        """The block's outputs must fit the session's and the peer's storage (under the lock)."""
+        name = self.peers[peer].name
+        mine = [e for e in entries if e.peer == name and "/reweight/" in e.request_id]
+        session = [e.seq for e in mine if e.session == rs.session_id]
+        new = count * reweight_quota.step_bytes(rs.terms.method, int(rs.opt.q.size))
+        reweight_quota.check(
+            new,
+            reweight_quota.stored_bytes(self.conn, rs.dataset, session),
+            reweight_quota.stored_bytes(self.conn, rs.dataset, [e.seq for e in mine]),
+            self.limits.reweight_bytes_per_session,
+            self.limits.reweight_bytes_per_peer,
+        )
 
     def _charge_reweighting(
         self,

@@ -206,7 +206,8 @@ class SourceReleaser:
         self._rows: np.ndarray | None = None  # the per-row representation (``rows``)
         self._feat_lock = threading.Lock()
         self._rows_lock = threading.Lock()
-        self._ens_lock = threading.Lock()
+        self._ens_lock = threading.Lock()  # guards _ens_locks
+        self._ens_locks: dict[str, threading.Lock] = {}  # per session: its teachers' training
         self._bound: dict[str, dict[str, Any]] = {}  # session → what its charges depend on
         self._noise: dict[str, np.random.Generator] = {}  # session → its own noise stream
 
@@ -593,7 +594,11 @@ class SourceReleaser:
         its lock (``prepare_teachers``): training can take seconds and must not hold up other
         sessions' releases."""
         terms, info = self.session(session_id)
+        # one session's training waits only for itself: a peer's 600 teachers must not hold
+        # up another session's teachers
         with self._ens_lock:
+            lock = self._ens_locks.setdefault(session_id, threading.Lock())
+        with lock:
             return self._ensemble(session_id, terms, info)
 
     prepare_teachers = _teachers
@@ -634,8 +639,11 @@ class SourceReleaser:
         queries: np.ndarray,
         peer: str = "in-process",
         extra_caps: Sequence[tuple[str, float, Sequence[Any]]] = (),
+        votes: np.ndarray | None = None,
     ) -> PateAnswer:
-        """Answer a batch of PATE queries: charge first, then the noisy arg-max of the votes."""
+        """Answer a batch of PATE queries: charge first, then the noisy arg-max of the votes.
+        ``votes``: the teachers' votes on ``queries`` (``votes``), counted before the caller
+        took its lock; counted here when None."""
         self.check_queries(session_id, queries)
         terms, info = self.session(session_id)
         mine = [e for e in self.ledger.store.entries(self.dataset) if e.session == session_id]
@@ -665,16 +673,28 @@ class SourceReleaser:
             },
             extra_caps=[("session", terms.epsilon, prior), *extra_caps],
         )
-        return self.draw_answer(session_id, queries, entry)
+        return self.draw_answer(session_id, queries, entry, votes)
+
+    def votes(self, session_id: str, queries: np.ndarray) -> np.ndarray:
+        """The teachers' vote counts on ``queries``: deterministic, no noise and no charge, so
+        they are counted outside any lock (the work a peer sizes by its number of queries)."""
+        return self._teachers(session_id).votes(queries)
 
     def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
         """The ``ReleaseSource`` view of ``answer``: only the labels."""
         return self.answer(session_id, index, queries).labels
 
-    def draw_answer(self, session_id: str, queries: np.ndarray, entry: LedgerEntry) -> PateAnswer:
-        """Votes and noise for an entry already durably in the ledger."""
+    def draw_answer(
+        self,
+        session_id: str,
+        queries: np.ndarray,
+        entry: LedgerEntry,
+        votes: np.ndarray | None = None,
+    ) -> PateAnswer:
+        """Votes (unless counted before) and noise for an entry already durably in the ledger."""
         terms, info = self.session(session_id)
-        votes = self._teachers(session_id).votes(queries)
+        if votes is None:
+            votes = self._teachers(session_id).votes(queries)
         scale = float(entry.params["scale"])
         labels = noisy_argmax(votes, terms.pate_aggregator, scale, self._noise[session_id])
         ans = PateAnswer(labels, entry.seq)
@@ -684,5 +704,7 @@ class SourceReleaser:
     def close_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
         self._ensembles.pop(session_id, None)
+        with self._ens_lock:
+            self._ens_locks.pop(session_id, None)
         self._bound.pop(session_id, None)
         self._noise.pop(session_id, None)

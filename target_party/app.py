@@ -43,6 +43,7 @@ from dpda.service.audit import AuditLog
 from dpda.service.config import TargetConfig
 from dpda.service.ledger_store import SqliteLedgerStore, connect
 from dpda.service.progress import Progress
+from dpda.target_party import reruns
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.compute import open_compute, spec_of
 from dpda.target_party.pipeline import (
@@ -198,13 +199,16 @@ def row_queries(
     own: Disclosure | None,
     n_rows: int,
     n_queries: int = 0,
+    job: str = "",
 ) -> RowQueries:
     """What PATE sends under ``[privacy] row_queries``. ``dp``: before the noisy rows of a
     session leave, the target charges its own ledger (``own-rows``, request id
     ``row-queries/<session>``), draws, stores and signs them (``_own_release``); a resumed
     session sends the stored rows again, uncharged (a session resumes only under the same
     policy: ``GrpcReleaseSource``). ``synthetic``: a zero-ε entry records that points drawn from
-    released or public values left (post-processing)."""
+    released or public values left (post-processing). ``job`` (the job's own key, see
+    ``job_key``): the queries are charged and stored per job, not per session id, so a source
+    that hands a rerun a new session gets the stored queries again, never a second charge."""
     pol = cfg.privacy
     if pol.row_queries == "exact":
         return RowQueries("exact")
@@ -212,7 +216,8 @@ def row_queries(
     ledger.budgets.setdefault(OWN_ROWS, Budget(pol.epsilon_cap, delta))
 
     def record(sid: str, events: list, params: dict[str, Any], draw: Callable[[], np.ndarray]):
-        rid = f"row-queries/{sid}"
+        key = job or sid
+        rid = f"row-queries/{key}"
         meta = {**params, "kind": "target-row-queries", "row_queries": pol.row_queries}
 
         def charge() -> LedgerEntry:
@@ -228,7 +233,7 @@ def row_queries(
             )
 
         # the session id is the source's: hashed, never a path
-        name = f"row-queries-{hashlib.sha256(sid.encode()).hexdigest()[:32]}.npz"
+        name = f"row-queries-{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
         arrays, entry = _own_release(
             cfg,
             ledger,
@@ -308,10 +313,15 @@ def own_disclosure(
     return _disclose(cfg, table, terms, ledger)
 
 
-def _disclosure_id(cfg: TargetConfig, table: Table, terms: SessionTerms) -> str:
+def job_key(cfg: TargetConfig, table: Table, terms: SessionTerms) -> str:
+    """What one job is: its terms, the target's policy and its rows (where and how many)."""
     n, k = table.x.shape
     key = json.dumps([terms.model_dump_json(), cfg.privacy.model_dump_json(), table.where, n, k])
-    return "disclosure/" + hashlib.sha256(key.encode()).hexdigest()[:32]
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _disclosure_id(cfg: TargetConfig, table: Table, terms: SessionTerms) -> str:
+    return "disclosure/" + job_key(cfg, table, terms)
 
 
 def _disclosure_plan(cfg: TargetConfig, table: Table, terms: SessionTerms, delta: float):
@@ -516,7 +526,12 @@ def run_job(
         keep=cfg.job.keep,
     )
     # before the source is asked anything: PATE's queries fit the target's own budget
-    rq = row_queries(cfg, ledger, own[0] if own else None, table.x.shape[0], terms.pate_queries)
+    key = job_key(cfg, table, terms)
+    rq = row_queries(
+        cfg, ledger, own[0] if own else None, table.x.shape[0], terms.pate_queries, job=key
+    )
+    # a source that fails the job on purpose gets a bounded number of reruns
+    reruns.start(cfg.state_dir, cfg.source_fingerprint, key, cfg.max_reruns)
     source = GrpcReleaseSource(cfg, ledger, audit)
     source.target_claim = own[1].to_json() if own else ""
     try:
@@ -573,7 +588,7 @@ def run_job(
             [
                 event_from_json(e.dp_event)
                 for e in ledger.store.entries(OWN_ROWS)
-                if e.request_id in (own[1].request_id, f"row-queries/{res.session_id}")
+                if e.request_id in (own[1].request_id, f"row-queries/{key}")
             ],
             own[1].params["delta"],
         )
@@ -587,6 +602,7 @@ def run_job(
     figures = figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
     figures.update(job_spend_of(mine, terms.delta))
     (outdir / "report.html").write_text(render(out, figures), encoding="utf-8")
+    reruns.finish(cfg.state_dir, cfg.source_fingerprint, key)
     return out, figures
 
 

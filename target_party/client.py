@@ -493,6 +493,10 @@ class GrpcReleaseSource:
         std = None if disclosure.scaling is None else disclosure.scaling.std
         try:
             resp = self.stub.OpenSession(req, timeout=self.cfg.timeout_s)
+            if resume and resp.session_id != resume:
+                # another id would be another session: its releases (and the target's own
+                # queries for it) charged again for the same job
+                raise PeerMisbehaved("the source answered a resumed session with another id")
             if terms.source_space and terms.dpda:
                 # the source's own space: the identity on its features, known to both (every
                 # signed entry binds its digest, checked before a release is accepted)

@@ -1,6 +1,12 @@
 """Where the target's per-batch fits run: in the job's own process (the default) or
 as Dask tasks on a ``LocalCluster`` or an existing Dask cluster.
 
+A Dask client runs arbitrary code in the workers, so the cluster must know who connects: the
+local cluster speaks TLS with a CA and certificates made for the job (in memory, never on disk),
+listens on loopback and has no dashboard; an existing cluster is reached over ``tls://`` with
+the job's certificate, or over plain ``tcp://`` only where the config says
+``allow_unauthenticated_scheduler`` (``dpda.service.config.ComputeConfig`` checks that).
+
 The job's process alone talks to the source: it pulls the releases in order and makes every
 ledger call where it always did (``dpda.target_party.pipeline._release_all``). What it hands to
 a ``Compute`` is post-processing only — a release's points and the target's own rows — so a
@@ -34,6 +40,8 @@ WORKER_SHARE = 0.5
 # BLAS/OpenMP thread counts the workers start with (one per Dask thread: the ratio of 1 and 2
 # workers then measures scaling, not a BLAS pool fighting the other workers for cores)
 BLAS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# what the local scheduler's HTTP server answers: its health check, nothing about the job
+SCHEDULER_HTTP_ROUTES = ["distributed.http.health"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
@@ -56,10 +64,11 @@ def parse_bytes(text: str | int, field: str = "compute.memory_per_worker") -> in
 class ComputeSpec:
     """What ``[compute]`` asks for (``dpda.service.config.ComputeConfig`` validates it)."""
 
-    scheduler: str = "inprocess"  # inprocess | local | tcp://host:8786
+    scheduler: str = "inprocess"  # inprocess | local | tls://host:8786 | tcp://host:8786
     workers: int = 1  # local: worker processes
     memory_per_worker: int | None = None  # bytes; None: no split (in-process) / Dask's default
     threads_per_worker: int = 1
+    tls: tuple[str, str, str] | None = None  # tls://: (CA file, client cert, client key)
 
 
 class Pending:
@@ -170,7 +179,10 @@ def spec_of(cfg: ComputeConfig) -> ComputeSpec:
     memory = None
     if cfg.memory_per_worker is not None:
         memory = parse_bytes(cfg.memory_per_worker)
-    return ComputeSpec(cfg.scheduler, cfg.workers, memory, cfg.threads_per_worker)
+    tls = None
+    if cfg.tls_ca_file is not None and cfg.tls_cert is not None and cfg.tls_key is not None:
+        tls = (str(cfg.tls_ca_file), str(cfg.tls_cert), str(cfg.tls_key))
+    return ComputeSpec(cfg.scheduler, cfg.workers, memory, cfg.threads_per_worker, tls)
 
 
 @contextmanager
@@ -180,29 +192,55 @@ def open_compute(spec: ComputeSpec) -> Iterator[Compute]:
         yield Compute(spec.memory_per_worker)
         return
     try:
+        import dask
         from distributed import Client, LocalCluster
     except ImportError as exc:  # pragma: no cover - dask is a dependency; a slim image may lack it
         raise ConfigError(
             f"compute.scheduler: {spec.scheduler!r} needs dask[distributed] installed"
         ) from exc
     if spec.scheduler == "local":
-        cluster = LocalCluster(
-            n_workers=spec.workers,
-            threads_per_worker=spec.threads_per_worker,
-            processes=True,
-            memory_limit=spec.memory_per_worker if spec.memory_per_worker else "auto",
-            dashboard_address=":0",  # any free port: 8787 may be taken (no warning)
-            env=blas_env(spec.threads_per_worker),
-        )
+        from distributed.security import Security
+
+        # TLS with a CA and certificates made for this job alone (held in memory): a local
+        # user who finds the port cannot connect, and with no client certificate cannot run
+        # code in the workers; loopback only, and no dashboard
+        security = Security.temporary()
+        # The scheduler's HTTP server starts even without a dashboard: on loopback, at any free
+        # port, with the health check alone (no task/worker pages, no proxy to the workers).
+        with dask.config.set({"distributed.scheduler.http.routes": SCHEDULER_HTTP_ROUTES}):
+            cluster = LocalCluster(
+                n_workers=spec.workers,
+                threads_per_worker=spec.threads_per_worker,
+                processes=True,
+                protocol="tls://",
+                host="127.0.0.1",
+                security=security,
+                memory_limit=spec.memory_per_worker if spec.memory_per_worker else "auto",
+                dashboard_address="127.0.0.1:0",
+                scheduler_kwargs={"dashboard": False},
+                env=blas_env(spec.threads_per_worker),
+            )
         try:
-            with Client(cluster) as client:
+            with Client(cluster, security=security) as client:
                 yield DaskCompute(client, _worker_memory(client, spec), spec.threads_per_worker)
         finally:
             cluster.close()
         return
+    if spec.scheduler.startswith("tls://"):
+        from distributed.security import Security
+
+        if spec.tls is None:
+            raise ConfigError("compute.tls_ca_file: required with a tls:// scheduler")
+        ca, cert, key = spec.tls
+        security = Security(
+            tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key, require_encryption=True
+        )
+        with Client(spec.scheduler, security=security) as client:
+            yield DaskCompute(client, _worker_memory(client, spec), spec.threads_per_worker)
+        return
     if not spec.scheduler.startswith("tcp://"):
         raise ConfigError(
-            f"compute.scheduler: {spec.scheduler!r} is not inprocess, local or tcp://host:port"
+            f"compute.scheduler: {spec.scheduler!r} is not inprocess, local, tls:// or tcp://"
         )
     with Client(spec.scheduler) as client:
         yield DaskCompute(client, _worker_memory(client, spec), spec.threads_per_worker)

@@ -13,10 +13,11 @@ A job spends the target's budget and sends the source what the target discloses 
   ``Authorization: Bearer <token>``. Without one, ``serve`` uses ``state_dir/admin_token``:
   generated at the first start (32 random bytes, created 0600 with ``O_EXCL``), reused on later
   starts only if it is a regular file owned by this user with no group or other permission
-  bits, and its path is printed. ``POST /v1/jobs`` needs it; read-only GETs (jobs, report,
-  ledger, audit, metrics) stay open on loopback as before — they change nothing, Prometheus and
-  local operators read them, and the Host/Origin checks of ``common.admin`` keep browser pages
-  (CSRF, DNS rebinding) out. Configure ``token_file`` to close reads as well.
+  bits, and its path is printed. ``POST /v1/jobs`` and every job artefact (``GET /v1/jobs``,
+  a job, its report) need it; the other read-only GETs (ledger, audit, metrics) stay open on
+  loopback — they change nothing, Prometheus and local operators read them, and the
+  Host/Origin checks of ``common.admin`` keep browser pages (CSRF, DNS rebinding) out.
+  Configure ``token_file`` (at least 128 bits) to close reads as well.
 * **Host, Origin, JSON only, 64 KiB bodies**: ``common.admin`` (403, 403, 415, 413).
 * **Allow-list of overridable fields** (``OVERRIDABLE``): privacy and algorithm parameters only.
   What names the data — ``dataset``, ``data_kind``, ``data_path``, ``domain`` — comes from the
@@ -52,7 +53,8 @@ from dpda.errors import ConfigError, DpdaError, public_message
 from dpda.service import settle_heap
 from dpda.service.admin import AdminApp, AdminServer, Metrics, Refusal
 from dpda.service.config import TargetConfig, TargetJob
-from dpda.service.keyfiles import write_private
+from dpda.service.keyfiles import check_trusted, write_private
+from dpda.service.tokens import check_token, read_token
 from dpda.target_party.app import OWN_ROWS, open_state, past_jobs, run_job
 from dpda.target_party.report import render
 
@@ -89,6 +91,7 @@ OVERRIDABLE = frozenset(
     }
 )
 TOKEN_FILE = "admin_token"
+JOB_PATHS = ("/v1/jobs",)  # reads under these need the token even with open reads
 
 
 # the body of POST /v1/jobs as the OpenAPI schema shows it: the overridable fields of TargetJob,
@@ -147,10 +150,7 @@ def admin_token(cfg: TargetConfig) -> tuple[str, Path, bool]:
     ``state_dir/admin_token`` — created 0600 at the first start, reused only if it is a regular
     file of this user that no one else may read or write."""
     if cfg.admin.token_file is not None:
-        token = cfg.admin.token_file.read_text().strip()
-        if not token:
-            raise ConfigError(f"admin.token_file: {cfg.admin.token_file} is empty")
-        return token, cfg.admin.token_file, False
+        return read_token(cfg.admin.token_file, "admin.token_file"), cfg.admin.token_file, False
     path = cfg.state_dir / TOKEN_FILE
     try:
         st = path.lstat()
@@ -170,9 +170,8 @@ def admin_token(cfg: TargetConfig) -> tuple[str, Path, bool]:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:
         token = f.read(4096).decode("utf-8", "replace").strip()
-    if len(token) < 16:
-        raise ConfigError(f"{path}: too short for an admin token; remove it and restart")
-    return token, path, False
+    check_trusted(path, str(path))
+    return check_token(token, f"{path} (remove it and restart for a new one)"), path, False
 
 
 @dataclass
@@ -356,8 +355,10 @@ def serve(cfg: TargetConfig) -> int:
         token,
         routers=[runner.router()],
         # a configured token_file guards everything; the default token guards what changes state
+        # and every job artefact (results, report, plots: they describe the target's rows)
         open_reads=cfg.admin.token_file is None,
         allowed_hosts=cfg.admin.allowed_hosts,
+        guarded_reads=JOB_PATHS,
     )
     host, port = cfg.admin.listen.rsplit(":", 1)
     server = AdminServer(app, host.strip("[]"), int(port))

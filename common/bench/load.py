@@ -68,6 +68,7 @@ OP_PATIENCE_S = 120.0  # an honest operation still refused after this long is an
 RPC_TIMEOUT_S = 60.0
 BACKOFF_MAX_S = 0.2  # an honest client refused for a stale head waits at most this long
 HOSTILE_BIG_BYTES = 4 * 1024 * 1024
+PINNED_KINDS = ("hint ", "pate ")  # bench.hostile's patterns of a pinned peer
 REQUIRED_KEYS = ("sessions", "errors", "p50_ms", "p99_ms", "peak_rss_mb", "hostile_requests")
 
 
@@ -165,9 +166,9 @@ class Peer:
     keys: Any  # common.tls.PartyKeys
 
 
-def _deploy(workdir: Path, n_peers: int) -> tuple[Any, list[Peer]]:
+def _deploy(workdir: Path, n_peers: int, extra: tuple[str, ...] = ()) -> tuple[Any, list[Peer]]:
     """The source's config (one synthetic dataset, ``n_peers`` pinned target organizations from
-    one CA) and their keys."""
+    one CA, then the pinned organizations named in ``extra``) and their keys."""
     from dpda.deployment import _table, make_deployment
     from dpda.service.tls import init_party
 
@@ -188,23 +189,24 @@ def _deploy(workdir: Path, n_peers: int) -> tuple[Any, list[Peer]]:
         target_privacy={"disclosures": "exact"},
     )
     peers = [Peer("target-org", dep.target_keys)]
-    extra = ""
-    for i in range(2, n_peers + 1):
-        keys = init_party(workdir / "keys", f"target-org-{i}", ca_dir=workdir / "keys" / "ca")
-        peers.append(Peer(f"target-org-{i}", keys))
-        extra += _table(
+    tables = ""
+    names = [f"target-org-{i}" for i in range(2, n_peers + 1)] + list(extra)
+    for name in names:
+        keys = init_party(workdir / "keys", name, ca_dir=workdir / "keys" / "ca")
+        peers.append(Peer(name, keys))
+        tables += _table(
             "peers",
             {
-                "name": f"target-org-{i}",
+                "name": name,
                 "cert_fingerprint": keys.fingerprint,
                 "signing_public_key": keys.signing_pub,
                 "epsilon_cap": PEER_CAP,
             },
             array=True,
         )
-    if extra:  # make_deployment's last table is [[peers]]: more of them may follow
+    if tables:  # make_deployment's last table is [[peers]]: more of them may follow
         with dep.source_config.open("a") as fh:
-            fh.write(extra)
+            fh.write(tables)
     return dep, peers
 
 
@@ -581,10 +583,15 @@ def run_load(
     peers: int = 0,
     workdir: Path | None = None,
     work: Workload | None = None,
-    hostile: bool = True,
+    hostile: bool | tuple[str, ...] = True,
     hostile_nice: int = 10,
 ) -> dict[str, Any]:
-    """The whole benchmark; returns the result dict (``REQUIRED_KEYS`` and more)."""
+    """The whole benchmark; returns the result dict (``REQUIRED_KEYS`` and more). ``hostile``:
+    the patterns of ``bench.hostile`` to run beside the honest clients (True: the flood)."""
+    from dpda.bench.hostile import UNPINNED
+
+    patterns = ("flood",) if hostile is True else () if hostile is False else tuple(hostile)
+    pinned_hostile = any(p not in UNPINNED for p in patterns)
 
     from dpda.deployment import SourceProcess
     from dpda.service.verify import verify_ledger
@@ -594,7 +601,8 @@ def run_load(
     keep = workdir is not None
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="dpda-load-"))
     root.mkdir(parents=True, exist_ok=True)
-    dep, peer_keys = _deploy(root, n_peers)
+    dep, peer_keys = _deploy(root, n_peers, ("mallory-pinned",) if pinned_hostile else ())
+    mallory_pinned = peer_keys.pop() if pinned_hostile else None
     basis, queries = _target_view(work.projection_dim)
     rec = Recorder()
     src = SourceProcess(dep)
@@ -610,14 +618,18 @@ def run_load(
     sampler.start()
     hostile_out = root / "hostile.json"
     proc = None
+    procs: list[Any] = []
     try:
         rss_start_kb = _read_status_kb(src.proc.pid, "VmRSS") or 0
         cpu0 = (_cpu_s(src.proc.pid), _rusage_s(0), _rusage_s(-1))  # source, self, children
         load0 = os.getloadavg()[0]
         t_start = time.monotonic()
         deadline = t_start + duration
-        if hostile:
+        if "flood" in patterns:
             proc = _spawn_hostile(root, dep, address, duration, hostile_out, hostile_nice)
+        for pattern in patterns:
+            if pattern != "flood":
+                procs.append(_spawn_pattern(pattern, root, dep, mallory_pinned, address, duration))
         workers = []
         for i in range(sessions):
             peer = peer_keys[i % n_peers]
@@ -637,11 +649,11 @@ def run_load(
             t.join(timeout=max(0.0, deadline - time.monotonic()) + OP_PATIENCE_S + 60)
         stuck = sum(t.is_alive() for t in workers)
         wall = time.monotonic() - t_start
-        if proc is not None:
-            proc.join(timeout=60)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=10)
+        for p in ([proc] if proc is not None else []) + procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=10)
         peak_kb = _read_status_kb(src.proc.pid, "VmHWM") or 0
         cpu = {
             "source": round(_cpu_s(src.proc.pid) - cpu0[0], 1),
@@ -656,14 +668,15 @@ def run_load(
         sampler.stop.set()
         sampler.join(timeout=5)
         src.stop()
-        if proc is not None and proc.is_alive():
-            proc.kill()
+        for p in ([proc] if proc is not None else []) + procs:
+            if p.is_alive():
+                p.kill()
         tlog.removeHandler(handler)
         tlog.propagate = saved
         handler.close()
     problems, warnings, entries = verify_ledger(str(dep.source_state))
     last_spend = _last_spend(dep.source_state)
-    flood = json.loads(hostile_out.read_text()) if hostile_out.is_file() else {}
+    flood = _merge_counts([hostile_out, *(root / f"hostile-{p}.json" for p in patterns)])
     out = _result(
         rec,
         sampler,
@@ -679,12 +692,66 @@ def run_load(
         refusals=refusals,
         ledger=(problems, warnings, entries, last_spend),
         work=work,
-        hostile_nice=hostile_nice if hostile else None,
+        hostile_nice=hostile_nice if patterns else None,
     )
+    out["hostile_patterns"] = list(patterns)
+    out["hostile_by_pattern"] = {
+        p: int(sum(_merge_counts([root / f"hostile-{p}.json"])["codes"].values()))
+        for p in patterns
+        if p != "flood"
+    }
     out["workdir"] = str(root) if keep else None
     if not keep:
         shutil.rmtree(root, ignore_errors=True)
     return out
+
+
+def _merge_counts(files: list[Path]) -> dict[str, Any]:
+    """The hostile processes' counts, added up (a file that is missing counts nothing)."""
+    codes: Counter = Counter()
+    sent = 0
+    for f in files:
+        if f.is_file():
+            data = json.loads(f.read_text())
+            codes.update(data.get("codes", {}))
+            sent += int(data.get("bytes", 0))
+    return {"codes": dict(codes), "bytes": sent}
+
+
+def _spawn_pattern(
+    pattern: str, root: Path, dep: Any, pinned: Peer | None, address: str, duration: float
+) -> Any:
+    """A ``bench.hostile`` pattern in a process of its own: ``bytes`` with an unpinned
+    certificate, the others as the pinned peer ``pinned``."""
+    import multiprocessing as mp
+
+    from dpda.bench.hostile import hostile_process
+    from dpda.service.tls import init_party
+
+    if pattern == "bytes":
+        k = init_party(root / f"hostile-{pattern}", "mallory-b", ca_dir=root / "keys" / "ca")
+    else:
+        assert pinned is not None
+        k = pinned.keys
+    keys = {
+        "cert": str(k.cert),
+        "key": str(k.key),
+        "ca": str(dep.source_keys.ca),
+        "peer_ca": str(k.ca),
+        "signing_key": str(k.signing_key),
+        "signing_pub": str(k.signing_pub),
+        "fingerprint": k.fingerprint,
+        "source_fingerprint": dep.source_keys.fingerprint,
+        "source_signing_pub": str(dep.source_keys.signing_pub),
+    }
+    proc = mp.get_context("spawn").Process(
+        target=hostile_process,
+        args=(pattern, str(root), address, keys, time.time() + duration,
+              str(root / f"hostile-{pattern}.json"), 0),
+        daemon=True,
+    )  # fmt: skip
+    proc.start()
+    return proc
 
 
 def _last_spend(state_dir: Path) -> float:
@@ -770,13 +837,15 @@ def print_summary(out: dict[str, Any], file: Any = None) -> None:
 
 
 def run_bench_load(args: argparse.Namespace) -> int:
+    from dpda.bench.hostile import parse_patterns
+
     out = run_load(
         args.duration,
         args.sessions,
         peers=args.peers,
         workdir=Path(args.workdir) if args.workdir else None,
         work=Workload(steps=args.steps, pate_calls=args.pate_calls, pate_batch=args.pate_batch),
-        hostile=not args.no_hostile,
+        hostile=() if args.no_hostile else parse_patterns(args.hostile),
         hostile_nice=args.hostile_nice,
     )
     print_summary(out)
@@ -802,6 +871,15 @@ def register_load(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--pate-calls", type=int, default=2, help="QueryTeachers calls per session")
     s.add_argument("--pate-batch", type=int, default=10, help="queries per call")
     s.add_argument("--no-hostile", action="store_true", help="no hostile client")
+    s.add_argument(
+        "--hostile",
+        default="flood",
+        metavar="PATTERNS",
+        help="hostile patterns beside the honest clients, comma-separated, or all, or none: "
+        "flood (an unpinned certificate's flood), bytes (concurrent 31 MiB messages from an "
+        "unpinned certificate), hint (a pinned peer's planned-terms hints with the longest "
+        "plan allowed), pate (a pinned peer's 100,000-query PATE requests). Default: flood",
+    )
     s.add_argument(
         "--hostile-nice",
         type=int,
@@ -891,7 +969,11 @@ def _result(
         "error_messages": rec.errors[:20] + (["a client did not finish"] if stuck else []),
         "hostile_codes": dict(sorted(hostile_codes.items())),
         "hostile_served": sum(
-            v for k, v in hostile_codes.items() if k.endswith(" OK") and not k.endswith(" Check OK")
+            v
+            for k, v in hostile_codes.items()
+            if k.endswith(" OK")
+            and not k.endswith(" Check OK")
+            and not k.startswith(PINNED_KINDS)  # a pinned peer's own requests are served
         ),
         "hostile_mb_sent": round(flood.get("bytes", 0) / 2**20, 1),
         "hostile_requests_per_s": round(sum(hostile_codes.values()) / wall, 1),

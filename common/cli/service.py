@@ -11,7 +11,13 @@ from typing import Any
 
 from dpda.errors import LedgerCorrupt
 from dpda.service.output import add_json_option, json_to_stdout, write_json
-from dpda.service.verify import compare_with_peer, open_state, role_keys, verify_ledger
+from dpda.service.verify import (
+    STANDALONE_LIMITS,
+    compare_with_peer,
+    open_state,
+    role_keys,
+    verify_ledger,
+)
 
 
 def _setup_logging(level: str) -> None:
@@ -238,6 +244,8 @@ def _cmd_ledger_verify(args: argparse.Namespace) -> int:
     problems, warnings, n = verify_ledger(args.state_dir)
     if args.against:
         problems += compare_with_peer(args.state_dir, args.against)
+    else:
+        print(f"note: {STANDALONE_LIMITS}")
     for w in warnings:
         print(f"warning: {w}")
     for p in problems:

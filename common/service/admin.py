@@ -127,6 +127,8 @@ def is_loopback(host: str) -> bool:
 
 
 MAX_BODY = 64 * 1024  # bytes of a request body; more gets 413
+MAX_CONNECTIONS = 32  # connections and requests in flight at once; more get 503
+MAX_HEAD = 16 * 1024  # bytes of a request line and headers
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 _WILDCARDS = ("", "0.0.0.0", "::")
@@ -230,10 +232,12 @@ class AdminApp:
     routes. ``ready()`` and the stores are injected by the composition root.
 
     ``token``: the bearer token, or None. ``open_reads``: GET/HEAD need no token (the target's
-    generated token guards only its state-changing requests); default: every request needs the
-    token when there is one. ``allowed_hosts``: Host names accepted besides the listen host and
-    the loopback names. ``bind(host, port)`` (``AdminServer.start`` calls it) sets what the Host
-    header must name. ``routers``: routes a daemon adds (the target's jobs API).
+    generated token guards its state-changing requests), except under the ``guarded_reads``
+    path prefixes (the target's jobs: their results, reports and plots), which need it always;
+    default: every request needs the token when there is one. ``allowed_hosts``: Host names
+    accepted besides the listen host and the loopback names. ``bind(host, port)``
+    (``AdminServer.start`` calls it) sets what the Host header must name. ``routers``: routes a
+    daemon adds (the target's jobs API).
     """
 
     def __init__(
@@ -247,6 +251,7 @@ class AdminApp:
         *,
         open_reads: bool = False,
         allowed_hosts: tuple[str, ...] = (),
+        guarded_reads: tuple[str, ...] = (),
     ) -> None:
         self.metrics = metrics
         self.ledger_entries = ledger_entries
@@ -254,6 +259,7 @@ class AdminApp:
         self.ready = ready
         self.token = token
         self.open_reads = open_reads
+        self.guarded_reads = guarded_reads
         self.allowed_hosts = tuple(h.lower() for h in allowed_hosts)
         self.port: int | None = None
         self.host_names: frozenset[str] = frozenset((*_LOOPBACK_NAMES, *self.allowed_hosts))
@@ -353,6 +359,11 @@ class AdminApp:
         if scope["type"] != "http":
             return
         answer = self.guard(scope)
+        if answer is None:
+            # the token before the body: a caller without it gets no byte of its body read
+            refusal = self._refusal(scope, scope.get("method", "GET"))
+            if refusal is not None:
+                answer = _js(401, {"error": refusal})
         body_in = b""
         if answer is None and scope.get("method", "GET") not in SAFE_METHODS:
             more = True
@@ -433,8 +444,14 @@ class AdminApp:
 
     def _refusal(self, scope: Scope, method: str) -> str | None:
         """Why the bearer token check fails, or None when it passes."""
-        docs = scope.get("path") in DOCS_PATHS  # always behind the token, even open reads
-        if method in SAFE_METHODS and (self.token is None or self.open_reads) and not docs:
+        path = str(scope.get("path", ""))
+        guarded = any(path == p or path.startswith(p + "/") for p in self.guarded_reads)
+        docs = path in DOCS_PATHS  # always behind the token, even open reads
+        if (
+            method in SAFE_METHODS
+            and not (guarded or docs)
+            and (self.token is None or self.open_reads)
+        ):
             return None
         if self.token is None:
             if docs:
@@ -514,6 +531,9 @@ class AdminServer:
             access_log=False,
             proxy_headers=False,  # the checks read the request's own headers, never X-Forwarded-*
             server_header=False,
+            # bytes in flight before any check: connections at once, and one request's head
+            limit_concurrency=MAX_CONNECTIONS,
+            h11_max_incomplete_event_size=MAX_HEAD,
         )
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, name="dpda-admin", daemon=True)

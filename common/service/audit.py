@@ -349,14 +349,16 @@ def disclosures(outgoing: list[AuditRecord], ledger_entries: dict[tuple[str, int
         for e in ledger_entries.values()
         if e.params.get("kind") in ("target-disclosure", "target-row-queries")
     }
+    # row queries are charged once per job, in the session that first sent them
+    queried = {e.session: e for e in own.values() if e.params["kind"] == "target-row-queries"}
     out = []
     for r in outgoing:
         method = r.method.rsplit("/", 1)[-1]
         if method not in _TARGET_DISCLOSES:
             continue
         e = own.get(r.request_id)
-        if method == "QueryTeachers":  # its request id is the session's (row-queries/<session>)
-            e = own.get(f"row-queries/{r.request_id}")
+        if method == "QueryTeachers":  # its request id is the session's
+            e = queried.get(r.request_id)
         public = method == "OpenReweighting"
         out.append(
             {

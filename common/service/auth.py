@@ -5,16 +5,20 @@ source's config has the role ``target``; anything else has no role and may call 
 unary health ``Check`` (the streaming ``Watch`` is for pinned peers only). ``POLICY`` must name
 every method of the generated servicer (a test ties them).
 
-``AdmissionInterceptor`` is the outermost interceptor. It receives each request as *raw bytes*
-(gRPC's deserializer is replaced) and decides before any parsing:
+``AdmissionInterceptor`` is the outermost interceptor. It serves every method as a request
+stream of one message, so it decides on the caller before gRPC receives the message, then
+takes the message as *raw bytes* (gRPC's deserializer is replaced) and checks its size before
+any parsing:
 
-1. **role** — ``POLICY``; an unauthorized caller is refused before its message is parsed (on
-   9ac3bc1 four 250 MB ``OpenSession`` messages from an unpinned certificate were parsed, then
-   denied, and the source's RSS grew by 1.3 GB);
+1. **role** — ``POLICY``; an unauthorized caller is refused before its message is received (an
+   unpinned certificate's concurrent 31 MiB messages were each received whole, then denied);
 2. **size** — each method has its own limit, derived from the real shapes (``method_limits``);
 3. **rate** — a token bucket per pinned peer, and one shared by all unpinned callers;
 4. **concurrency** — in-flight requests per pinned peer and for all unpinned callers together
    (eight anonymous ``Watch`` streams took all eight workers on 9ac3bc1).
+
+Role, rate and concurrency are decided before the message is received, size after it (gRPC's
+``max_receive_message_length`` bounds the one message an admitted caller may send).
 
 Only then is the message parsed (a malformed one is INVALID_ARGUMENT) and passed on. Every
 refusal is reported to ``on_denied`` (log line, metric, audit record).
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,42 +196,57 @@ class AdmissionInterceptor:
             on_denied(d)
             context.abort(status[d.code], f"{d.code}: {PUBLIC_CATALOG[d.code]}")
 
-        def enter(raw: bytes, context) -> tuple[str, Any]:
+        def enter(requests: Iterator[bytes], context) -> tuple[str, Any]:
+            # role, rate and concurrency before the message is read: gRPC receives a message
+            # when the handler asks for it, so a refused caller's bytes are never buffered
             fp = peer_fingerprint(context)
-            key, denial = admission.admit(method, fp, len(raw))
+            key, denial = admission.admit(method, fp, 0)
             if denial is not None:
                 deny(context, denial)
+            caller, role = fp or "anonymous", role_of(fp, admission.peers)
             try:
-                return key, parse(raw) if parse is not None else raw
-            except Exception:
+                raw = next(requests, None)
+                if raw is None:
+                    deny(context, Denial(method, caller, role, "INVALID_ARGUMENT", "no message"))
+                    raise AssertionError("unreachable")
+                size = len(raw)
+                if size > admission.limits.get(method, SMALL_MESSAGE):
+                    reason = f"message of {size} bytes"
+                    deny(context, Denial(method, caller, role, "INVALID_ARGUMENT", reason))
+                try:
+                    return key, parse(raw) if parse is not None else raw
+                except Exception:
+                    reason = "undecodable"
+                    deny(context, Denial(method, caller, role, "INVALID_ARGUMENT", reason))
+                    raise AssertionError("unreachable") from None
+            except BaseException:
                 admission.release(key)
-                caller = fp or "anonymous"
-                role = role_of(fp, admission.peers)
-                deny(context, Denial(method, caller, role, "INVALID_ARGUMENT", "undecodable"))
-                raise AssertionError("unreachable") from None
+                raise
 
+        # Every method is served as a request *stream* of one message (the wire is the same for
+        # a unary caller): the handler then decides before the message is received.
         if handler.unary_unary:
             inner = handler.unary_unary
 
-            def unary(raw, context):
-                key, request = enter(raw, context)
+            def unary(requests, context):
+                key, request = enter(requests, context)
                 try:
                     return inner(request, context)
                 finally:
                     admission.release(key)
 
-            return grpc.unary_unary_rpc_method_handler(unary, None, handler.response_serializer)
+            return grpc.stream_unary_rpc_method_handler(unary, None, handler.response_serializer)
         if handler.unary_stream:
             inner_s = handler.unary_stream
 
-            def stream(raw, context):
-                key, request = enter(raw, context)
+            def stream(requests, context):
+                key, request = enter(requests, context)
                 try:
                     yield from inner_s(request, context)
                 finally:
                     admission.release(key)
 
-            return grpc.unary_stream_rpc_method_handler(stream, None, handler.response_serializer)
+            return grpc.stream_stream_rpc_method_handler(stream, None, handler.response_serializer)
 
         # no streaming-request methods exist; refuse anything else rather than pass it unchecked
         def refuse(request_iterator, context):

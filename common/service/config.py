@@ -159,6 +159,21 @@ class SourceLimits(_Strict):
     plan_seconds: float = Field(
         default=10.0, gt=0, description="time limit of a session's release plan (calibration)"
     )
+    peer_cpu_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="CPU seconds per peer and window for the work the peer sizes (PATE "
+        "teachers and votes, planned-terms hints); past it: OVERLOADED",
+    )
+    reweight_bytes_per_session: int = Field(
+        default=64 * 2**20, ge=1, description="stored reweighting outputs of one session (bytes)"
+    )
+    reweight_bytes_per_peer: int = Field(
+        default=512 * 2**20, ge=1, description="stored reweighting outputs of one peer (bytes)"
+    )
+    peer_cpu_window_s: float = Field(
+        default=60.0, gt=0, description="the window of peer_cpu_seconds"
+    )
 
     @model_validator(mode="after")
     def _fits(self) -> SourceLimits:
@@ -323,9 +338,24 @@ class ComputeConfig(_Strict):
 
     scheduler: str = Field(
         default="inprocess",
-        pattern=r"^(inprocess|local|tcp://[^\s/]+:\d+)$",
+        pattern=r"^(inprocess|local|(tcp|tls)://[^\s/]+:\d+)$",
         description="inprocess (default): in the job's process; local: a Dask LocalCluster on "
-        "this machine; tcp://host:8786: an existing Dask scheduler",
+        "this machine's loopback, TLS with credentials made for the job, no dashboard; "
+        "tls://host:8786: an existing Dask scheduler, with tls_ca_file, tls_cert and tls_key; "
+        "tcp://host:8786: an existing scheduler without TLS, only with "
+        "allow_unauthenticated_scheduler",
+    )
+    tls_ca_file: Path | None = Field(
+        default=None, description="tls:// scheduler: the CA that signed the cluster's certificates"
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="tls:// scheduler: the job's client certificate"
+    )
+    tls_key: Path | None = Field(default=None, description="tls:// scheduler: its private key")
+    allow_unauthenticated_scheduler: bool = Field(
+        default=False,
+        description="accept a tcp:// scheduler: anyone who reaches it can run code as the job, "
+        "read the target's rows and its signing key",
     )
     workers: int = Field(default=1, ge=1, le=1024, description="local: worker processes")
     memory_per_worker: str | None = Field(
@@ -337,6 +367,20 @@ class ComputeConfig(_Strict):
     threads_per_worker: int = Field(
         default=1, ge=1, le=256, description="Dask threads (and BLAS threads) per worker"
     )
+
+    @model_validator(mode="after")
+    def _authenticated(self) -> ComputeConfig:
+        if self.scheduler.startswith("tcp://") and not self.allow_unauthenticated_scheduler:
+            raise ValueError(
+                "scheduler: a tcp:// scheduler lets anyone who reaches it run code as the job; "
+                "use tls:// (with tls_ca_file, tls_cert, tls_key) or set "
+                "allow_unauthenticated_scheduler = true"
+            )
+        if self.scheduler.startswith("tls://"):
+            for name in ("tls_ca_file", "tls_cert", "tls_key"):
+                if getattr(self, name) is None:
+                    raise ValueError(f"{name}: required with a tls:// scheduler")
+        return self
 
 
 class TargetConfig(_Strict):
@@ -352,6 +396,13 @@ class TargetConfig(_Strict):
     timeout_s: float = Field(default=120.0, gt=0)
     reconnect_s: float = Field(
         default=60.0, ge=0, description="keep retrying an unavailable source this long"
+    )
+    max_reruns: int = Field(
+        default=8,
+        ge=1,
+        le=1000,
+        description="starts of one job against one source without it finishing; more are "
+        "refused (a finished job clears its count)",
     )
     admin: AdminConfig = Field(default_factory=AdminConfig)
     privacy: TargetPrivacyPolicy = Field(
@@ -379,6 +430,9 @@ def _resolve(data: object, base: Path) -> object:
                     "path",
                     "data_path",
                     "source_signing_public_key",
+                    "tls_ca_file",
+                    "tls_cert",
+                    "tls_key",
                 }
             )
             out[k] = str((base / v).resolve()) if is_path else _resolve(v, base)

@@ -8,7 +8,13 @@ by that user, and a fresh key was world-readable until the chmod. Here:
   this user owns it and no other user can write into it (then it is set to 0700);
 * ``write_private(path, data)`` creates the file with ``O_CREAT | O_EXCL`` and mode 0600 in the
   same system call: it never follows a pre-created file or symlink and never overwrites a key;
-* ``restrict(path)`` sets an existing state file (SQLite database, WAL, shared memory) to 0600.
+* ``restrict(path)`` sets an existing state file (SQLite database, WAL, shared memory) to 0600;
+* ``check_trusted(path)`` is checked before a key, certificate or token is read, as OpenSSH
+  checks ``authorized_keys``: the file and every folder above it, up to the root (along the
+  path as given and along the path its links lead to), belong to this user or root and no one
+  else may write to them — a user who owns or may write to a folder above a key could swap the
+  key. One departure: a root-owned folder with the sticky bit (``/tmp``) is accepted, since no
+  other user may rename or remove what it holds.
 """
 
 from __future__ import annotations
@@ -58,3 +64,31 @@ def restrict(path: Path) -> None:
     for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         if p.exists():
             p.chmod(0o600)
+
+
+def _unsafe(st: os.stat_result) -> str | None:
+    uid = os.geteuid()
+    if st.st_uid not in (0, uid):
+        return f"owned by another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid == 0:
+            return None
+        return "writable by group or others"
+    return None
+
+
+def check_trusted(path: str | Path, field: str = "") -> None:
+    """Raise ``ConfigError`` (naming ``field`` when given) unless ``path`` and every folder
+    above it belong to this user or root and no one else may write to them."""
+    given = Path(os.path.abspath(path))
+    real = Path(os.path.realpath(path))
+    where = f"{field}: {path}" if field else str(path)
+    checked: set[Path] = set()
+    for p in (real, *real.parents, *given.parents):
+        if p in checked:
+            continue
+        checked.add(p)
+        why = _unsafe(os.stat(p))
+        if why is not None:
+            what = "the file" if p == real else f"the folder {p} above it"
+            raise ConfigError(f"{where}: {what} is {why}; refusing to load it")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dpda.dp.ledger import LedgerEntry, head_hash
 from dpda.errors import LedgerCorrupt
+from dpda.service import signed_head
 from dpda.service.keyfiles import restrict
 
 SCHEMA_VERSION = 1
@@ -57,6 +58,7 @@ class SqliteLedgerStore:
 
     def __init__(self, path: str | Path, conn: sqlite3.Connection | None = None) -> None:
         self.conn = conn or connect(path)
+        self.head_file = signed_head.head_file(path)
         self.lock = threading.RLock()
         self._cache: dict[str, list[LedgerEntry]] = {}
         self._version = -1
@@ -103,6 +105,7 @@ class SqliteLedgerStore:
                 self._cache.pop(entry.dataset, None)
                 raise
             mine.append(entry)
+            signed_head.record(self.head_file, entry)
 
     def update_signatures(
         self, dataset: str, seq: int, payload_sha256: str, source_sig: str, target_sig: str
@@ -125,3 +128,4 @@ class SqliteLedgerStore:
             cached = self._cache.get(dataset)
             if cached is not None and seq < len(cached):
                 cached[seq] = new
+            signed_head.record(self.head_file, new)

@@ -10,6 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from dpda.errors import ConfigError
+from dpda.service.keyfiles import check_trusted
 
 
 def new_key() -> Ed25519PrivateKey:
@@ -37,6 +38,7 @@ def save_key(key: Ed25519PrivateKey, private_path: Path, public_path: Path) -> N
 
 def _read(path: str | Path, field: str) -> bytes:
     try:
+        check_trusted(path)
         return Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{field}: {path}: no such file") from None

@@ -86,8 +86,10 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
     if conn.execute("SELECT name FROM sqlite_master WHERE name='reweight_answers'").fetchone():
         for ds, seq, out in conn.execute("SELECT dataset, seq, outputs FROM reweight_answers"):
             payloads[(ds, seq)] = hashlib.sha256(out).hexdigest()
-    for ds in store.datasets():
-        entries = store.entries(ds)
+    ledger = {ds: store.entries(ds) for ds in store.datasets()}
+    problems += _check_head(state_dir, ledger, keys)
+    problems += _unsigned_outside_flight(ledger)
+    for ds, entries in ledger.items():
         n += len(entries)
         try:
             verify_chain(entries)
@@ -124,6 +126,68 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
             if stored is not None and stored != e.payload_sha256:
                 problems.append(f"{ds} entry {e.seq}: stored payload does not match its hash")
     return problems, warnings, n
+
+
+# what a check of one state directory cannot see; printed with every standalone verify
+STANDALONE_LIMITS = (
+    "without --against PEER_STATE: entries past the last countersigned head, and a ledger "
+    "rolled back together with its countersigned_head.json, cannot be detected"
+)
+
+
+def _check_head(state_dir: str, ledger: dict[str, list[Any]], keys: RoleKeys | None) -> list[str]:
+    """The ledger against the last countersigned head this party keeps (``signed_head``); the
+    head's own signatures are checked against the roles' keys."""
+    from dpda.service import signed_head, signing
+
+    path = Path(state_dir) / signed_head.FILE
+    try:
+        heads = signed_head.load(path)
+    except (ValueError, TypeError):
+        return [f"{path}: unreadable, so a truncated ledger cannot be detected"]
+    if heads is None:
+        signed = [ds for ds, es in ledger.items() if any(e.source_sig and e.target_sig for e in es)]
+        if signed:
+            return [
+                f"{path}: missing, though {', '.join(signed)} holds countersigned entries; "
+                "a truncated ledger cannot be detected"
+            ]
+        return []
+    problems = signed_head.check(heads, ledger)
+    for ds, head in sorted(heads.items()):
+        if keys is None:
+            continue
+        msg = head.signed_message()
+        source, target = keys.source_key(head.peer), keys.target_key(head.peer)
+        if (
+            source is None
+            or target is None
+            or not (
+                signing.verify(source, msg, head.source_sig)
+                and signing.verify(target, msg, head.target_sig)
+            )
+        ):
+            problems.append(f"{ds}: the countersigned head's signatures do not verify")
+    return problems
+
+
+def _unsigned_outside_flight(ledger: dict[str, list[Any]]) -> list[str]:
+    """Released entries (with a payload hash) that lack a signature, other than each peer's
+    last of each dataset (the one in flight): the source signs before it sends and takes no new
+    charge from a peer before the earlier releases are countersigned, so a gap elsewhere is a
+    signature stripped from the file."""
+    problems: list[str] = []
+    for ds, entries in ledger.items():
+        last: dict[str, int] = {}
+        for e in entries:
+            last[e.peer] = e.seq
+        for e in entries:
+            own = e.params.get("kind") in ("target-disclosure", "target-row-queries")
+            if own or not e.payload_sha256 or e.seq == last[e.peer]:
+                continue
+            if not (e.source_sig and e.target_sig):
+                problems.append(f"{ds} entry {e.seq}: released but missing a signature")
+    return problems
 
 
 def compare_with_peer(state_dir: str, peer_state_dir: str) -> list[str]:

@@ -206,3 +206,27 @@ def test_docs_and_redoc_are_served_behind_the_token() -> None:
     bare = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True)
     code, _, body = bare.handle(_scope(path="/docs"))
     assert code == 401 and b"no admin token" in body
+
+
+def test_a_request_without_the_token_has_no_byte_of_its_body_read() -> None:
+    """The token is checked before the body is received: a caller without it cannot make the
+    admin port hold its bytes (the body was read, up to 64 KiB, before the 401)."""
+    import asyncio
+
+    from dpda.service.admin import AdminApp, Metrics
+
+    app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, token="t" * 43)
+    app.bind("127.0.0.1", 8123)
+    received: list[int] = []
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        received.append(1)
+        return {"type": "http.request", "body": b"{}" + b" " * 60_000, "more_body": False}
+
+    async def send(msg: dict) -> None:
+        sent.append(msg)
+
+    scope = _scope("POST", "/v1/jobs", content_type="application/json", content_length="60002")
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 401 and received == []

@@ -40,3 +40,37 @@ def test_bench_load_short(tmp_path: Path) -> None:
     # nothing the hostile client sent was served but the health check open to any TLS client
     assert data["hostile_served"] == 0, data["hostile_codes"]
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def test_hostile_patterns_are_named_and_checked() -> None:
+    from dpda.bench.hostile import PATTERNS, parse_patterns
+
+    assert parse_patterns("all") == PATTERNS and parse_patterns("none") == ()
+    assert parse_patterns("bytes, hint,bytes") == ("bytes", "hint")
+    with pytest.raises(ValueError, match="--hostile: lots is not one of"):
+        parse_patterns("flood,lots")
+
+
+@pytest.mark.slow
+def test_bench_load_with_every_hostile_pattern(tmp_path: Path) -> None:
+    """The hostile patterns of the review (an unpinned certificate's concurrent 31 MiB
+    messages, a pinned peer's longest planned-terms hints and 100,000-query PATE requests)
+    beside the flood: the JSON names them and counts their requests; no honest operation
+    fails and the ledger verifies."""
+    out = tmp_path / "load.json"
+    cmd = ("bench", "load", "--duration", "10", "--sessions", "2", "--hostile", "all")
+    res = subprocess.run(
+        dpda_command(*cmd, "--json", str(out)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert out.is_file(), res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert set(REQUIRED_KEYS) <= set(data)
+    assert data["hostile_patterns"] == ["flood", "bytes", "hint", "pate"]
+    assert data["hostile_by_pattern"]["bytes"] > 0 and data["hostile_by_pattern"]["hint"] > 0
+    assert data["errors"] == 0, data["error_messages"]
+    assert data["hostile_served"] == 0, data["hostile_codes"]
+    assert data["ledger"]["verify_problems"] == []

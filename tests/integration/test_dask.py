@@ -6,8 +6,10 @@ batches split to fit a worker's memory. The release source is the in-process ``S
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
+import socket
 import time
 import tracemalloc
 from dataclasses import dataclass
@@ -128,6 +130,47 @@ def one_worker(data) -> Run:
     with open_compute(ComputeSpec("local", workers=1)) as compute:
         assert compute.workers == 1
         return _run(data, compute)
+
+
+def test_dask_local_cluster_refuses_a_client_without_the_jobs_credentials():
+    """A local user who finds the scheduler's port connects as an ordinary Dask client: over
+    plain TCP, and over TLS with a certificate of its own CA, it never reaches the scheduler
+    (so runs no code in the workers); the cluster listens on loopback and has no dashboard."""
+    from distributed import Client
+    from distributed.security import Security
+
+    with open_compute(ComputeSpec("local", workers=1)) as compute:
+        addr = compute.client.scheduler.address
+        host_port = addr.split("://", 1)[1]
+        assert addr.startswith("tls://127.0.0.1:")
+        http_port = compute.client.scheduler_info()["services"]["dashboard"]
+        conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
+        conn.request("GET", "/json/identity.json")  # no page about the job or its workers
+        status = conn.getresponse().status
+        conn.close()
+        assert status == 404
+        with pytest.raises(OSError):  # loopback only
+            socket.create_connection((_outward_address(), http_port), timeout=3).close()
+        assert compute.client.submit(_square, 3).result() == 9  # the job's own client works
+        for attempt in (
+            lambda: Client(f"tcp://{host_port}", timeout=3),
+            lambda: Client(f"tls://{host_port}", timeout=3, security=Security.temporary()),
+        ):
+            with pytest.raises((OSError, TimeoutError)):
+                intruder = attempt()
+                intruder.run_on_scheduler(lambda: os.getpid())  # pragma: no cover - the attack
+                intruder.close()  # pragma: no cover
+
+
+def _outward_address() -> str:
+    """This machine's address on its default route (not loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # no packet is sent
+        return str(s.getsockname()[0])
+
+
+def _square(x: int) -> int:
+    return x * x
 
 
 def test_dask_results_do_not_depend_on_worker_count(data, one_worker):
@@ -297,7 +340,7 @@ def test_dask_service_job_equals_simulate_on_dask(tmp_path):
     )
     with open_compute(ComputeSpec("local", workers=1)) as compute:
         sim = simulate(src, tgt, terms, "raw", AdaptConfig(), 123, baselines=False, compute=compute)
-    assert out["compute"].startswith("dask tcp://127.0.0.1:") and "(2 workers)" in out["compute"]
+    assert out["compute"].startswith("dask tls://127.0.0.1:") and "(2 workers)" in out["compute"]
     assert out["selection"]["method"] == "circular"
     assert out["accuracy"] == sim.dpda.accuracy and out["w_tilde"] == sim.dpda.w_tilde
     assert out["predictions_sha256"] == hashlib.sha256(sim.dpda.predictions.tobytes()).hexdigest()

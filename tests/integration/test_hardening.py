@@ -246,6 +246,7 @@ def test_planned_terms_are_checked_and_bounded_like_a_plan(tmp_path: Path) -> No
         (n,) = src.rs.handlers.conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
         assert n == 1
         src.open()  # the peer's second session: at its limit of 2
+        _warm_worker_idle(src)  # its own warm-up done before the snapshot
         before = set(accounting._EPSILON_CACHE)
         _describe(src, _terms(epsilon=0.6183))  # an ε no other test plans
         _warm_worker_idle(src)
@@ -291,10 +292,71 @@ def test_unauthorized_requests_are_never_parsed() -> None:
 
     handler = icp.intercept_service(lambda d: inner, Details())
     assert handler.request_deserializer is None  # gRPC hands over raw bytes
+    received: list[int] = []
+
+    def wire() -> Iterator[bytes]:  # what gRPC receives when the handler asks for it
+        received.append(1)
+        yield b"\x12\x05hello" * 1000
+
     with pytest.raises(RuntimeError, match="PERMISSION_DENIED"):
-        handler.unary_unary(b"\x12\x05hello" * 1000, _Ctx())
-    assert parsed == []
+        handler.stream_unary(wire(), _Ctx())
+    assert parsed == [] and received == []
     assert [d.code for d in denied] == ["PERMISSION_DENIED"]
+
+
+def test_an_unpinned_callers_message_is_refused_before_it_is_received(tmp_path: Path) -> None:
+    """Unary methods were served as unary handlers: gRPC received each message whole before
+    admission saw the caller (48 concurrent 31 MiB messages from an unpinned certificate raised
+    the source's peak memory by 972 MB). Every method is now a request stream that admission
+    reads from only after the caller's role, rate and concurrency pass; a pinned caller's
+    message is received once, size-checked and parsed."""
+    from dpda.service.tls import fingerprint
+
+    pinned = init_party(tmp_path / "keys", "target-org").cert.read_bytes()
+    fp = fingerprint(pinned)
+    inner = grpc.unary_unary_rpc_method_handler(
+        lambda req, ctx: req, pb.GetLedgerRequest.FromString
+    )
+    adm = Admission(
+        {fp},
+        method_limits(40, serde.MAX_REQUEST_BYTES),
+        peer_concurrency=4,
+        anonymous_concurrency=1,
+        peer_rate=100,
+        anonymous_rate=100,
+    )
+    icp = AdmissionInterceptor(adm, lambda d: None)
+
+    class Details:
+        method = "/dpda.v1.SourceService/GetLedger"
+
+    handler = icp.intercept_service(lambda d: inner, Details())
+    assert handler.request_streaming and not handler.response_streaming
+    pulled: list[int] = []
+
+    def wire(msg: bytes) -> Iterator[bytes]:
+        pulled.append(len(msg))
+        yield msg
+
+    with pytest.raises(RuntimeError, match="PERMISSION_DENIED"):
+        handler.stream_unary(wire(b"x" * (31 * 2**20)), _Ctx())
+    assert pulled == []  # never received
+    msg = pb.GetLedgerRequest(dataset="synthetic").SerializeToString()
+    answer = handler.stream_unary(wire(msg), _PinnedCtx(pinned))
+    assert answer.dataset == "synthetic" and pulled == [len(msg)]
+    with pytest.raises(RuntimeError, match="INVALID_ARGUMENT"):  # too big, once received
+        handler.stream_unary(wire(b"x" * 70_000), _PinnedCtx(pinned))
+    assert adm._inflight == {fp: 0}  # every slot released
+
+
+class _PinnedCtx(_Ctx):
+    """A caller that presented ``cert_pem``."""
+
+    def __init__(self, cert_pem: bytes) -> None:
+        self.cert_pem = cert_pem
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {"x509_pem_cert": [self.cert_pem]}
 
 
 def test_per_method_size_limits_follow_the_real_shapes(source: _Source) -> None:

@@ -53,6 +53,9 @@ def _call(
         conn.close()
 
 
+_TOKEN: dict[int, str] = {}  # admin port → the token ``serve`` generated
+
+
 @pytest.fixture(scope="module")
 def daemons(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("jobapi")
@@ -60,8 +63,9 @@ def daemons(tmp_path_factory):
     src = SourceProcess(dep)
     tgt, port = start_target_serve(dep, tmp / "target.log")
     token_file = dep.target_state / "admin_token"
+    _TOKEN[port] = token_file.read_text().strip()
     try:
-        yield dep, port, token_file.read_text().strip()
+        yield dep, port, _TOKEN[port]
     finally:
         tgt.terminate()
         tgt.wait(timeout=20)
@@ -77,7 +81,7 @@ def _honest(port: int, token: str, **extra: str) -> dict[str, str]:
 
 
 def _no_job_started(port: int) -> None:
-    code, jobs = _call(port, "GET", "/v1/jobs")
+    code, jobs = _call(port, "GET", "/v1/jobs", headers={"Authorization": f"Bearer {_TOKEN[port]}"})
     assert code == 200 and jobs == []
 
 
@@ -192,7 +196,9 @@ def test_an_honest_json_post_with_the_token_runs(daemons) -> None:
     assert code == 202, body
     deadline = time.monotonic() + 120
     while True:
-        view = _call(port, "GET", f"/v1/jobs/{body['id']}")[1]
+        view = _call(
+            port, "GET", f"/v1/jobs/{body['id']}", headers={"Authorization": f"Bearer {token}"}
+        )[1]
         if view["state"] in ("done", "failed") or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -215,4 +221,34 @@ def test_the_token_file_is_reused_only_if_private(tmp_path: Path) -> None:
     (tmp_path / "elsewhere").write_text("x" * 40)
     path.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(ConfigError, match="not a regular file"):
+        admin_token(cfg)
+
+
+def test_an_admin_token_under_128_bits_is_refused(tmp_path: Path) -> None:
+    """A 3-character token (or 40 times one letter) is refused, in the configured token_file
+    and in the state directory's own file; a random 32-digit hex token (128 bits) is not."""
+    import secrets
+
+    dep = synthetic_deployment(tmp_path)
+    cfg = load_target(dep.target_config)
+    cfg.state_dir.mkdir(parents=True)
+    token_file = tmp_path / "token"
+    for weak in ("abc", "a" * 40):
+        token_file.write_text(weak + "\n")
+        configured = cfg.model_copy(
+            update={"admin": cfg.admin.model_copy(update={"token_file": token_file})}
+        )
+        with pytest.raises(ConfigError, match="admin.token_file: the admin token is too weak"):
+            admin_token(configured)
+    strong = secrets.token_hex(16)
+    token_file.write_text(strong + "\n")
+    configured = cfg.model_copy(
+        update={"admin": cfg.admin.model_copy(update={"token_file": token_file})}
+    )
+    assert admin_token(configured)[0] == strong
+    own = cfg.state_dir / "admin_token"
+    fd = os.open(own, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, b"0123456789abcdef\n")  # 16 characters: accepted by the old length check
+    os.close(fd)
+    with pytest.raises(ConfigError, match="too weak"):
         admin_token(cfg)

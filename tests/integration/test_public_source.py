@@ -297,3 +297,25 @@ def test_forward_sessions_are_refused_on_an_unlabeled_dataset(tmp_path) -> None:
         with pytest.raises(ConfigError, match="no labels"):
             run(cfg, progress=False)
         assert rs.handlers.ledger.store.entries("rows") == []
+
+
+def test_reweighting_outputs_past_the_storage_limit_are_refused_before_the_charge(tmp_path):
+    """One session stored every block it was asked for (20,000 rows for 2,000 steps: 370 MiB).
+    A block whose outputs would not fit the session's storage is refused naming the limit,
+    with nothing charged or stored (blocks that fit: the other tests here, at the defaults)."""
+    from dpda.errors import InvalidInput
+    from dpda.service.config import SourceLimits
+    from dpda.target_party.app import run_public_source_job
+
+    dep = _deployment(tmp_path, method="noisy-md", steps=30)
+    cfg = load_source(dep.source_config)
+    block = 25 * 600 * 8  # a block of 25 noisy gradients over the 600 public rows
+    tight = cfg.model_copy(update={"limits": SourceLimits(reweight_bytes_per_session=block - 1)})
+    with run_server(tight) as rs:
+        tcfg = load_target(dep.target_config)
+        tcfg = tcfg.model_copy(update={"source_address": f"127.0.0.1:{rs.port}"})
+        with pytest.raises(InvalidInput, match="POLICY_REFUSED.*reweight_bytes_per_session"):
+            run_public_source_job(tcfg)
+        assert rs.handlers.ledger.store.entries("holder") == []
+        (n,) = rs.handlers.conn.execute("SELECT COUNT(*) FROM reweight_answers").fetchone()
+        assert n == 0

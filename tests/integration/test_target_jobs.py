@@ -19,14 +19,15 @@ from .helpers import start_target_serve, synthetic_deployment
 _TOKEN: dict[int, str] = {}  # admin port → the token ``serve`` generated in its state_dir
 
 
-def _req(port: int, path: str, body: dict | None = None) -> tuple[int, bytes]:
-    """GETs are open on loopback; a POST sends JSON with the daemon's bearer token."""
+def _req(port: int, path: str, body: dict | None = None, token: bool = True) -> tuple[int, bytes]:
+    """A GET, or a POST of JSON, with the daemon's bearer token (``token=False``: without)."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}", data=data, method="POST" if body is not None else "GET"
     )
     if body is not None:
         req.add_header("Content-Type", "application/json")
+    if token:
         req.add_header("Authorization", f"Bearer {_TOKEN[port]}")
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
@@ -69,6 +70,10 @@ def test_jobs_api_and_report(daemons, tmp_path) -> None:
     assert view["state"] == "done", view
     assert view["progress"] == {"releases_done": 4, "releases_total": 4}
     assert 0 < view["results"]["epsilon_spent"] <= 3.0 and view["results"]["accuracy"] > 50
+    # the job's artefacts describe the target's rows: none is served without the token
+    for path in ("/v1/jobs", f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/report"):
+        assert _req(port, path, token=False)[0] == 401
+    assert _req(port, "/metrics", token=False)[0] == 200  # the other reads stay open
     code, page = _req(port, f"/v1/jobs/{job_id}/report")
     assert code == 200
     html = page.decode()

@@ -315,6 +315,85 @@ def test_a_replaying_source_gets_the_same_noisy_rows_again_for_one_charge(tmp_pa
     assert out["target_row_queries"] == "dp"
 
 
+class _Renaming(_Replaying):
+    """A hostile source that fails the first PATE request and answers the rerun's resumed
+    session with a new session id, hoping for a second charge (and a second noisy copy of the
+    same rows)."""
+
+    def open_session(self, peer, terms_json, scaling, basis, session_id="", *args, **kw):  # type: ignore[override]
+        return super().open_session(peer, terms_json, scaling, basis, "", *args, **kw)
+
+
+def test_a_source_that_renames_the_resumed_session_is_refused_and_charges_nothing(tmp_path):
+    dep = synthetic_deployment(
+        tmp_path,
+        target_privacy={**DEFAULT, "row_queries": "dp"},
+        job={"projection_dim": 5, "method": "pate"},
+    )
+    _Renaming.queries, _Renaming.failed = [], False
+    tcfg = load_target(dep.target_config)
+    with run_server(load_source(dep.source_config), _Renaming) as rs:
+        with pytest.raises(Exception):  # noqa: B017 - the job fails on the source's fault
+            _run(dep, rs.port)
+        ledger, _ = open_state(tcfg)
+        spent = [e.spend_after for e in ledger.store.entries(OWN_ROWS)]
+        for _ in range(2):
+            with pytest.raises(PeerMisbehaved, match="another id"):
+                _run(dep, rs.port)
+    ledger, _ = open_state(tcfg)
+    # no rerun grew the target's own-rows spend
+    assert [e.spend_after for e in ledger.store.entries(OWN_ROWS)] == spent
+    assert len(_Renaming.queries) == 1  # and no second noisy copy of the rows left
+
+
+def test_the_same_jobs_row_queries_are_charged_once_whatever_the_session(tmp_path) -> None:
+    """A rerun of the same job that the source gives a new session (its old one lost) sends
+    the stored noisy rows again, uncharged."""
+    dep = synthetic_deployment(
+        tmp_path,
+        target_privacy={**DEFAULT, "row_queries": "dp"},
+        job={"projection_dim": 5, "method": "pate"},
+    )
+    _Replaying.queries, _Replaying.failed = [], False
+    tcfg = load_target(dep.target_config)
+    with run_server(load_source(dep.source_config), _Replaying) as rs:
+        with pytest.raises(Exception):  # noqa: B017 - the job fails on the source's fault
+            _run(dep, rs.port)
+        ledger, _ = open_state(tcfg)
+        spent = [e.spend_after for e in ledger.store.entries(OWN_ROWS)]
+        (tcfg.state_dir / "job.json").unlink()  # the session is not resumed: a new one opens
+        _run(dep, rs.port)
+    ledger, _ = open_state(tcfg)
+    assert [e.spend_after for e in ledger.store.entries(OWN_ROWS)] == spent
+    first, *rest = _Replaying.queries
+    assert rest and all(np.array_equal(first, q) for q in rest)
+
+
+class _AlwaysFailing(SourceHandlers):
+    """A hostile source that fails every PATE request after reading it."""
+
+    def query_teachers(self, *args, **kw):  # type: ignore[override]
+        raise RuntimeError("a fault the source made up")
+
+
+def test_reruns_of_a_job_the_source_keeps_failing_are_bounded(tmp_path) -> None:
+    dep = synthetic_deployment(
+        tmp_path,
+        target_privacy={**DEFAULT, "row_queries": "dp"},
+        job={"projection_dim": 5, "method": "pate"},
+    )
+    with run_server(load_source(dep.source_config), _AlwaysFailing) as rs:
+        set_source_address(dep, f"127.0.0.1:{rs.port}")
+        tcfg = load_target(dep.target_config).model_copy(update={"max_reruns": 2})
+        for _ in range(2):
+            with pytest.raises(Exception):  # noqa: B017 - the job fails on the source's fault
+                run(tcfg, progress=False)
+        asked = len(rs.audit.records())
+        with pytest.raises(ConfigError, match="max_reruns"):
+            run(tcfg, progress=False)
+        assert len(rs.audit.records()) == asked  # refused before the source is asked anything
+
+
 def test_pate_queries_beyond_the_targets_cap_are_refused_before_the_source_charges(tmp_path):
     dep = synthetic_deployment(
         tmp_path,

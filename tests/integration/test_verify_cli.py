@@ -111,9 +111,8 @@ def test_a_signature_by_the_wrong_role_fails_verify(finished, tmp_path, side: st
 
 
 def test_a_lost_tail_shows_against_the_peers_copy(finished, tmp_path, capsys) -> None:
-    """9ac3bc1: deleting the last entry together with the matching audit tail verified OK.
-    Alone it still does (nothing in one file says what is missing); against the target's
-    countersigned copy it does not."""
+    """Deleting the last entry together with the matching audit tail: against the target's
+    countersigned copy it shows as a lost tail."""
     state, conn = _copy(finished, tmp_path)
     conn.execute("DELETE FROM ledger WHERE seq=2")
     conn.execute("DELETE FROM payloads WHERE seq=2")
@@ -127,6 +126,62 @@ def test_a_lost_tail_shows_against_the_peers_copy(finished, tmp_path, capsys) ->
     assert main(["ledger", "verify", str(state), "--against", target]) == 1
     assert "missing here: a lost or truncated tail" in capsys.readouterr().out
     assert main(["ledger", "verify", str(finished.workdir / "source"), "--against", target]) == 0
+
+
+def _relink(conn: sqlite3.Connection) -> None:
+    """Rewrite the chain after entry 1 was deleted: entry 2 becomes entry 1, linked to entry 0
+    (the entry hashes recomputed, the signatures that no longer match stripped)."""
+    from dpda.dp.ledger import LedgerEntry
+
+    conn.execute("DELETE FROM ledger WHERE seq=1")
+    (text,) = conn.execute("SELECT entry_json FROM ledger WHERE seq=0").fetchone()
+    prev = LedgerEntry.from_json(text).entry_hash()
+    _edit_entry(conn, 2, lambda d: d.update(seq=1, prev_hash=prev, source_sig="", target_sig=""))
+    conn.execute("UPDATE ledger SET seq=1 WHERE seq=2")
+    conn.commit()
+
+
+STANDALONE_LOSS = {
+    "tail truncated": lambda c: (c.execute("DELETE FROM ledger WHERE seq=2"), c.commit()),
+    "ledger emptied (a lost WAL)": lambda c: (c.execute("DELETE FROM ledger"), c.commit()),
+    "middle entry deleted, chain rewritten": _relink,
+    "signatures stripped": lambda c: [
+        _edit_entry(c, seq, lambda d: d.update(source_sig="", target_sig="")) for seq in (0, 1)
+    ],
+}
+
+
+@pytest.mark.parametrize("case", sorted(STANDALONE_LOSS))
+@pytest.mark.parametrize("side", ["source", "target"])
+def test_a_loss_below_the_countersigned_head_fails_standalone(
+    finished, tmp_path, capsys, side: str, case: str
+) -> None:
+    """Without a peer copy, a ledger that lost entries below the last head both parties signed
+    (or their signatures) fails, and the output says what a standalone check cannot see."""
+    state, conn = _copy(finished, tmp_path, side)
+    STANDALONE_LOSS[case](conn)
+    conn.close()
+    assert main(["ledger", "verify", str(state)]) == 1
+    out = capsys.readouterr().out
+    assert "TAMPERED" in out and "cannot be detected" in out
+
+
+def test_a_missing_or_forged_head_record_fails(finished, tmp_path, capsys) -> None:
+    """Deleting the countersigned head beside a ledger with countersigned entries fails; so
+    does a head whose signatures are not the parties'."""
+    from dpda.service.signed_head import FILE
+
+    state, conn = _copy(finished, tmp_path)
+    conn.close()
+    head = json.loads((state / FILE).read_text())
+    (state / FILE).unlink()
+    assert main(["ledger", "verify", str(state)]) == 1
+    assert f"{FILE}: missing" in capsys.readouterr().out
+    for entry in head.values():
+        entry["target_sig"] = entry["source_sig"]
+    (state / FILE).write_text(json.dumps(head))
+    assert main(["ledger", "verify", str(state)]) == 1
+    assert "head's signatures do not verify" in capsys.readouterr().out
 
 
 def test_audit_tampering_fails_verify(finished, tmp_path) -> None:

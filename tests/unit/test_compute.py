@@ -44,12 +44,27 @@ def test_parse_bytes_and_config_name_the_field():
     assert parse_bytes("512mb") == 512 * 2**20
     with pytest.raises(ConfigError, match="compute.memory_per_worker"):
         parse_bytes("1kb")
-    spec = spec_of(ComputeConfig(scheduler="tcp://10.0.0.5:8786", memory_per_worker="2GiB"))
+    spec = spec_of(
+        ComputeConfig(
+            scheduler="tcp://10.0.0.5:8786",
+            memory_per_worker="2GiB",
+            allow_unauthenticated_scheduler=True,
+        )
+    )
     assert spec.memory_per_worker == 2 * 2**30 and spec.threads_per_worker == 1
     with pytest.raises(ValueError, match="scheduler"):
         ComputeConfig(scheduler="http://x:1")
     with pytest.raises(ValueError, match="memory_per_worker"):
         ComputeConfig(memory_per_worker="lots")
+
+
+def test_a_scheduler_without_tls_needs_an_opt_in_that_says_what_it_gives_up():
+    with pytest.raises(ValueError, match="allow_unauthenticated_scheduler"):
+        ComputeConfig(scheduler="tcp://10.0.0.5:8786")
+    with pytest.raises(ValueError, match="tls_ca_file"):
+        ComputeConfig(scheduler="tls://10.0.0.5:8786")
+    ok = ComputeConfig(scheduler="tls://10.0.0.5:8786", tls_ca_file="ca", tls_cert="c", tls_key="k")
+    assert spec_of(ok).tls == ("ca", "c", "k")
 
 
 def _plan(pts, ys, a, xt_proj, cfg):

@@ -75,3 +75,28 @@ def test_state_files_are_0600(tmp_path) -> None:
     finally:
         os.umask(old)
     assert _mode(tmp_path / "state.sqlite") == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can hand a folder to another user")
+def test_a_key_below_a_folder_another_user_owns_is_refused(tmp_path) -> None:
+    """A user who owns a folder above a key file can swap the key: refused (as OpenSSH refuses
+    such an authorized_keys), for signing keys and TLS files, naming the folder."""
+    from dpda.service import signing
+    from dpda.service.tls import channel_credentials, init_party
+
+    above = tmp_path / "above"
+    above.mkdir(mode=0o755)
+    party = init_party(above / "keys", "target")
+    signing.load_private(party.signing_key)  # fine while this user owns every folder
+    os.chown(above, 65534, 65534)
+    for load in (
+        lambda: signing.load_private(party.signing_key),
+        lambda: signing.load_public(party.signing_pub),
+        lambda: channel_credentials(party.cert, party.key, party.ca),
+    ):
+        with pytest.raises(ConfigError, match=f"the folder {above} above it is owned by another"):
+            load()
+    os.chown(above, 0, 0)
+    above.chmod(0o775)  # group-writable: anyone in the group could swap the key as well
+    with pytest.raises(ConfigError, match="writable by group or others"):
+        signing.load_private(party.signing_key)
