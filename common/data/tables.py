@@ -272,6 +272,10 @@ def align_columns(table: Table, reference: Table) -> Table:
     return Table(domain, table.ids, columns, table.where, True)
 
 
+# rows a class needs: the release describes classes 0…q−1, and one with no row is noise alone
+MIN_CLASS_ROWS = 1
+
+
 def check_classes(table: Table, label_column: str, field: str = "") -> None:
     """Refuse labels that hold fewer than two classes: nothing is learnt from one class, and
     every prediction would be that class. ``field``: the config field that names the column."""
@@ -284,6 +288,16 @@ def check_classes(table: Table, label_column: str, field: str = "") -> None:
         raise ConfigError(
             f"{table.where}: column {label_column!r}{at} holds one class ({int(present[0])}) in "
             f"all {y.size} rows; a source needs labeled rows of at least two classes"
+        )
+    counts = np.bincount(np.asarray(y, dtype=np.int64))
+    empty = np.flatnonzero(counts < MIN_CLASS_ROWS)
+    if empty.size:
+        at = f" ({field})" if field else ""
+        raise ConfigError(
+            f"{table.where}: column {label_column!r}{at}: class {int(empty[0])} has no rows "
+            f"(labels run 0…{counts.size - 1}); every class a release describes needs at least "
+            f"{MIN_CLASS_ROWS} row, or its noisy mean is noise alone: number the classes "
+            "0, 1, … without gaps"
         )
 
 

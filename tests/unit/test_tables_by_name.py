@@ -48,3 +48,13 @@ def test_the_source_daemon_refuses_a_table_of_one_class(tmp_path: Path) -> None:
         ConfigError, match=r"one\.csv.*'label'.*datasets\.one\.label_column.*one class \(5\)"
     ):
         load_dataset(ds)
+
+
+def test_the_source_daemon_refuses_a_class_with_no_rows(tmp_path: Path) -> None:
+    """Labels 0, 1 and 3: class 2 has no row, so its released mean would be noise alone.
+    Refused when the daemon loads the dataset, before any peer asks (no peer learns it)."""
+    rows = [[1, 2, 0], [3, 4, 1], [0, 1, 3], [2, 2, 0]]
+    path = _csv(tmp_path / "gap.csv", ["a", "b", "label"], rows)
+    ds = SourceDataset(name="gap", kind="table", path=path, label_column="label", epsilon=1.0)
+    with pytest.raises(ConfigError, match=r"gap\.csv.*class 2 has no rows"):
+        load_dataset(ds)
