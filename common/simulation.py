@@ -208,7 +208,10 @@ def simulate(
     }
     # a source-space release needs nothing of the target; the others need its statistics
     shared = [t for t in by_method.values() if not t.source_space]
-    scaling_mode = resolve_scaling(scaling_mode, shared[0] if shared else terms)
+    asked_scaling = scaling_mode
+    # each method's own scaling (its view): ``auto`` differs between a source-space release and
+    # one in a shared basis; the statistics disclosed are those of the shared ones
+    scaling_mode = resolve_scaling(asked_scaling, shared[0] if shared else terms)
     privacy = None
     t_spent = None
     t_events: list = []
@@ -266,7 +269,12 @@ def simulate(
             insecure_seed=seed is not None,
         )
         spent = partial(ledger.spent, t.dataset)
-        runs[method] = run_dpda(releaser, view, t, cfg, spent, progress, rq, compute)
+        own = view
+        if t.source_space and resolve_scaling(asked_scaling, t) != scaling_mode:
+            own = target_view(
+                target, representation, scaling_mode=resolve_scaling(asked_scaling, t)
+            )
+        runs[method] = run_dpda(releaser, own, t, cfg, spent, progress, rq, compute)
         ledgers[method] = store.entries(t.dataset)
     preds: dict[str, np.ndarray] = {}
     kept: str | None = None
