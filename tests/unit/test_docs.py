@@ -72,7 +72,7 @@ def test_one_version_everywhere() -> None:
 
     assert dpda.__version__ == VERSION
     mkdocs = (ROOT / "mkdocs.yml").read_text()
-    assert re.search(r"^\s+version: (\S+)", mkdocs, re.M).group(1) == VERSION
+    assert re.search(r"^copyright: dpda (\S+) ", mkdocs, re.M).group(1) == VERSION
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
     assert re.search(r"^ARG VERSION=(\S+)$", dockerfile, re.M).group(1) == VERSION
     compose = (ROOT / "deploy" / "docker-compose.yml").read_text()
