@@ -6,7 +6,7 @@ CSV / Parquet / .npy / .npz / DataFrame), ``load_model`` (a job's saved model pi
 ``SessionTerms`` (what a session asks of the source), ``simulate`` (the rehearsal, with
 baselines), ``AdaptConfig`` (the target's transport and classifier settings) and
 ``__version__``. The daemons run from the ``dpda`` command; everything else is internal, laid
-out by layer (see the README's layout section).
+out by layer (see docs/architecture.md).
 """
 
 from __future__ import annotations

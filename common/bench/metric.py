@@ -365,8 +365,8 @@ def run_bench_metric(args: argparse.Namespace) -> int:
 def register_metric(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser(
         "metric",
-        help="the DP-learned ground cost (seed 003): the paper's toy, DPDA accuracy with the "
-        "metric vs today's cost, 5-NN on the source vs ε",
+        help="the DP-learned ground cost: the paper's toy, DPDA accuracy with the "
+        "metric vs the default cost, 5-NN on the source vs ε",
     )
     s.add_argument(
         "--toy",

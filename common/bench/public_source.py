@@ -220,7 +220,8 @@ def run_bench_public_source(args: argparse.Namespace) -> int:
 def register_public_source(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser(
         "public-source",
-        help="seed 001's experiment: private discrepancy minimisation from a public source",
+        help="the reverse setting's experiment: private discrepancy minimisation from a public "
+        "source",
     )
     s.add_argument(
         "--quick",

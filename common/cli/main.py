@@ -692,7 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["private-source", "public-source"],
         default="private-source",
         help="private-source (default): the labeled source is private (DPDA); public-source: "
-        "the source is public and the target's rows are private (seed 001: private "
+        "the source is public and the target's rows are private (private "
         "reweighting; takes --epsilon, --delta (default 1/(10·nt)) and --seed only)",
     )
     sm.add_argument(
@@ -753,7 +753,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["private-source", "public-source"],
         default="private-source",
         help="public-source: the reverse deployment (the daemon holds private unlabeled rows, "
-        "the job public labeled ones; seed 001)",
+        "the job public labeled ones)",
     )
     dm.set_defaults(func=_cmd_demo)
 

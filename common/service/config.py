@@ -318,7 +318,7 @@ class TargetJob(_Strict):
         default="forward",
         description="forward: the serving daemon's labeled rows are private (DPDA); "
         "public-source: this job's labeled rows are public and the serving daemon's unlabeled "
-        "rows private (seed 001)",
+        "rows private",
     )
     reweighting_method: Literal["noisy-fw", "noisy-md", "single-stage"] = _term(
         "method", ReweightingTerms
@@ -407,7 +407,7 @@ class TargetConfig(_Strict):
     admin: AdminConfig = Field(default_factory=AdminConfig)
     privacy: TargetPrivacyPolicy = Field(
         default_factory=TargetPrivacyPolicy,
-        description="the target's own policy for its rows (issue 19); the default sends no "
+        description="the target's own policy for its rows; the default sends no "
         "exact statistic or row",
     )
     compute: ComputeConfig = Field(default_factory=ComputeConfig)

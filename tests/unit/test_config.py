@@ -25,7 +25,7 @@ def test_example_configs_validate() -> None:
             "datasets.0.epsilon",
         ),
         (("listen =", "lisen ="), "lisen"),
-        (('kind = "office-caltech"', 'kind = "excel"'), "datasets.0.kind"),
+        (('kind = "synthetic"', 'kind = "excel"'), "datasets.0.kind"),
     ],
 )
 def test_config_errors_name_the_field(tmp_path, edit, field: str) -> None:

@@ -1,5 +1,5 @@
 """The package's layers (issue 14): a module imports only from its own layer or the layers below
-it, and the two parties never import each other. The README's layout section lists the same
+it, and the two parties never import each other. docs/architecture.md lists the same
 order. The check reads every import statement (top level or inside a function) with ``ast``."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _unit(module: str) -> str:
         for unit in layer:
             if (module == unit or module.startswith(unit + ".")) and len(unit) > len(best):
                 best = unit
-    assert best, f"{module} is in no layer: add it to LAYERS (and the README's layout)"
+    assert best, f"{module} is in no layer: add it to LAYERS (and docs/architecture.md)"
     return best
 
 
