@@ -126,13 +126,13 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         self.mapped_ = res.mapped
         self.mapped_labels_ = self.classes_[res.mapped_labels]
         self.target_predictions_ = self.classes_[res.predictions]
-        from dpda.data.preprocessing import Scaling, per_row
+        from dpda.target_party.pipeline import target_view
 
-        self.model_ = model_pipeline(
-            self.representation,
-            Scaling.of(per_row(xt, self.representation), resolve_scaling(self.scaling, terms)),
-            res.model,
-        )
+        view = target_view(
+            target, self.representation, scaling_mode=resolve_scaling(self.scaling, terms),
+            terms=terms,
+        )  # fmt: skip
+        self.model_ = model_pipeline(self.representation, view.scaling, res.model, view.clip_norm)
         return self
 
     def predict(self, X: Any) -> np.ndarray:

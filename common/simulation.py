@@ -270,10 +270,9 @@ def simulate(
         )
         spent = partial(ledger.spent, t.dataset)
         own = view
-        if t.source_space and resolve_scaling(asked_scaling, t) != scaling_mode:
-            own = target_view(
-                target, representation, scaling_mode=resolve_scaling(asked_scaling, t)
-            )
+        if t.source_space:  # its own scaling, and the target's rows clipped to its C
+            mode = resolve_scaling(asked_scaling, t)
+            own = target_view(target, representation, scaling_mode=mode, terms=t)
         runs[method] = run_dpda(releaser, own, t, cfg, spent, progress, rq, compute)
         ledgers[method] = store.entries(t.dataset)
     preds: dict[str, np.ndarray] = {}

@@ -515,6 +515,7 @@ def run_job(
         cfg.job.representation,
         scaling_mode=resolve_scaling(cfg.job.scaling, terms),
         disclosure=own[0] if own else None,
+        terms=terms,
     )
     acfg = AdaptConfig(
         reg_e=cfg.job.reg_e,
@@ -556,7 +557,8 @@ def run_job(
         source.close()
     outdir = job_dir(cfg, job_id)
     model = save_model(
-        model_pipeline(cfg.job.representation, view.scaling, res.model), outdir / "model.skops"
+        model_pipeline(cfg.job.representation, view.scaling, res.model, view.clip_norm),
+        outdir / "model.skops",
     )
     preds = write_predictions(outdir / "predictions.csv", table.ids, res.predictions)
     if cfg.job.predictions:  # the config's own path too, as asked

@@ -114,6 +114,9 @@ class TargetView:
     # exact ones are disclosed (the target's opt-in), or nothing is (source-space releases)
     disclosure: Disclosure | None = None
     representation: str = "raw"  # the per-row representation ``x`` was computed from
+    # a source-space session's C: the target's rows are clipped to it as the source's are, so
+    # the release, the OT space and the classifier (and the saved model) share one space
+    clip_norm: float | None = None
 
     def rows(self) -> np.ndarray:
         """The target's rows in the per-row representation (before its column scaling)."""
@@ -126,16 +129,25 @@ def target_view(
     known: np.ndarray | None = None,
     scaling_mode: str = "zscore",
     disclosure: Disclosure | None = None,
+    terms: SessionTerms | None = None,
 ) -> TargetView:
     """The target's rows in its representation and scaling: the DP scaling (and basis) of a
-    ``disclosure`` (``dpda.dp.target_disclosure``), else the exact ones."""
+    ``disclosure`` (``dpda.dp.target_disclosure``), else the exact ones. For a source-space
+    session (``terms``) the rows are first clipped to its C, as the source clips its own (a
+    no-op for norm-1 representations)."""
+    from dpda.dp.mechanisms import clip_rows
+
     rep = per_row(target.x, representation)
+    clip = None
+    if terms is not None and terms.source_space:
+        clip = natural_clip(representation, terms.clip_norm)
+        rep = clip_rows(rep, clip)
     kn = np.full(rep.shape[0], -1, dtype=np.int64) if known is None else known
     if disclosure is not None:
         d = disclosure
-        return TargetView(d.scaling.apply(rep), d.scaling, target.y, kn, d, representation)
+        return TargetView(d.scaling.apply(rep), d.scaling, target.y, kn, d, representation, clip)
     scaling = Scaling.of(rep, scaling_mode)
-    return TargetView(scaling.apply(rep), scaling, target.y, kn, None, representation)
+    return TargetView(scaling.apply(rep), scaling, target.y, kn, None, representation, clip)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
         table.domain,
         cfg.job.representation,
         scaling_mode=resolve_scaling(cfg.job.scaling, terms),
+        terms=terms,
     )
     ledger, audit = open_state(cfg)
     source = GrpcReleaseSource(cfg, ledger, audit)

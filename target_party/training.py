@@ -53,19 +53,30 @@ def scale_columns(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarra
     return (x - mean) / std
 
 
-def model_pipeline(representation: str, scaling: Scaling, classifier: object) -> Pipeline:
-    """The job's model as one pipeline on *raw* rows: the per-row transform, the target's
-    scaling, then the fitted classifier — ``model.predict(raw_rows)`` is the job's prediction."""
+def model_pipeline(
+    representation: str, scaling: Scaling, classifier: object, clip_norm: float | None = None
+) -> Pipeline:
+    """The job's model as one pipeline on *raw* rows: the per-row transform, the rows clipped
+    to ``clip_norm`` (a source-space session's C), the target's scaling, then the fitted
+    classifier — ``model.predict(raw_rows)`` is the job's prediction."""
+    from dpda.dp.mechanisms import clip_rows
+
     rows = FunctionTransformer(per_row, kw_args={"representation": representation})
     cols = FunctionTransformer(scale_columns, kw_args={"mean": scaling.mean, "std": scaling.std})
     one = np.zeros((1, scaling.mean.shape[0]))
-    return Pipeline(
-        [("per_row", rows.fit(one)), ("scaling", cols.fit(one)), ("classifier", classifier)]
-    )
+    steps: list[tuple[str, object]] = [("per_row", rows.fit(one))]
+    if clip_norm is not None:
+        clip = FunctionTransformer(clip_rows, kw_args={"clip_norm": clip_norm})
+        steps.append(("clip", clip.fit(one)))
+    return Pipeline([*steps, ("scaling", cols.fit(one)), ("classifier", classifier)])
 
 
 # what a saved model may contain beyond skops' defaults: dpda's own two functions
-_TRUSTED_PREFIXES = ("dpda.data.preprocessing.per_row", "dpda.target_party.training.scale_columns")
+_TRUSTED_PREFIXES = (
+    "dpda.data.preprocessing.per_row",
+    "dpda.target_party.training.scale_columns",
+    "dpda.dp.mechanisms.clip_rows",
+)
 
 
 def save_model(model: Pipeline, path: str | Path) -> Path:

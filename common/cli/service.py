@@ -78,7 +78,9 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
         f"  the source's records: ε {out['epsilon_job']:.4f} this job, the dataset's total "
         f"{out['epsilon_dataset_total']:.4f} (δ={out['delta']:.3g})"
     )
-    if out.get("target_epsilon_spent") is None:
+    if out.get("target_disclosures") == "none":
+        print("  the target's own rows: ε 0, nothing of them was sent (a source-space release)")
+    elif out.get("target_epsilon_spent") is None:
         print("  the target's own rows: ε 0, its statistics went out exact ([privacy] opt-in)")
     else:
         print(

@@ -57,8 +57,10 @@ def main() -> None:
         w = csv.writer(f)
         w.writerow(["id", "prediction"])
         w.writerows(zip(tgt.ids, predictions, strict=True))
-    print(f"ε spent {clf.epsilon_spent_:.3f} of {args.epsilon}; "
-          f"{len(predictions)} predictions in {args.predictions_csv}")
+    print(
+        f"ε spent {clf.epsilon_spent_:.3f} of {args.epsilon}; "
+        f"{len(predictions)} predictions in {args.predictions_csv}"
+    )
 
 
 if __name__ == "__main__":

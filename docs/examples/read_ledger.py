@@ -24,8 +24,11 @@ def event_summary(event: dict) -> str:
     """The event as one line: its type and its noise parameters."""
     if event.get("type") == "ComposedDpEvent":
         return " + ".join(event_summary(e) for e in event["events"])
-    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                       for k, v in event.items() if k != "type" and not isinstance(v, dict))
+    params = ", ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in event.items()
+        if k != "type" and not isinstance(v, dict)
+    )
     return f"{event['type'].removesuffix('DpEvent')}({params})"
 
 
@@ -34,15 +37,22 @@ def main() -> None:
         raise SystemExit(__doc__)
     state = Path(sys.argv[1])
     out = Path(tempfile.mkdtemp()) / "ledger.json"
-    subprocess.run([sys.executable, "-m", "dpda.cli", "ledger", "show", str(state),
-                    "--json", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "dpda.cli", "ledger", "show", str(state), "--json", str(out)],
+        check=True,
+        capture_output=True,
+    )
     entries = json.loads(out.read_text())
     for e in entries:
         signed = "signed" + (", countersigned" if e.get("target_sig") else "")
-        print(f"#{e['seq']} {e['dataset']} for {e['peer']}: {e['privacy_unit']} unit, "
-              f"{e['neighbouring']}; {event_summary(e['dp_event'])}")
-        print(f"    dataset ε after it {e['spend_after']:.4f}; payload sha256 "
-              f"{e['payload_sha256'][:16]}…; {signed}")
+        print(
+            f"#{e['seq']} {e['dataset']} for {e['peer']}: {e['privacy_unit']} unit, "
+            f"{e['neighbouring']}; {event_summary(e['dp_event'])}"
+        )
+        print(
+            f"    dataset ε after it {e['spend_after']:.4f}; payload sha256 "
+            f"{e['payload_sha256'][:16]}…; {signed}"
+        )
     verified = subprocess.run([sys.executable, "-m", "dpda.cli", "ledger", "verify", str(state)])
     sys.exit(verified.returncode)
 

@@ -28,8 +28,9 @@ def dpda(*args: str, **kw) -> subprocess.CompletedProcess:
 
 
 def keys_init(work: Path, org: str) -> str:
-    out = dpda("keys", "init", "--org", org, "--out", str(work / "keys" / org),
-               capture_output=True).stdout
+    out = dpda(
+        "keys", "init", "--org", org, "--out", str(work / "keys" / org), capture_output=True
+    ).stdout
     return next(line.split()[1] for line in out.splitlines() if line.startswith("fingerprint"))
 
 
@@ -57,18 +58,33 @@ def main() -> None:
     fp_target = keys_init(work, "target-org")
 
     # 2. configs from the examples
-    source_cfg = config("source.example.toml", {
-        "state_dir": str(work / "source"),
-        "listen": "127.0.0.1:0",
-        "cert_fingerprint": fp_target,
-        "/etc/dpda/keys/": f"{k}/source-org/",
-        "/etc/dpda/peer/target-ca.pem": f"{k}/target-org/ca/ca.pem",
-        "/etc/dpda/peer/": f"{k}/target-org/",
-    }, work / "source.toml")
+    source_cfg = config(
+        "source.example.toml",
+        {
+            "state_dir": str(work / "source"),
+            "listen": "127.0.0.1:0",
+            "cert_fingerprint": fp_target,
+            "/etc/dpda/keys/": f"{k}/source-org/",
+            "/etc/dpda/peer/target-ca.pem": f"{k}/target-org/ca/ca.pem",
+            "/etc/dpda/peer/": f"{k}/target-org/",
+        },
+        work / "source.toml",
+    )
 
     # 3. the source daemon, as its own process; it writes its bound port to state_dir/port
-    daemon = subprocess.Popen([sys.executable, "-m", "dpda.cli", "source", "serve",
-                               "--config", str(source_cfg), "--log-level", "warning"])
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dpda.cli",
+            "source",
+            "serve",
+            "--config",
+            str(source_cfg),
+            "--log-level",
+            "warning",
+        ]
+    )
     try:
         port_file = work / "source" / "port"
         while not port_file.exists():
@@ -78,17 +94,29 @@ def main() -> None:
         port = port_file.read_text().strip()
 
         # 4. the target's job
-        target_cfg = config("target.example.toml", {
-            "state_dir": str(work / "target"),
-            "source_address": f"127.0.0.1:{port}",
-            "source_fingerprint": fp_source,
-            "/etc/dpda/keys/": f"{k}/target-org/",
-            "/etc/dpda/peer/source-ca.pem": f"{k}/source-org/ca/ca.pem",
-            "/etc/dpda/peer/": f"{k}/source-org/",
-        }, work / "target.toml")
+        target_cfg = config(
+            "target.example.toml",
+            {
+                "state_dir": str(work / "target"),
+                "source_address": f"127.0.0.1:{port}",
+                "source_fingerprint": fp_source,
+                "/etc/dpda/keys/": f"{k}/target-org/",
+                "/etc/dpda/peer/source-ca.pem": f"{k}/source-org/ca/ca.pem",
+                "/etc/dpda/peer/": f"{k}/source-org/",
+            },
+            work / "target.toml",
+        )
         dpda("target", "plan", "--config", str(target_cfg), capture_output=True)
-        dpda("target", "run", "--config", str(target_cfg), "--quiet",
-             "--json", str(work / "result.json"), capture_output=True)
+        dpda(
+            "target",
+            "run",
+            "--config",
+            str(target_cfg),
+            "--quiet",
+            "--json",
+            str(work / "result.json"),
+            capture_output=True,
+        )
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)

@@ -46,7 +46,11 @@ def test_the_container_trial_runs_to_verified_ledgers(tmp_path: Path) -> None:
     env = {**os.environ, **({"DPDA_BASE": base} if base else {})}
     run = subprocess.run(
         [str(ROOT / "deploy" / "trial.sh"), str(tmp_path / "trial")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-5000:]

@@ -16,7 +16,10 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 def _run(cwd: Path, script: str, *args: str) -> str:
     run = subprocess.run(
         [sys.executable, str(EXAMPLES / script), *args],
-        cwd=cwd, capture_output=True, text=True, timeout=600,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert run.returncode == 0, f"{script}\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
     return run.stdout

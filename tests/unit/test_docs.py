@@ -115,10 +115,22 @@ def test_the_python_code_blocks_run(tmp_path: Path, name: str, line: int, code: 
     read (the synthetic problem, with a header and row ids)."""
     s, t = two_domains(n_source=300, n_target=200, k=10, seed=0)
     header = ",".join(f"f{j}" for j in range(10))
-    np.savetxt(tmp_path / "S.csv", np.column_stack([np.arange(300), s.x, s.y]), delimiter=",",
-               header=f"row_id,{header},label", comments="", fmt="%.6g")
-    np.savetxt(tmp_path / "T.csv", np.column_stack([np.arange(200), t.x]), delimiter=",",
-               header=f"row_id,{header}", comments="", fmt="%.6g")
+    np.savetxt(
+        tmp_path / "S.csv",
+        np.column_stack([np.arange(300), s.x, s.y]),
+        delimiter=",",
+        header=f"row_id,{header},label",
+        comments="",
+        fmt="%.6g",
+    )
+    np.savetxt(
+        tmp_path / "T.csv",
+        np.column_stack([np.arange(200), t.x]),
+        delimiter=",",
+        header=f"row_id,{header}",
+        comments="",
+        fmt="%.6g",
+    )
     run = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
