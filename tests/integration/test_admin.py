@@ -29,7 +29,7 @@ def _get(port: int, path: str, token: str | None = None) -> tuple[int, bytes]:
 
 
 def test_admin_api_of_a_running_daemon(tmp_path) -> None:
-    dep = synthetic_deployment(tmp_path, peer_cap=3.5)
+    dep = synthetic_deployment(tmp_path, peer_cap=4.5)
     src = SourceProcess(dep)
     try:
         port = int((dep.source_state / "admin_port").read_text())
@@ -38,7 +38,7 @@ def test_admin_api_of_a_running_daemon(tmp_path) -> None:
         assert _get(port, "/readyz")[0] == 200
         res = run_target(dep)
         assert res.returncode == 0, res.stderr
-        refused = run_target(dep)  # the per-peer cap 3.5 is used up: refused, and counted
+        refused = run_target(dep)  # a second job of ε 4 does not fit the cap 4.5: refused
         assert refused.returncode != 0 and "budget" in refused.stderr
         code, body = _get(port, "/metrics")
         assert code == 200
@@ -46,7 +46,7 @@ def test_admin_api_of_a_running_daemon(tmp_path) -> None:
         rel = [s for s in fams["dpda_releases"].samples if s.name == "dpda_releases_total"]
         assert rel and rel[0].value == 1 and rel[0].labels["mechanism"].startswith("gaussian")
         eps = fams["dpda_epsilon_spent"].samples[0]
-        assert eps.labels["peer"] == "target-org" and 0 < eps.value <= 3.5
+        assert eps.labels["peer"] == "target-org" and 0 < eps.value <= 4.5
         codes = {
             s.labels["code"]: s.value
             for s in fams["dpda_refusals"].samples
