@@ -360,7 +360,12 @@ def _privacy(s: dict[str, Any]) -> str:
         f"<td>{'this job may spend ε ' + fmt(budget) if budget is not None else '—'}</td></tr>"
     )
     t_job = s.get("target_epsilon_spent")
-    if t_job is None:
+    if s.get("target_disclosures") == "none":
+        tgt = (
+            "<tr><th>the target's own rows</th><td colspan='3'>ε 0: nothing of them was sent "
+            "(the release was computed in the source's own space)</td></tr>"
+        )
+    elif t_job is None:
         tgt = (
             "<tr><th>the target's own rows</th><td colspan='3'>its statistics went out exactly "
             "(its opt-in: not protected)</td></tr>"

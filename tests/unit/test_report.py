@@ -83,6 +83,10 @@ def test_the_report_states_both_parties_epsilon() -> None:
     assert "<td class='n'>4</td><td class='n'>6.08</td><td>cap ε 8 over every job" in tgt
     exact = render({"epsilon_spent": 3.0, "delta": 1e-5, "target_epsilon_spent": None}, figs)
     assert "went out exactly" in exact
+    none = render({"epsilon_spent": 3.0, "delta": 1e-5, "target_epsilon_spent": 0.0,
+                   "target_disclosures": "none"}, figs)  # fmt: skip
+    tgt = none[none.index("the target's own rows") :]
+    assert "ε 0: nothing of them was sent" in tgt and "went out exactly" not in tgt
 
 
 # what a service job's results.json holds (the numbers of the new user's report)
