@@ -319,7 +319,8 @@ class SessionTerms(BaseModel):
             return LABEL_CAVEAT
         return (
             "record unit: protects whole records (features and label) under replace-one; rows "
-            f"clipped to norm {self.clip_norm:.4g} in the projection space"
+            f"clipped to norm {self.clip_norm:.4g} in the "
+            + ("source's own per-row space" if self.source_space else "projection space")
         )
 
 
