@@ -24,7 +24,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
         dataset={"name": "syn", "kind": "synthetic", "synthetic_rows": [N_SOURCE, 200],
                  "epsilon": 10.0},
         job={"dataset": "syn", "data_kind": "synthetic", "synthetic_rows": [N_SOURCE, 200],
-             "epsilon": 2.0},  # no delta: the source's is taken
+             "epsilon": 2.0,  # no delta: the source's is taken
+             "projection": "target-pca"},  # a release that needs the target's statistics
         target_privacy={"disclosures": "exact"},
     )  # fmt: skip
     source = SourceProcess(dep)
