@@ -250,7 +250,8 @@ def test_planned_terms_are_checked_and_bounded_like_a_plan(tmp_path: Path) -> No
         before = set(accounting._EPSILON_CACHE)
         _describe(src, _terms(epsilon=0.6183))  # an ε no other test plans
         _warm_worker_idle(src)
-        assert set(accounting._EPSILON_CACHE) == before  # nothing planned for it
+        # nothing planned for it: no new composition (an LRU eviction may drop old ones)
+        assert set(accounting._EPSILON_CACHE) <= before
     finally:
         gen.close()
 
