@@ -343,7 +343,12 @@ def test_record_label_histogram() -> None:
     y = np.array([0, 0, 1, 1])
     y2 = np.array([1, 0, 1, 1])
     terms = SessionTerms(
-        dataset=DATASET, epsilon=4.0, delta=DELTA, projection_dim=2, histogram_share=0.5
+        projection="target-pca",
+        dataset=DATASET,
+        epsilon=4.0,
+        delta=DELTA,
+        projection_dim=2,
+        histogram_share=0.5,
     )
     disclosure = TargetDisclosure(Scaling(np.zeros(2), np.ones(2)), np.eye(2))
     d, dp = _pair(x, y, x, y2, 2, terms, PrivacyPolicy(), disclosure, seed=31)
@@ -399,6 +404,7 @@ def _prototype_pair(
 
 def _prototype_terms(epsilon: float, histogram_share: float) -> SessionTerms:
     return SessionTerms(
+        projection="target-pca",
         dataset=DATASET,
         epsilon=epsilon,
         delta=DELTA,
@@ -418,7 +424,7 @@ def test_record_prototypes() -> None:
     """
     terms = _prototype_terms(6.0, 0.1)
     assert terms.calibration == "exact" and SessionTerms(
-        dataset=DATASET, epsilon=6.0, delta=DELTA
+        projection="target-pca", dataset=DATASET, epsilon=6.0, delta=DELTA
     ).histogram_share == pytest.approx(0.1)  # the defaults this test audits
     d, dp, _, _, _ = _prototype_pair(terms, label_change=False, seed=41)
     assert d.spec.features.sensitivity == pytest.approx(2 * terms.clip_norm)
@@ -485,6 +491,7 @@ def test_record_sinkhorn_synthetic() -> None:
     x2 = x.copy()
     x2[0] = -r
     terms = SessionTerms(
+        projection="target-pca",
         dataset=DATASET,
         epsilon=12.0,
         delta=DELTA,
@@ -541,6 +548,7 @@ def test_record_class_gaussians() -> None:
     x2 = x.copy()
     x2[0] = m @ (c * v) + 0.5 * ortho
     terms = SessionTerms(
+        projection="target-pca",
         dataset=DATASET,
         epsilon=6.0,
         delta=DELTA,
@@ -578,6 +586,7 @@ def test_record_rows_are_refused() -> None:
     for batch_size in (0, 10):
         with pytest.raises(ValidationError):
             SessionTerms(
+                projection="target-pca",
                 dataset=DATASET,
                 epsilon=4.0,
                 delta=DELTA,
@@ -625,6 +634,7 @@ def _pate_scale(aggregator: str, pate_epsilon: float) -> float:
     ledger = PrivacyLedger(MemoryLedgerStore(), {DATASET: Budget(100.0, DELTA)})
     rel = SourceReleaser(Domain(DATASET, x, y, 3), DATASET, ledger, rng, insecure_seed=True)
     terms = SessionTerms(
+        projection="target-pca",
         dataset=DATASET,
         epsilon=pate_epsilon,
         delta=DELTA,
@@ -920,6 +930,7 @@ def test_record_metric(monkeypatch: pytest.MonkeyPatch) -> None:
     x2, y2 = x.copy(), y.copy()
     x2[i], y2[i] = [0.5, 0.0], 1
     terms = SessionTerms(
+        projection="target-pca",
         dataset=DATASET,
         epsilon=12.0,
         delta=DELTA,
@@ -982,3 +993,25 @@ def test_record_metric(monkeypatch: pytest.MonkeyPatch) -> None:
     _report("record metric", claimed, lb, weak, n_draws)
     assert lb.epsilon < claimed, "record metric: the mechanism leaks more than its charge"
     assert weak.epsilon > claimed, "record metric: the audit cannot tell 30% less noise apart"
+
+
+def test_record_prototypes_in_the_sources_own_space() -> None:
+    """The default release as the job runs it: class sums of the source's own rows, clipped to
+    C at full dimension, no scaling or basis from the target. Same-label worst case: a row of
+    norm 3 along e (clipped to C·e) becomes its opposite, the class sum moves by 2C. ε = 6,
+    calibration exact, share 0.1: the charge is this pair's Gaussian; N = 3000, δ_a = 0.2."""
+    terms = SessionTerms(dataset=DATASET, epsilon=6.0, delta=DELTA, clip_norm=1.5)
+    assert terms.projection == "source" and terms.calibration == "exact"
+    e = np.array([0.6, 0.8])
+    x = np.vstack([3.0 * e, [0.2, -0.4], [1.0, 0.0], [0.3, 0.1]])
+    y = np.array([0, 0, 1, 1])
+    x2 = x.copy()
+    x2[0] = -3.0 * e
+    d, dp = _pair(x, y, x2, y.copy(), 2, terms, PrivacyPolicy(), TargetDisclosure(None, None), 43)
+    assert d.spec.features.sensitivity == pytest.approx(2 * terms.clip_norm)
+    charged = _joint_event(d.spec)
+
+    def stat(rel: BatchRelease) -> float:
+        return float(rel.z[0] @ e)
+
+    _check("record prototypes, source space", d, dp, stat, 3000, 0.2, charged, _weaker_features)

@@ -43,7 +43,14 @@ def _disclosure() -> TargetDisclosure:
 
 def _terms(**kw) -> SessionTerms:
     return SessionTerms(
-        **{"dataset": "d", "epsilon": 2.0, "delta": 1e-4, "projection_dim": 3, **kw}
+        **{
+            "dataset": "d",
+            "epsilon": 2.0,
+            "delta": 1e-4,
+            "projection_dim": 3,
+            "projection": "target-pca",
+            **kw,
+        }
     )
 
 
