@@ -80,6 +80,9 @@ def test_two_csv_files_to_predictions_and_a_model(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         plan = json.loads((tmp_path / "plan.json").read_text())
         assert {"sigma", "epsilon_charge", "epsilon_remaining"} <= set(plan)
+        fc = plan["forecast"]  # from public facts: rows, classes, σ, C, ℓ
+        assert fc["noise_to_signal"] > 0 and isinstance(fc["noise_dominated"], bool)
+        assert plan["target"]["epsilon_charge"] == 0.0  # nothing of the target is sent
         assert plan["epsilon_remaining"] == 10.0 and 0 < plan["epsilon_charge"] <= EPSILON
         ch = plan["epsilon_by_channel"]  # the record unit: features and histogram, no PATE
         assert ch["pate"] == 0 and 0 < ch["features"] <= plan["epsilon_charge"] + 1e-9
