@@ -76,7 +76,9 @@ def run_reweighting_job(
 
     job = cfg.job
     terms = reweighting_terms(cfg)
-    space = PublicSpace.of(table.x, job.representation, job.scaling, job.reweighting_dim)
+    # the public rows' own space: ``auto`` is their z-score (no release's noise to weigh)
+    scaling = "zscore" if job.scaling == "auto" else job.scaling
+    space = PublicSpace.of(table.x, job.representation, scaling, job.reweighting_dim)
     t0 = time.perf_counter()
     opt, session_id = drive(source, terms, table, space, job.reweighting_block, progress)
     q = opt.weights()

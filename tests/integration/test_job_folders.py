@@ -19,6 +19,7 @@ def _get(port: int, path: str, token: str | None = None, body: dict | None = Non
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data)
     if body is not None:
         req.add_header("Content-Type", "application/json")
+    if token is not None:  # jobs and their artefacts are behind the token, reads too
         req.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
@@ -47,11 +48,14 @@ def test_the_api_job_and_the_cli_job_keep_their_own_outputs(tmp_path: Path) -> N
             token = (dep.target_state / "admin_token").read_text().strip()
             job_id = _get(port, "/v1/jobs", token, {"epsilon": 2.0})["id"]
             deadline = time.monotonic() + 120
-            while (view := _get(port, f"/v1/jobs/{job_id}"))["state"] not in ("done", "failed"):
+            while (view := _get(port, f"/v1/jobs/{job_id}", token))["state"] not in (
+                "done",
+                "failed",
+            ):
                 assert time.monotonic() < deadline, view
                 time.sleep(0.2)
             assert view["state"] == "done", view
-            listed = {j["id"]: j for j in _get(port, "/v1/jobs")}
+            listed = {j["id"]: j for j in _get(port, "/v1/jobs", token)}
         finally:
             tgt.terminate()
             tgt.wait(timeout=20)

@@ -117,7 +117,7 @@ def test_target_detects_a_source_using_another_projection(tmp_path) -> None:
     """The target does not ask its own basis back (no GetProjection round trip under
     target-pca): every release's signed ledger entry binds the digest of the projection it was
     computed with, and one that is not the target's basis is refused, nothing accepted."""
-    dep = synthetic_deployment(tmp_path)
+    dep = synthetic_deployment(tmp_path, job={"projection": "target-pca"})
     with run_server(load_source(dep.source_config), _OtherBasis) as rs:
         with pytest.raises(PeerMisbehaved, match="computed with another projection"):
             _run_target(dep, rs.port)
@@ -141,7 +141,7 @@ class _OtherScaling(SourceHandlers):
 def test_target_detects_a_source_using_another_scaling(tmp_path) -> None:
     """Every release's signed entry binds the digests of the scaling its features were
     computed with; one that is not the scaling the target sent is refused, nothing accepted."""
-    dep = synthetic_deployment(tmp_path)
+    dep = synthetic_deployment(tmp_path, job={"projection": "target-pca"})
     with run_server(load_source(dep.source_config), _OtherScaling) as rs:
         with pytest.raises(PeerMisbehaved, match="computed with another scaling"):
             _run_target(dep, rs.port)

@@ -43,7 +43,9 @@ def _run(dep, port):
 
 
 def test_with_the_default_policy_no_exact_statistic_leaves_the_target(tmp_path) -> None:
-    dep = synthetic_deployment(tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5})
+    dep = synthetic_deployment(
+        tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5, "projection": "target-pca"}
+    )
     _Recording.seen = []
     with run_server(load_source(dep.source_config), _Recording) as rs:
         out = _run(dep, rs.port)
@@ -88,7 +90,9 @@ def test_with_the_default_policy_no_exact_statistic_leaves_the_target(tmp_path) 
 
 
 def test_the_exact_opt_in_is_listed_as_unprotected(tmp_path) -> None:
-    dep = synthetic_deployment(tmp_path, job={"projection_dim": 5})  # disclosures = "exact"
+    dep = synthetic_deployment(
+        tmp_path, job={"projection_dim": 5, "projection": "target-pca"}
+    )  # disclosures = "exact"
     with run_server(load_source(dep.source_config)) as rs:
         out = _run(dep, rs.port)
     assert out["target_disclosures"] == "exact" and out["target_epsilon_spent"] is None
@@ -225,7 +229,9 @@ class _Greedy(SourceHandlers):
 
 
 def test_a_source_cannot_make_the_target_send_rows(tmp_path) -> None:
-    dep = synthetic_deployment(tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5})
+    dep = synthetic_deployment(
+        tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5, "projection": "target-pca"}
+    )
     with run_server(load_source(dep.source_config), _Greedy) as rs:
         with pytest.raises(PeerMisbehaved, match="plan"):
             _run(dep, rs.port)
@@ -241,7 +247,9 @@ def test_the_source_refuses_a_forged_disclosure_claim(tmp_path) -> None:
     from dpda.service import serde
     from dpda.service.tls import channel_credentials
 
-    dep = synthetic_deployment(tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5})
+    dep = synthetic_deployment(
+        tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5, "projection": "target-pca"}
+    )
     with run_server(load_source(dep.source_config)) as rs:
         _run(dep, rs.port)  # an honest job: a real claim to tamper with
         ledger, _ = open_state(load_target(dep.target_config))
@@ -409,7 +417,9 @@ def test_pate_queries_beyond_the_targets_cap_are_refused_before_the_source_charg
 
 
 def test_a_lost_copy_of_a_sent_disclosure_is_refused_not_redrawn(tmp_path) -> None:
-    dep = synthetic_deployment(tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5})
+    dep = synthetic_deployment(
+        tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5, "projection": "target-pca"}
+    )
     with run_server(load_source(dep.source_config)) as rs:
         _run(dep, rs.port)
         (stored,) = dep.target_state.glob("disclosure-*.npz")
