@@ -73,7 +73,7 @@ def test_bench_load_with_every_hostile_pattern(tmp_path: Path) -> None:
     by = data["hostile_by_pattern"]
     # every pattern is counted; the bytes pattern always gets its messages in within 10 s, a
     # hint process on a loaded 2-core machine may not start sending before the run ends
-    assert set(by) == {"flood", "bytes", "hint", "pate"} and by["bytes"] > 0
+    assert set(by) == {"bytes", "hint", "pate"} and by["bytes"] > 0  # and the flood
     assert data["errors"] == 0, data["error_messages"]
     assert data["hostile_served"] == 0, data["hostile_codes"]
     assert data["ledger"]["verify_problems"] == []
