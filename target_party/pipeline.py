@@ -81,6 +81,13 @@ class AdaptConfig:
     # adaptation (both post-processing of the same release: no budget)
     keep: str = "dpda"
 
+    def __post_init__(self) -> None:
+        """The two knobs the job's config, the CLI and the estimator pass through unchecked."""
+        if not (0.0 <= self.transport_step <= 1.0):  # NaN too
+            raise ConfigError(f"transport_step: {self.transport_step!r} is not in [0, 1]")
+        if self.keep not in ("dpda", "better"):
+            raise ConfigError(f"keep: {self.keep!r} is not dpda or better")
+
 
 @dataclass(frozen=True)
 class RowQueries:
@@ -915,8 +922,6 @@ def _without_adaptation(s: _Session, done: _Fitted, by_method: dict[str, float |
     if s.cfg.keep == "better" and scores["dp_no_adaptation"] > scores["dpda"]:
         kept = "dp_no_adaptation"
         done.model, done.pred = model, pred
-    elif s.cfg.keep not in ("dpda", "better"):
-        raise ConfigError(f"keep: {s.cfg.keep!r} is not dpda or better")
     agree = float(np.mean(pred == done.pred)) if kept == "dpda" else 1.0
     return {
         "estimate": scores,

@@ -237,3 +237,20 @@ def test_class_gaussians_same_label_sensitivity_is_three_over_root_two() -> None
     v /= np.linalg.norm(v, axis=1, keepdims=True)
     moves = np.sum((u - v) ** 2, 1) + np.sum((u * u - v * v) ** 2, 1)
     assert moves.max() <= 4.5
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"transport_step": float("nan")}, "transport_step"),
+        ({"transport_step": -1e-300}, "transport_step"),
+        ({"transport_step": 1e308}, "transport_step"),
+        ({"keep": "best"}, "keep"),
+    ],
+)
+def test_the_adaptation_knobs_are_refused_out_of_range_naming_the_field(kw, field) -> None:
+    from dpda.errors import ConfigError
+    from dpda.target_party.pipeline import AdaptConfig
+
+    with pytest.raises(ConfigError, match=f"^{field}:"):
+        AdaptConfig(**kw)
