@@ -134,6 +134,8 @@ class SimulationOutcome:
             acc[m.replace("+", "_")] = r.accuracy
         if "dp_no_adaptation" in d.accuracy_by_method:
             acc["dp_no_adaptation"] = d.accuracy_by_method["dp_no_adaptation"]
+        if d.adaptation.get("kept_accuracy") is not None:
+            acc["kept"] = d.adaptation["kept_accuracy"]  # the model the job keeps
         return {
             "baseline_scaling": self.baseline_scaling,
             "baseline_by_scaling": self.baseline_by_scaling,

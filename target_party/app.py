@@ -524,6 +524,7 @@ def run_job(
         seed=seed,
         select=cfg.job.select,
         transport_step=cfg.job.transport_step,
+        refine=cfg.job.refine,
         keep=cfg.job.keep,
     )
     # before the source is asked anything: PATE's queries fit the target's own budget

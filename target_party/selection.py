@@ -57,6 +57,23 @@ def circular_score(
     return float(np.sum(w * hit) / np.sum(w))
 
 
+CLUSTER_SAMPLE = 2000  # target rows the cluster score reads (its cost is quadratic in them)
+
+
+def cluster_score(xt_proj: np.ndarray, pred: np.ndarray, seed: int) -> float:
+    """How well the labels ``pred`` cut the target's rows into clusters, without target
+    labels: the mean silhouette of the rows in the OT space (at most ``CLUSTER_SAMPLE`` of
+    them, drawn from ``seed``), in [-1, 1]; -1 when the labels name one class. It compares two
+    labellings of the same rows (DPDA's and the release's without adaptation), where the
+    circular score, read on a few class points, cannot tell them apart."""
+    from sklearn.metrics import silhouette_score
+
+    if np.unique(pred).size < 2 or np.unique(pred).size >= xt_proj.shape[0]:
+        return -1.0
+    n = min(CLUSTER_SAMPLE, xt_proj.shape[0])
+    return float(silhouette_score(xt_proj, pred, sample_size=n, random_state=seed))
+
+
 def select(s: _Session, done: _Fitted, view: TargetView) -> dict[str, Any]:
     """Pick ``(reg_e, reg_g)``; leaves the chosen config in ``s.cfg`` and its fits in
     ``done.fits``. Returns what was chosen and every candidate's score."""

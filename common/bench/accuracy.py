@@ -177,7 +177,7 @@ def paper_pair(
 
 
 # ------------------------------------------------------------------- the job's defaults
-DEFAULT_ARMS = ("dpda", "dp_no_adaptation", "pate", "source_only", "otda")
+DEFAULT_ARMS = ("dpda", "job", "dp_no_adaptation", "pate", "source_only", "otda")
 
 
 def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) -> dict:
@@ -211,6 +211,7 @@ def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) 
         "dp_no_adaptation": d.accuracy_by_method.get("dp_no_adaptation"),
         "pate": out.runs["pate"].accuracy,
         "kept": d.adaptation.get("kept"),
+        "kept_accuracy": d.adaptation.get("kept_accuracy"),
         "estimate": d.adaptation.get("estimate"),
         "seconds": time.perf_counter() - t0,
     }
@@ -245,6 +246,7 @@ def summarize_defaults(
             row: dict[str, Any] = {
                 a: _mean([r[a] for r in runs]) for a in ("dpda", "dp_no_adaptation", "pate")
             }
+            row["job"] = _mean([r.get("kept_accuracy") for r in runs])  # the model kept
             row["source_only"] = by_pair[p]["source_only"]
             row["otda"] = by_pair[p]["otda"]
             row["baseline_scaling"] = by_pair[p]["baseline_scaling"]
@@ -255,8 +257,8 @@ def summarize_defaults(
             table[p] = row
         office = [p for p in table if p[0] in "ACDW"]
 
-        def beats(arm: str, among: list[str], table: dict = table) -> int:
-            return sum((table[p]["dpda"] or 0) >= (table[p][arm] or 0) for p in among)
+        def beats(arm: str, among: list[str], table: dict = table, by: str = "dpda") -> int:
+            return sum((table[p][by] or 0) >= (table[p][arm] or 0) for p in among)
 
         large = [p for p in office if p[0] in "AC"]
         digits = [p for p in table if p[0] in "MU"]
@@ -265,6 +267,9 @@ def summarize_defaults(
             "office_mean": {a: _mean([table[p][a] for p in office]) for a in DEFAULT_ARMS},
             "digits_mean": {a: _mean([table[p][a] for p in digits]) for a in DEFAULT_ARMS},
             "dpda_at_least_dp_no_adaptation": f"{beats('dp_no_adaptation', office)}/{len(office)}",
+            "job_at_least_dp_no_adaptation": (
+                f"{beats('dp_no_adaptation', office, by='job')}/{len(office)}"
+            ),
             "dpda_at_least_source_only_a_c_sources": f"{beats('source_only', large)}/{len(large)}",
             "dpda_at_least_source_only_digits": f"{beats('source_only', digits)}/{len(digits)}",
             "epsilon_spent_min_ratio": min((table[p]["epsilon_spent"] or 0) / eps for p in table),
@@ -276,17 +281,19 @@ def _print_defaults(summary: dict[str, Any]) -> None:
     for eps, block in summary.items():
         print(f"\nThe job's defaults at ε = {eps} (mean over seeds; non-private baselines in their "
               "better scaling)")  # fmt: skip
-        print(f"{'pair':<6} {'DPDA':>6} {'DP no adapt':>11} {'PATE':>6} {'src-only':>8} "
+        print(f"{'pair':<6} {'DPDA':>6} {'job':>6} {'DP no adapt':>11} {'PATE':>6} {'src-only':>8} "
               f"{'OTDA':>6} {'scaling':>8} {'ε spent':>8} {'target ε':>8}")  # fmt: skip
         for p, r in block["pairs"].items():
             print(
-                f"{p:<6} {_f(r['dpda']):>6} {_f(r['dp_no_adaptation']):>11} {_f(r['pate']):>6} "
+                f"{p:<6} {_f(r['dpda']):>6} {_f(r['job']):>6} {_f(r['dp_no_adaptation']):>11} "
+                f"{_f(r['pate']):>6} "
                 f"{_f(r['source_only']):>8} {_f(r['otda']):>6} {r['baseline_scaling']:>8} "
                 f"{r['epsilon_spent']:>8.3f} {r['target_epsilon_spent']:>8.3f}"
             )
         m = block["office_mean"]
         print(
-            f"{'Office':<6} {_f(m['dpda']):>6} {_f(m['dp_no_adaptation']):>11} {_f(m['pate']):>6} "
+            f"{'Office':<6} {_f(m['dpda']):>6} {_f(m['job']):>6} {_f(m['dp_no_adaptation']):>11} "
+            f"{_f(m['pate']):>6} "
             f"{_f(m['source_only']):>8} {_f(m['otda']):>6}"
         )
         b = block
@@ -294,7 +301,8 @@ def _print_defaults(summary: dict[str, Any]) -> None:
             f"DPDA ≥ DP without adaptation on {b['dpda_at_least_dp_no_adaptation']} "
             f"Office-Caltech pairs; ≥ source-only on "
             f"{b['dpda_at_least_source_only_a_c_sources']} pairs with source A or C and "
-            f"{b['dpda_at_least_source_only_digits']} digits pairs"
+            f"{b['dpda_at_least_source_only_digits']} digits pairs; the model the job keeps "
+            f"(job) ≥ DP without adaptation on {b['job_at_least_dp_no_adaptation']}"
         )
 
 

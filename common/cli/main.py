@@ -268,6 +268,7 @@ def _simulate_once(
         seed=seed if seed is not None else 0,
         select=args.select,
         transport_step=args.transport_step,
+        refine=args.refine,
         keep=args.keep,
     )
     methods = METHODS if args.method == "all" else (args.method,)
@@ -384,6 +385,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             f"  adapting helped? label-free estimate ({ad['estimate_method']}): DPDA "
             f"{est['dpda']:.3f}, without adaptation {est['dp_no_adaptation']:.3f}; "
             f"the job keeps {ad['kept']} (--keep {ad['rule']})"
+            + (f": {_pct(ad['kept_accuracy'])}" if ad.get("kept_accuracy") is not None else "")
         )
     print(
         f"  the real job would charge ε {data['epsilon_spent']:.3f} of {terms.epsilon} "
@@ -521,6 +523,13 @@ def _add_terms_args(p: argparse.ArgumentParser) -> None:
         default=job["transport_step"].default,
         help="aggregate releases: how far each class point moves toward its OT image "
         "(0: not at all, 1: the barycentric image)",
+    )
+    p.add_argument(
+        "--refine",
+        type=float,
+        default=job["refine"].default,
+        help="aggregate releases: then how far each class point moves toward the mean of the "
+        "target rows it labels (one self-labelling step; 0: none)",
     )
     p.add_argument(
         "--keep",

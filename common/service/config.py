@@ -276,8 +276,15 @@ class TargetJob(_Strict):
         le=1,
         description="aggregate releases: how far each class point moves toward its OT image",
     )
+    refine: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="aggregate releases: then how far each class point moves toward the mean "
+        "of the target rows it labels (one self-labelling step; 0: none)",
+    )
     keep: Literal["dpda", "better"] = Field(
-        default="dpda",
+        default="better",
         description="the model kept: dpda, or the better of DPDA and the release without "
         "adaptation by the label-free estimate",
     )

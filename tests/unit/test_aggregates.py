@@ -245,6 +245,9 @@ def test_class_gaussians_same_label_sensitivity_is_three_over_root_two() -> None
         ({"transport_step": float("nan")}, "transport_step"),
         ({"transport_step": -1e-300}, "transport_step"),
         ({"transport_step": 1e308}, "transport_step"),
+        ({"refine": float("nan")}, "refine"),
+        ({"refine": -0.1}, "refine"),
+        ({"refine": 1e308}, "refine"),
         ({"keep": "best"}, "keep"),
     ],
 )
@@ -254,3 +257,27 @@ def test_the_adaptation_knobs_are_refused_out_of_range_naming_the_field(kw, fiel
 
     with pytest.raises(ConfigError, match=f"^{field}:"):
         AdaptConfig(**kw)
+
+
+def test_the_self_labelling_step_moves_each_point_toward_the_rows_it_labels() -> None:
+    from dpda.target_party.pipeline import self_label_step
+
+    x = np.array([[0.0, 0.0], [0.0, 2.0], [10.0, 0.0], [10.0, 2.0]])
+    points = np.array([[1.0, 1.0], [7.0, 1.0], [100.0, 100.0]])  # the third labels no row
+    got = self_label_step(points, x, 0.5)
+    # rows 0 and 1 (mean (0, 1)) are nearest the first point; rows 2 and 3 (10, 1) the second
+    assert np.allclose(got, [[0.5, 1.0], [8.5, 1.0], [100.0, 100.0]])
+    assert np.allclose(self_label_step(points, x, 1.0)[:2], [[0.0, 1.0], [10.0, 1.0]])
+    assert self_label_step(points, x, 0.0) is points  # 0: no step, the points as they are
+    assert np.array_equal(points[0], [1.0, 1.0])  # the input is not changed
+
+
+def test_the_cluster_score_prefers_the_labels_that_follow_the_clusters() -> None:
+    from dpda.target_party.selection import cluster_score
+
+    rng = np.random.default_rng(0)
+    x = np.vstack([rng.normal(0, 0.3, (50, 3)), rng.normal(3, 0.3, (50, 3))])
+    right = np.repeat([0, 1], 50)
+    wrong = np.tile([0, 1], 50)  # half of each cluster in each class
+    assert cluster_score(x, right, 0) > 0.8 > 0.0 > cluster_score(x, wrong, 0)
+    assert cluster_score(x, np.zeros(100, dtype=int), 0) == -1.0  # one class: no clusters

@@ -258,3 +258,26 @@ def test_minibatch_fits_warm_start_from_the_first_fit_and_count_their_passes() -
     assert ft.fits == fc.fits == 3 and ft.kernel_builds > 0
     assert ft.passes < fc.passes
     assert ft.pass_bytes < ft.bytes_read < 3 * ft.pass_bytes
+
+
+@pytest.mark.parametrize("rule", ["better", "dpda"])
+def test_keep_better_keeps_the_release_without_adaptation_when_it_clusters_better(
+    rule, monkeypatch
+) -> None:
+    import dpda.target_party.selection as selection
+
+    # the estimate at the edge: here it prefers the labels of the release without adaptation
+    def prefers_no_adaptation(x, pred, seed, calls=[]):  # noqa: B006 (counts the calls)
+        calls.append(pred)
+        return float(len(calls) % 2 == 0)  # DPDA scored first: 0, then the other arm: 1
+
+    monkeypatch.setattr(selection, "cluster_score", prefers_no_adaptation)
+    s, t = two_domains(n_source=200, n_target=150)
+    out = simulate(s, t, _terms(), "raw", AdaptConfig(keep=rule), seed=0, baselines=False)
+    ad, d = out.dpda.adaptation, out.dpda
+    assert ad["rule"] == rule and ad["estimate"] == {"dpda": 0.0, "dp_no_adaptation": 1.0}
+    kept = "dp_no_adaptation" if rule == "better" else "dpda"
+    assert ad["kept"] == kept and ad["kept_accuracy"] == d.accuracy_by_method[kept]
+    assert out.to_json(_terms())["accuracy"]["kept"] == d.accuracy_by_method[kept]
+    if rule == "better":  # the job's predictions are the other arm's
+        assert np.array_equal(d.predictions, ad["predictions"])
