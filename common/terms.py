@@ -24,13 +24,13 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dpda.dp.accounting import (
+from dpda.dp.accounting import revealed_sampled_epsilon
+from dpda.dp.calibration import (
     CalibrationMethod,
     calibrate_sigma,
     discrete_laplace_parameter,
     exact_noise_scale,
     max_revealed_steps,
-    revealed_sampled_epsilon,
     revealed_sigma_for_epsilon,
 )
 from dpda.dp.events import BatchSpec, FeatureSpec, HistogramSpec, MetricSpec, canonical_json

@@ -22,7 +22,6 @@ import numpy as np
 
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling, per_row
-from dpda.dp.accounting import CalibrationTimeout, time_limit
 from dpda.dp.events import BatchSpec, MetricSpec, event_from_json
 from dpda.dp.ledger import LedgerEntry, PrivacyLedger, spend_of
 from dpda.dp.mechanisms import (
@@ -39,6 +38,7 @@ from dpda.dp.metric import train_metric
 from dpda.dp.pate import answers_event, noisy_argmax
 from dpda.dp.rng import is_cryptographic, public_rng, secure_rng
 from dpda.dp.sinkhorn_synthetic import train_synthetic
+from dpda.dp.work_bounds import CalibrationTimeout, PlanTooLarge, time_limit
 from dpda.errors import BudgetExceeded, InvalidInput, PolicyRefused
 from dpda.policy import (
     SCALING_MEAN_MAX,
@@ -289,6 +289,11 @@ class SourceReleaser:
             raise PolicyRefused(
                 f"the release plan takes longer than {plan_seconds:g} s to compute: ask for "
                 "fewer steps or queries, or a larger batch"
+            ) from None
+        except PlanTooLarge:
+            raise PolicyRefused(
+                "the release plan needs a privacy-loss distribution larger than the source "
+                "computes for a plan: ask for fewer steps, a smaller batch or more noise"
             ) from None
         except PlanRefused as exc:
             raise PolicyRefused(str(exc)) from None

@@ -272,7 +272,7 @@ def knn_one(
 
     from dpda.data.loaders import load_domain
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
-    from dpda.dp.accounting import calibrate_sigma
+    from dpda.dp.calibration import calibrate_sigma
     from dpda.dp.mechanisms import clip_rows
     from dpda.dp.metric import train_metric
     from dpda.target_party.pipeline import target_pca_basis, target_view

@@ -43,7 +43,7 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
 
 # ------------------------------------------------------------------------------- privacy
 def _cmd_privacy_sigma(args: argparse.Namespace) -> int:
-    from dpda.dp.accounting import calibrate_sigma
+    from dpda.dp.calibration import calibrate_sigma
     from dpda.dp.mechanisms import relation_factor
 
     sigma = calibrate_sigma(args.epsilon, args.delta, args.method)
@@ -94,7 +94,7 @@ def _cmd_privacy_epsilon(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_steps(args: argparse.Namespace) -> int:
-    from dpda.dp.accounting import max_revealed_steps, max_sampled_gaussian_steps
+    from dpda.dp.calibration import max_revealed_steps, max_sampled_gaussian_steps
 
     if args.relation == "attribute":
         steps = max_revealed_steps(

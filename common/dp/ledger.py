@@ -24,7 +24,8 @@ from typing import Any, Protocol
 
 from dp_accounting import dp_event
 
-from dpda.dp.accounting import LEDGER_PLD_INTERVAL, Accountant, group_events, ledger_epsilon
+from dpda.dp.accountants import LEDGER_PLD_INTERVAL, Accountant
+from dpda.dp.accounting import group_events, ledger_epsilon
 from dpda.dp.events import canonical_json, event_from_json, event_to_json
 from dpda.errors import BudgetExceeded, ConfigError, LedgerCorrupt
 

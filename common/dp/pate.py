@@ -25,7 +25,8 @@ import math
 import numpy as np
 from dp_accounting import dp_event
 
-from dpda.dp.accounting import Accountant, epsilon_of
+from dpda.dp.accountants import Accountant
+from dpda.dp.accounting import epsilon_of
 
 AGGREGATORS = ("lnmax", "gnmax")
 
@@ -82,7 +83,7 @@ def calibrate_pate(
 
     Bisection that keeps the feasible end, so the result never overshoots ε.
     """
-    from dpda.dp.accounting import LEDGER_PLD_INTERVAL
+    from dpda.dp.accountants import LEDGER_PLD_INTERVAL
 
     interval = pld_interval or LEDGER_PLD_INTERVAL
 
@@ -102,7 +103,7 @@ def calibrate_pate(
         return lo
     # GNMax: T answers are exactly one Gaussian with multiplier σ/√(2T); start from the analytic
     # Gaussian σ and bisect upward with the (pessimistic) PLD the ledger uses.
-    from dpda.dp.accounting import sigma_analytic
+    from dpda.dp.calibration import sigma_analytic
 
     lo = sigma_analytic(epsilon, delta) * math.sqrt(2.0 * queries) * 0.98
     hi = lo * 1.1

@@ -58,7 +58,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from dpda.data.preprocessing import Scaling, per_row
-from dpda.dp.accounting import calibrate_sigma
+from dpda.dp.calibration import calibrate_sigma
 from dpda.dp.mechanisms import MIN_GAUSSIAN_STD, gaussian_noise
 
 # ε shares (column sums, sums of squares, covariance), chosen from measurements (README)

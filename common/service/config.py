@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dpda.dp.accounting import CalibrationMethod
+from dpda.dp.calibration import CalibrationMethod
 from dpda.dp.mechanisms import Neighbouring, PrivacyUnit, ReleaseKind
 from dpda.errors import ConfigError
 from dpda.policy import PrivacyPolicy, TargetPrivacyPolicy

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from scipy.stats import norm
 
-from dpda.dp.accounting import sigma_analytic
+from dpda.dp.calibration import sigma_analytic
 
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), sharey=False)
 for ax, eps in zip(axes, (1.0, 8.0), strict=True):

@@ -186,31 +186,32 @@ def test_planned_terms_are_composed_ahead_and_nothing_else(
     charge in the background, so the session's release composes nothing more; nothing is
     charged, stored or prepared, and the facts are those of a plain describe."""
     from dpda.dp import accounting
+    from dpda.dp.work_bounds import fresh_caches
 
     gen = _start(tmp_path)
     src = next(gen)
     try:
         releaser = src.rs.handlers.releasers["synthetic"]
-        before = set(accounting._EPSILON_CACHE)  # an ε no other test plans, below
-        assert _describe(src, _terms(epsilon=0.7321)) == _describe(src)
-        _warm_worker_idle(src)
-        assert set(accounting._EPSILON_CACHE) - before  # the first charge, composed ahead
-        assert src.entries() == [] and releaser._features == {} and releaser._sessions == {}
-        (n,) = src.rs.handlers.conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
-        assert n == 0
-        made: list[Any] = []
-        real = accounting._ledger_epsilon
+        with fresh_caches() as own:  # this test's caches: no other work evicts from them
+            assert _describe(src, _terms(epsilon=0.7321)) == _describe(src)
+            _warm_worker_idle(src)
+            assert own.epsilon.keys()  # the first charge, composed ahead
+            assert src.entries() == [] and releaser._features == {} and releaser._sessions == {}
+            (n,) = src.rs.handlers.conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
+            assert n == 0
+            made: list[Any] = []
+            real = accounting._ledger_epsilon
 
-        def counted(*args: Any) -> float:
-            made.append(args)
-            return real(*args)
+            def counted(*args: Any) -> float:
+                made.append(args)
+                return real(*args)
 
-        monkeypatch.setattr(accounting, "_ledger_epsilon", counted)
-        sid = src.open(epsilon=0.7321)  # the JL basis is the source's: not the stand-in
-        src.countersign(src.release(sid))
-        _warm_worker_idle(src)
-        assert made == []  # every cap of the charge was composed ahead
-        assert len(src.entries()) == 1
+            monkeypatch.setattr(accounting, "_ledger_epsilon", counted)
+            sid = src.open(epsilon=0.7321)  # the JL basis is the source's: not the stand-in
+            src.countersign(src.release(sid))
+            _warm_worker_idle(src)
+            assert made == []  # every cap of the charge was composed ahead
+            assert len(src.entries()) == 1
     finally:
         gen.close()
 
@@ -221,7 +222,7 @@ def test_planned_terms_are_checked_and_bounded_like_a_plan(tmp_path: Path) -> No
     caller nothing more than that limit on the planned terms' own worker: an honest session
     opened meanwhile still gets its warm-up (a shared worker dropped it, found by review), and
     a peer at its session limit gets no planning at all."""
-    from dpda.dp import accounting
+    from dpda.dp.work_bounds import fresh_caches
 
     gen = _start(tmp_path, plan_seconds=0.2, sessions_per_peer=2)
     src = next(gen)
@@ -247,11 +248,12 @@ def test_planned_terms_are_checked_and_bounded_like_a_plan(tmp_path: Path) -> No
         assert n == 1
         src.open()  # the peer's second session: at its limit of 2
         _warm_worker_idle(src)  # its own warm-up done before the snapshot
-        before = set(accounting._EPSILON_CACHE)
-        _describe(src, _terms(epsilon=0.6183))  # an ε no other test plans
-        _warm_worker_idle(src)
-        # nothing planned for it: no new composition (an LRU eviction may drop old ones)
-        assert set(accounting._EPSILON_CACHE) <= before
+        with fresh_caches() as own:
+            _describe(src)  # what a plain describe composes (the budget left)
+            before = own.epsilon.keys()
+            _describe(src, _terms(epsilon=0.6183))
+            _warm_worker_idle(src)
+            assert own.epsilon.keys() == before  # nothing planned for it
     finally:
         gen.close()
 

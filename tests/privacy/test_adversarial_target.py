@@ -21,7 +21,7 @@ import pytest
 
 from dpda.data.synthetic import two_domains
 from dpda.deployment import make_deployment
-from dpda.dp.accounting import calibrate_sigma
+from dpda.dp.calibration import calibrate_sigma
 from dpda.dp.ledger import LedgerEntry, head_hash
 from dpda.errors import PUBLIC_CATALOG, ConfigError
 from dpda.pb import dpda_pb2 as pb

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from dpda.dp.accounting import sigma_theorem2
+from dpda.dp.calibration import sigma_theorem2
 from dpda.dp.events import LabelBranchDpEvent
 from dpda.dp.ledger import spend_of
 from dpda.terms import SessionTerms, plan_batches

@@ -8,13 +8,8 @@ from dp_accounting import dp_event
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpda.dp.accounting import (
-    epsilon_of,
-    max_sampled_gaussian_steps,
-    sampled_gaussian_epsilon,
-    sigma_analytic,
-    sigma_theorem2,
-)
+from dpda.dp.accounting import epsilon_of, sampled_gaussian_epsilon
+from dpda.dp.calibration import max_sampled_gaussian_steps, sigma_analytic, sigma_theorem2
 
 DELTA = 1 / (1.2 * 4365)
 P = 128 / 4365
@@ -82,6 +77,7 @@ def test_steps_never_overshoot(sigma: float, p: float, eps: float) -> None:
         assert sampled_gaussian_epsilon(sigma, p, t, 1e-5, "rdp") <= eps
 
 
+@pytest.mark.slow
 def test_spend_is_derived_from_events_not_a_sum() -> None:
     g = dp_event.GaussianDpEvent(1.0)
     one = epsilon_of([g], 1e-5)
@@ -183,75 +179,119 @@ def test_a_composition_in_flight_is_waited_for_not_made_twice() -> None:
     it instead of repeating it). A maker that fails leaves the key free: the next asker makes
     it again, and meets the same error."""
     import threading
-    import time
-    from collections import OrderedDict
 
-    from dpda.dp import accounting
+    from dpda.dp.work_bounds import SingleFlightCache
 
-    cache: OrderedDict = OrderedDict()
+    cache = SingleFlightCache(8)
     made: list[str] = []
-    started = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     def slow() -> float:
         made.append(threading.current_thread().name)
         started.set()
-        time.sleep(0.2)
+        assert release.wait(5)
         return 42.0
 
     got: list[float] = []
-    first = threading.Thread(target=lambda: got.append(accounting._cached(cache, "k", slow)))
+    first = threading.Thread(target=lambda: got.append(cache.get("k", slow)))
     first.start()
     assert started.wait(5)
     # asked while the first is making it: waits, and does not call its own maker
-    assert accounting._cached(cache, "k", lambda: pytest.fail("made twice")) == 42.0
+    second = threading.Thread(
+        target=lambda: got.append(cache.get("k", lambda: pytest.fail("made twice")))
+    )
+    second.start()
+    release.set()
     first.join()
-    assert got == [42.0] and len(made) == 1 and not accounting._MAKING
+    second.join()
+    assert got == [42.0, 42.0] and len(made) == 1 and not SingleFlightCache._making
 
     def broken() -> float:
         raise RuntimeError("no")
 
     for _ in range(2):
         with pytest.raises(RuntimeError):
-            accounting._cached(cache, "bad", broken)
-    assert "bad" not in cache and not accounting._MAKING
-    assert accounting._cached(cache, "bad", lambda: 1.0) == 1.0
+            cache.get("bad", broken)
+    assert "bad" not in cache and not SingleFlightCache._making
+    assert cache.get("bad", lambda: 1.0) == 1.0
 
 
 def test_a_waiter_keeps_its_own_time_limit_and_an_interrupted_maker_frees_the_key() -> None:
     """A plan waiting for a composition another thread is making still ends at its own time
-    limit (``CalibrationTimeout``), while the maker finishes and caches its value; a maker
-    interrupted by a ``BaseException`` (KeyboardInterrupt) leaves no key registered."""
+    limit (``CalibrationTimeout``; the clock is the test's), while the maker finishes and caches
+    its value; a maker interrupted by a ``BaseException`` (KeyboardInterrupt) leaves no key
+    registered."""
+    import itertools
     import threading
-    import time
-    from collections import OrderedDict
 
-    from dpda.dp import accounting
+    from dpda.dp.work_bounds import CalibrationTimeout, SingleFlightCache, time_limit
 
-    cache: OrderedDict = OrderedDict()
-    started = threading.Event()
+    cache = SingleFlightCache(8)
+    started, release = threading.Event(), threading.Event()
 
     def slow() -> float:
         started.set()
-        time.sleep(1.0)
+        assert release.wait(5)
         return 7.0
 
-    first = threading.Thread(target=lambda: accounting._cached(cache, "k", slow))
+    first = threading.Thread(target=lambda: cache.get("k", slow))
     first.start()
     assert started.wait(5)
-    t0 = time.monotonic()
-    with pytest.raises(accounting.CalibrationTimeout):
-        with accounting.time_limit(0.1):
-            accounting._cached(cache, "k", lambda: pytest.fail("made twice"))
-    assert time.monotonic() - t0 < 0.6  # not the maker's whole second
+    ticks = itertools.count()  # the waiter's clock: 0 when the limit is set, then 1, 2, …
+    with pytest.raises(CalibrationTimeout):
+        with time_limit(0.5, clock=lambda: float(next(ticks))):
+            cache.get("k", lambda: pytest.fail("made twice"))
+    release.set()
     first.join()
-    assert cache["k"] == 7.0 and not accounting._MAKING
+    assert cache.get("k", lambda: pytest.fail("made twice")) == 7.0
+    assert not SingleFlightCache._making
 
     def interrupted() -> float:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        accounting._cached(cache, "i", interrupted)
-    assert not accounting._MAKING and accounting._cached(cache, "i", lambda: 2.0) == 2.0
+        cache.get("i", interrupted)
+    assert not SingleFlightCache._making and cache.get("i", lambda: 2.0) == 2.0
+
+
+def test_a_plan_refuses_a_composition_over_its_size_bound_before_making_it() -> None:
+    """Under ``size_bound`` a composition whose PLD would exceed the bound is refused before
+    the library builds it (10⁴ full-batch steps at σ = 1 would need ~1.5·10⁷ points), and the
+    calibrations treat it as spending more than ε: they still return a checked σ."""
+    from dp_accounting import dp_event
+
+    from dpda.dp.accounting import epsilon_of, sampled_gaussian_epsilon
+    from dpda.dp.calibration import sampled_sigma_for_epsilon
+    from dpda.dp.work_bounds import MAX_PLD_POINTS, PlanTooLarge, fresh_caches, size_bound
+
+    full_batch = dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(1.0), 10_000)
+    with fresh_caches(), size_bound(MAX_PLD_POINTS):
+        with pytest.raises(PlanTooLarge):
+            epsilon_of([full_batch], 1e-5, "pld", 1e-3)
+        with pytest.raises(PlanTooLarge):
+            sampled_gaussian_epsilon(1e-3, 0.5, 10, 1e-5, "pld", 1e-3)
+        with size_bound(200_000):  # nested: the smaller bound holds
+            sigma = sampled_sigma_for_epsilon(0.01, 100, 1.0, 1e-5, "pld", 1e-3)
+    # a checked σ that meets ε; the bound only keeps the search to smaller compositions,
+    # so it may stop at more noise than the unbounded search's
+    assert sampled_gaussian_epsilon(sigma, 0.01, 100, 1e-5, "pld", 1e-3) <= 1.0
+    assert sigma >= sampled_sigma_for_epsilon(0.01, 100, 1.0, 1e-5, "pld", 1e-3)
+
+
+def test_the_accountants_are_those_of_the_pinned_dp_accounting() -> None:
+    """The accountant subclasses use dp-accounting's ``_maybe_compose`` hook and ``_pld``
+    state: the installed version is the one ``pyproject.toml`` pins, and the hooks exist."""
+    import re
+    from importlib.metadata import version
+    from pathlib import Path
+
+    from dp_accounting.pld import pld_privacy_accountant
+
+    pinned = re.search(r'"dp-accounting==([^"]+)"', Path("pyproject.toml").read_text())
+    assert pinned and version("dp-accounting") == pinned.group(1)
+    acc = pld_privacy_accountant.PLDAccountant()
+    assert callable(acc._maybe_compose) and hasattr(acc, "_pld")
+    assert hasattr(acc, "_contains_non_dp_event")
 
 
 def test_revealed_sampled_epsilon_is_remembered_exactly() -> None:
@@ -260,12 +300,14 @@ def test_revealed_sampled_epsilon_is_remembered_exactly() -> None:
     composition ``epsilon_of`` makes from scratch."""
     from dpda.dp import accounting
     from dpda.dp.events import RevealedSampledGaussianDpEvent
+    from dpda.dp.work_bounds import fresh_caches
 
     args = (1.3, 0.03, 5, 1e-5)
-    first = accounting.revealed_sampled_epsilon(*args)
-    key = (*args, accounting.LEDGER_PLD_INTERVAL, "pld")
-    assert accounting._SAMPLED_CACHE[key] == first
-    assert accounting.revealed_sampled_epsilon(*args) == first
+    with fresh_caches() as own:
+        first = accounting.revealed_sampled_epsilon(*args)
+        key = (*args, accounting.LEDGER_PLD_INTERVAL, "pld")
+        assert own.sampled.get(key, lambda: pytest.fail("not remembered")) == first
+        assert accounting.revealed_sampled_epsilon(*args) == first
     fresh = epsilon_of(
         [dp_event.SelfComposedDpEvent(RevealedSampledGaussianDpEvent(1.3, 0.03), 5)],
         1e-5,

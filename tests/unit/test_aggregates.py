@@ -93,6 +93,7 @@ def test_rows_are_clipped_before_summing() -> None:
     assert np.all(norms < unclipped / 5)
 
 
+@pytest.mark.slow
 def test_parallel_composition_only_across_disjoint_classes() -> None:
     # the charge for q disjoint class sums is one Gaussian + one histogram, whatever q is
     rng = np.random.default_rng(1)

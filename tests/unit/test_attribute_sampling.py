@@ -25,15 +25,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from dpda.dp.accountants import revealed_sampled_gaussian_rdp
 from dpda.dp.accounting import (
     LEDGER_PLD_INTERVAL,
     epsilon_of,
-    max_revealed_steps,
     revealed_sampled_epsilon,
-    revealed_sampled_gaussian_rdp,
-    revealed_sigma_for_epsilon,
     sampled_gaussian_epsilon,
 )
+from dpda.dp.calibration import max_revealed_steps, revealed_sigma_for_epsilon
 from dpda.dp.events import (
     RevealedSampledGaussianDpEvent,
     canonical_json,
@@ -200,6 +199,7 @@ def test_composes_with_library_events() -> None:
     assert with_poisson >= epsilon_of([rev, dlap], delta, "pld")
 
 
+@pytest.mark.slow
 def test_existing_events_are_unchanged_by_the_extension() -> None:
     from dp_accounting.pld import pld_privacy_accountant
     from dp_accounting.rdp import rdp_privacy_accountant
@@ -276,6 +276,7 @@ def test_max_revealed_steps_never_overshoot(sigma: float, p: float, eps: float) 
     assert revealed_sampled_epsilon(sigma, p, steps + 1, delta) > eps
 
 
+@pytest.mark.slow
 def test_calibration_rdp_and_refusals() -> None:
     sigma = revealed_sigma_for_epsilon(0.01, 100, 3.0, 1e-5, accountant="rdp")
     assert revealed_sampled_epsilon(sigma, 0.01, 100, 1e-5, accountant="rdp") <= 3.0
@@ -300,6 +301,7 @@ def test_one_thousand_steps_is_fast() -> None:
     assert elapsed < 1.0, f"epsilon_of took {elapsed:.3f}s"
 
 
+@pytest.mark.slow
 def test_planner_predicts_what_the_ledger_charges(capsys) -> None:
     """`dpda privacy epsilon` defaults to the charge dpda's attribute-unit minibatches get; the
     amplified add/remove bound is only shown on request (it under-states that charge)."""

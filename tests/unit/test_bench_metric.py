@@ -29,6 +29,7 @@ def test_the_toy_pairs_are_acyclic_with_the_papers_counts() -> None:
         parent[ra] = rb
 
 
+@pytest.mark.slow
 def test_the_toy_runs_and_draws(tmp_path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "toy.png"

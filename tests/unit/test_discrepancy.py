@@ -70,6 +70,7 @@ def test_the_private_steps_spend_at_most_epsilon() -> None:
         assert D.epsilon_of_event(D.mirror_descent_event(sigma, steps), delta) <= eps
 
 
+@pytest.mark.slow
 def test_bench_public_source_quick_contract(tmp_path) -> None:
     from dpda.cli.main import main
 
@@ -104,6 +105,7 @@ def test_bench_public_source_quick_contract(tmp_path) -> None:
     assert dis("noisy-fw", 4000, 8.0) < dis("public-only", 4000, 8.0)
 
 
+@pytest.mark.slow
 def test_bench_public_source_on_benchmark_features(tmp_path, data_dir) -> None:
     """The classification task: the source public, the target's rows private; the private
     weights spend at most ε and the three accuracies are measured on the target's labels."""
@@ -155,6 +157,7 @@ def test_exponential_select_is_the_exponential_mechanism() -> None:
     assert np.allclose(got / 20000, want, atol=0.01)
 
 
+@pytest.mark.slow
 def test_simulate_public_source_setting(tmp_path, data_dir) -> None:
     """``dpda simulate --setting public-source``: the contract's keys, ε spent ≤ ε, predictions
     written; on your own files the unlabeled target gets predictions and no accuracy."""

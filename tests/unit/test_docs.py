@@ -67,6 +67,7 @@ def test_every_page_is_in_the_navigation_and_every_link_target_exists() -> None:
         assert (ROOT / link).exists(), link
 
 
+@pytest.mark.slow
 def test_one_version_everywhere() -> None:
     import dpda
 

@@ -10,14 +10,8 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from dpda.dp.accounting import (
-    LEDGER_PLD_INTERVAL,
-    CalibrationTimeout,
-    calibrate_sigma,
-    epsilon_of,
-    exact_noise_scale,
-    time_limit,
-)
+from dpda.dp.accounting import LEDGER_PLD_INTERVAL, epsilon_of
+from dpda.dp.calibration import calibrate_sigma, exact_noise_scale
 from dpda.dp.events import (
     BatchSpec,
     FeatureSpec,
@@ -28,6 +22,7 @@ from dpda.dp.events import (
     event_to_json,
 )
 from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger, spend_of, totals_by_relation
+from dpda.dp.work_bounds import CalibrationTimeout, time_limit
 from dpda.terms import SessionTerms, plan_batches
 
 DELTA = 1e-5

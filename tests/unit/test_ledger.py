@@ -31,6 +31,7 @@ def _charge(led: PrivacyLedger, rid: str, events=(G, L), **kw):
     )
 
 
+@pytest.mark.slow
 def test_spend_is_the_accountant_of_all_events() -> None:
     led = _ledger()
     for i in range(3):
@@ -107,10 +108,8 @@ def test_a_charge_recomposes_only_what_changed(monkeypatch: pytest.MonkeyPatch) 
     assert calls["n"] <= 4, calls  # one step and one fold compose (was 60+ per cap)
     # and the cached value is the one a from-scratch composition gives
     monkeypatch.setattr(pld.PrivacyLossDistribution, "compose", real)
-    from dpda.dp import accounting
+    from dpda.dp.work_bounds import fresh_caches
 
-    accounting._FOLD_CACHE.clear()
-    accounting._STEP_CACHE.clear()
-    accounting._EPSILON_CACHE.clear()  # else ε itself comes back from the cache
-    fresh = spend_of([*events, events[-1]], 1e-5)
+    with fresh_caches():  # else ε itself comes back from the cache
+        fresh = spend_of([*events, events[-1]], 1e-5)
     assert fresh == pytest.approx(led.store.entries()[-1].spend_after, abs=1e-12)

@@ -212,6 +212,7 @@ def test_the_metric_is_not_combined_with_minibatches() -> None:
         _terms(privacy_unit="attribute", release="rows", batch_size=64)
 
 
+@pytest.mark.slow
 def test_refusals_charge_nothing() -> None:
     """A policy without the metric, a release past the work bound and a metric below the noise
     floor are refused when the session opens: nothing is charged or drawn."""
@@ -280,6 +281,7 @@ def test_the_target_transports_in_ws_space() -> None:
     assert fit.class_mass[1, 20:].sum() > 0.95 * fit.class_mass[1].sum()
 
 
+@pytest.mark.slow
 @pytest.mark.data
 def test_simulate_cost_metric_contract(data_dir, tmp_path) -> None:
     """``dpda simulate … --cost metric --json OUT``: the same keys as without ``--cost``, and

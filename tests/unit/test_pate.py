@@ -154,6 +154,7 @@ def _releaser(pate_queries: int = 30) -> tuple[SourceReleaser, str, PrivacyLedge
     return rel, info.session_id, ledger
 
 
+@pytest.mark.slow
 def test_answers_are_charged_with_the_planned_event() -> None:
     rel, sid, ledger = _releaser()
     _, info = rel.session(sid)
@@ -167,6 +168,7 @@ def test_answers_are_charged_with_the_planned_event() -> None:
     assert ledger.spent("d") <= 4.0
 
 
+@pytest.mark.slow
 def test_queries_beyond_the_terms_or_malformed_are_refused() -> None:
     rel, sid, ledger = _releaser(pate_queries=25)
     rel.query_teachers(sid, 0, np.zeros((20, 6)))

@@ -21,6 +21,7 @@ def _terms(**kw) -> SessionTerms:
     return SessionTerms(**base)
 
 
+@pytest.mark.slow
 def test_dpda_beats_source_only_on_synthetic() -> None:
     s, t = two_domains()
     out = simulate(s, t, _terms(), "raw", AdaptConfig(), seed=0)
@@ -30,6 +31,7 @@ def test_dpda_beats_source_only_on_synthetic() -> None:
     assert out.otda >= out.dpda.accuracy - 15
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers() -> None:
     s, t = two_domains(n_source=200, n_target=150)
     a = simulate(s, t, _terms(), "raw", AdaptConfig(), seed=7).to_json(_terms())
@@ -217,6 +219,7 @@ def test_target_batch_with_pate_is_refused_before_any_spend() -> None:
     assert ledger.spent("syn") == 0.0
 
 
+@pytest.mark.slow
 def test_target_batch_transports_each_release_onto_a_target_subset() -> None:
     s, t = two_domains(n_source=300, n_target=200)
     terms = _terms(batch_size=100, steps=3, privacy_unit="attribute")
@@ -263,6 +266,7 @@ def test_minibatch_fits_warm_start_from_the_first_fit_and_count_their_passes() -
     assert ft.pass_bytes < ft.bytes_read < 3 * ft.pass_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["better", "dpda"])
 def test_keep_better_keeps_the_release_without_adaptation_when_it_clusters_better(
     rule, monkeypatch

@@ -36,6 +36,7 @@ def test_every_chart_draws_ticks() -> None:
     assert len(ticks(svg)) >= 6
 
 
+@pytest.mark.slow
 def test_sinkhorn_synthetic_report_shows_synthetic_points_beside_the_target() -> None:
     """A sinkhorn-synthetic job's page has a 2-D plot of the released points (one cross each)
     over the target's projected rows; other releases do not get it."""

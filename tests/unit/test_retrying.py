@@ -41,6 +41,7 @@ def test_a_stream_broken_after_a_message_keeps_it_and_does_not_ask_again() -> No
     assert got == ["release 0 (call 1)"] and stub.calls == 1
 
 
+@pytest.mark.slow
 def test_a_stream_broken_before_any_message_is_retried_until_the_deadline() -> None:
     stub = _Stub(before_break=0)
     with pytest.raises(grpc.RpcError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from dpda.data.synthetic import two_domains
 from dpda.simulation import simulate
@@ -21,6 +22,7 @@ def _run(target, select: str = "circular"):
     ).dpda
 
 
+@pytest.mark.slow
 def test_the_choice_is_the_same_with_or_without_target_labels() -> None:
     _, t = two_domains(400, 300, seed=1)
     labeled = _run(t)
@@ -39,6 +41,7 @@ def test_the_choice_is_the_same_with_or_without_target_labels() -> None:
     assert blind.accuracy is None
 
 
+@pytest.mark.slow
 def test_select_none_keeps_the_configured_pair() -> None:
     _, t = two_domains(400, 300, seed=1)
     res = _run(t, select="none")

@@ -52,6 +52,7 @@ def _data(n: int = 600, q: int = 4, k: int = 12, seed: int = 0):
     return x, y
 
 
+@pytest.mark.slow
 def test_noise_matches_the_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every step draws Gaussian noise of exactly the spec's std (σ·2) on the whole stacked
     gradient vector, T times, and the ledger charged SelfComposed(Gaussian(σ), T) with the
@@ -241,6 +242,7 @@ def test_release_dependent_defaults_and_explicit_values_win() -> None:
     assert (t.histogram_share, t.calibration) == (0.1, "analytic")
 
 
+@pytest.mark.slow
 def test_bench_releases_times_every_record_release_against_prototypes(tmp_path) -> None:
     import json
 

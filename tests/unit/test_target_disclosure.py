@@ -26,6 +26,7 @@ def test_the_plan_spends_its_epsilon_and_splits_it_by_the_shares() -> None:
         T.plan_disclosure(1.0, 1e-5, 40, "raw")
 
 
+@pytest.mark.slow
 def test_the_noise_drawn_is_the_plans() -> None:
     """On all-zero rows every released value is pure noise: its spread is the plan's std."""
     plan = T.plan_disclosure(2.0, 1e-5, 6, "l2")
@@ -76,6 +77,7 @@ def test_the_disclosure_is_not_the_exact_statistic_and_the_basis_is_orthonormal(
     assert d.clip_norm > 0 and math.isfinite(d.clip_norm)
 
 
+@pytest.mark.slow
 def test_simulate_reports_the_targets_own_charge() -> None:
     from dpda.simulation import simulate
     from dpda.target_party.pipeline import AdaptConfig
@@ -149,6 +151,7 @@ def test_synthetic_points_follow_the_released_variances() -> None:
     assert d.clip_norm == pytest.approx(math.sqrt(max(float(d.variances.sum()), 1e-12)))
 
 
+@pytest.mark.slow
 def test_dp_row_queries_never_choose_rows_by_the_data(monkeypatch) -> None:
     """Under ``row_queries = "dp"`` DPDA+PATE must not pick its rows with the plan (a choice that
     depends on every target row would break the 2C sensitivity); the exact opt-in does, so the
