@@ -84,7 +84,7 @@ class PrivacyPolicy(BaseModel):
     # must not be able to ask for minutes of it (measured at the bound: 0.18–0.37 s over five
     # shapes from ℓ = 1, 100 points to 20k rows, ℓ = 50; the default terms ask about 5e7)
     max_synthetic_work: float = Field(default=4e8, gt=0)
-    # the learned ground cost (seed 003, ``dpda.dp.metric``): a record-level release (whole
+    # the learned ground cost (``dpda.dp.metric``): a record-level release (whole
     # records, replace-one, an exact Gaussian charge) of a new kind, reading the labels: an
     # opt-in, as reweighting, so that an existing source does not start offering it on upgrade;
     # its work is bounded (``metric_work``: at the default bound about a second on one core)
@@ -92,7 +92,7 @@ class PrivacyPolicy(BaseModel):
     max_metric_work: float = Field(default=2e9, gt=0)
     # ... and its memory (``metric_memory``): the work bound alone allowed tens of GB at ℓ = 1
     max_metric_bytes: float = Field(default=2**30, gt=0)
-    # the reverse deployment (seed 001): this daemon's rows are the private target of a peer's
+    # the public-source deployment: this daemon's rows are the private target of a peer's
     # reweighting; every step reads them through their clipped second moment only
     allow_reweighting: bool = False  # an opt-in: a new kind of release of these rows
     # one ReweightSteps request's work, in multiply-adds (``reweighting_work``)
@@ -280,7 +280,7 @@ def reweighting_work(steps: int, rows: int, dim: int) -> float:
 
 
 class TargetPrivacyPolicy(BaseModel):
-    """The target's own policy (``[privacy]`` in its config, issue 19): what it discloses about
+    """The target's own policy (``[privacy]`` in its config): what it discloses about
     its rows, and in which form. The same shape as a source's: unit, relation, δ, caps. Frozen,
     unknown keys rejected. The default sends no exact statistic and no row of the target."""
 

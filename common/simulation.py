@@ -114,8 +114,7 @@ class SimulationOutcome:
     otda: float | None
     runs: dict[str, DPDAResult]
     ledgers: dict[str, list[LedgerEntry]] = field(default_factory=dict)  # per method, in-memory
-    baseline_predictions: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
-    # the target's own disclosures under DP (issue 19): ε they spend at its δ; None: exact
+    # the target's own disclosures under DP: ε they spend at its δ; None: exact
     target_epsilon_spent: float | None = None
     target_delta: float | None = None
     target_row_queries: str = "exact"  # what PATE sent about the target's rows
@@ -277,15 +276,14 @@ def simulate(
             own = target_view(target, representation, scaling_mode=mode, terms=t)
         runs[method] = run_dpda(releaser, own, t, cfg, spent, progress, rq, compute)
         ledgers[method] = store.entries(t.dataset)
-    preds: dict[str, np.ndarray] = {}
     kept: str | None = None
     by_scaling: dict[str, dict[str, float | None]] = {}
     if baselines:
-        preds, kept, by_scaling = best_scaling_baselines(source, target, representation, cfg)
+        _, kept, by_scaling = best_scaling_baselines(source, target, representation, cfg)
     so = by_scaling[kept]["source_only"] if kept else None
     ot_acc = by_scaling[kept]["otda"] if kept else None
     return SimulationOutcome(
-        so, ot_acc, runs, ledgers, preds, t_spent, target_delta, rq.mode, kept, by_scaling
+        so, ot_acc, runs, ledgers, t_spent, target_delta, rq.mode, kept, by_scaling
     )
 
 
@@ -302,7 +300,7 @@ def simulate_public_source(
     seed: int | None,
     steps: int = PUBLIC_SOURCE_STEPS,
 ) -> dict[str, Any]:
-    """The reverse setting (seed 001) in one process: the source's rows and labels are public,
+    """The public-source setting in one process: the source's rows and labels are public,
     the target's rows private. Weights q on the source rows come from noisy Frank–Wolfe on the
     smooth discrepancy (the target's only contribution: the second moment of its clipped rows,
     read by ``dpda.dp.discrepancy``); a q-weighted logistic regression on the public rows makes

@@ -1,4 +1,4 @@
-"""``dpda bench metric``: the ground cost learned under DP (seed 003, ``dpda.dp.metric``).
+"""``dpda bench metric``: the ground cost learned under DP (``dpda.dp.metric``).
 
 (a) ``--toy`` (default on): the paper's toy (§VII-A). Two 2-D Gaussian classes of 100 points,
 50 intra-class pairs per class and 50 inter-class pairs forming an acyclic graph, ε = 2,

@@ -1,4 +1,4 @@
-"""``dpda bench public-source``: seed 001's experiment (public labeled source, private target).
+"""``dpda bench public-source``: the public-source experiment (public labeled source, private target).
 
 Protocol (the paper's §7, as the issue states it): d = 10, σ² = 1/(9d), 1,000 source rows (25%
 P, 75% Q), n target rows from P (1,000 to 8,000), K = 1,000 optimisation steps, λ = 0.001,

@@ -1,4 +1,4 @@
-"""``dpda bench target-privacy``: what the target's own DP costs in accuracy (issue 19).
+"""``dpda bench target-privacy``: what the target's own DP costs in accuracy.
 
 Per pair (the 12 Office-Caltech pairs and M↔U), seed and target budget: one DPDA session at the
 source's ε (default 8, the default policy: record unit, noisy class prototypes, one

@@ -112,7 +112,7 @@ def _service(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def _public_source(args: argparse.Namespace, workdir: Path) -> int:
-    """The reverse deployment (seed 001): the daemon holds the 500 private, unlabeled target
+    """The public-source deployment: the daemon holds the 500 private, unlabeled target
     rows and answers the private steps under its own ledger; the job holds the 600 public
     labeled rows, drives the reweighting and trains the model."""
     from dpda.data.synthetic import two_domains

@@ -116,7 +116,7 @@ PUBLIC_SPACE_QUANTILE = 0.9  # the scale: this quantile of the public rows' norm
 
 @dataclass(frozen=True)
 class PublicSpace:
-    """The reverse setting's shared space (seed 001), computed from the *public* labeled rows
+    """The public-source setting's shared space, computed from the *public* labeled rows
     alone: per-row representation, their column scaling, their top principal directions, and a
     scale that puts the ``PUBLIC_SPACE_QUANTILE`` of their norms at 1. The data holder maps its
     private rows with the same ``map`` and clips them to norm 1."""

@@ -52,7 +52,7 @@ def two_domains(
 def public_source_problem(
     n_source: int = 1000, n_target: int = 1000, d: int = 10, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The regression problem of seed 001's experiment: ``(xs, ys, xt, yt)``.
+    """The regression problem of the public-source paper's experiment: ``(xs, ys, xt, yt)``.
 
     Target P = N(μ_P, σ²I), source = 25% P + 75% Q with Q = N(μ_Q, σ²I), σ² = 1/(9d),
     μ_P = (−1/√(2d), 1/√(2d), −1/√(2d), …) (alternating), μ_Q = (1/√(2d), …, 1/√(2d)); labels

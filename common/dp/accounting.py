@@ -262,8 +262,7 @@ def ledger_epsilon(
     other groups compose in order. Because the order is that of first appearance, the PLD of
     every prefix of groups is reused from the cache: a charge that repeats the newest event
     (every batch of a session) or adds a new one costs one self-composition and one
-    composition, however long the ledger (on 9ac3bc1 every charge recomposed every distinct
-    event from scratch, three times).
+    composition, however long the ledger.
     """
     if not (0 < delta < 1):
         raise ValueError("delta must lie strictly between 0 and 1")

@@ -1,4 +1,4 @@
-"""Private discrepancy minimisation (seed 001): a public labeled source, a private unlabeled target.
+"""Private discrepancy minimisation: a public labeled source, a private unlabeled target.
 
 Setting. The source sample ``x_1 … x_m`` (with labels) is public; the target's rows ``t_1 … t_n``
 are private and stay with their holder. For linear hypotheses ``‖w‖ ≤ Λ`` and the squared loss,
@@ -168,7 +168,7 @@ class Reweighter:
     function of public data (the source rows, their labels for ``single-stage``) and of the DP
     outputs alone, so the driver replays exactly the holder's state.
 
-    ``single-stage`` (seed 001, Algorithm 2): a Frank–Wolfe step on q for
+    ``single-stage`` (the public-source paper's Algorithm 2): a Frank–Wolfe step on q for
     ``Σ q_i (w·x_i − y_i)² + 4Λ²·F̃(q)`` (only the F̃ part reads private data: its sensitivity is
     ``4Λ²·Δ∞``), then a public Frank–Wolfe step on w over the ball ``‖w‖ ≤ Λ``.
     """

@@ -261,9 +261,6 @@ def verify_chain(entries: Sequence[LedgerEntry]) -> None:
         prev = e.entry_hash()
 
 
-RELATIONS = ("attribute", "record")
-
-
 def totals_by_relation(
     entries: Sequence[LedgerEntry], accountant: str = Accountant.PLD.value
 ) -> dict[str, float | None]:

@@ -28,8 +28,6 @@ from dp_accounting import dp_event
 from dpda.dp.accountants import Accountant
 from dpda.dp.accounting import epsilon_of
 
-AGGREGATORS = ("lnmax", "gnmax")
-
 
 def query_event(aggregator: str, scale: float) -> dp_event.DpEvent:
     """The ``DpEvent`` of one answered query. ``scale`` is γ (LNMax) or σ (GNMax)."""

@@ -1,4 +1,4 @@
-"""DP synthetic points through a Sinkhorn loss (seed 002, DP-Sinkhorn), record unit.
+"""DP synthetic points through a Sinkhorn loss (DP-Sinkhorn), record unit.
 
 What is trained. Per class ``c`` a set of ``m_c`` free synthetic points ``Y_c`` (rows in the
 session's projected space) is fitted to the class's clipped projected rows ``x_i`` (``‖x_i‖ ≤ C``)

@@ -1,4 +1,4 @@
-"""The target's own disclosures under DP (issue 19): its column scaling and its projection basis.
+"""The target's own disclosures under DP: its column scaling and its projection basis.
 
 In the forward deployment the target sends the source two statistics of its whole dataset: its
 column means and scales (``Scaling``) and its top-ℓ principal directions (the target-pca basis);

@@ -72,7 +72,7 @@ class OpenSessionRequest(_message.Message):
     """Ed25519 signature over terms_json"""
     target_claim_json: _builtins.str
     """the target's own ledger entry for the scaling and basis above when it released them under
-    its own DP (issue 19), signed by the target; empty: they are exact (the target's opt-in)
+    its own DP, signed by the target; empty: they are exact (the target's opt-in)
     """
     @_builtins.property
     def scaling_mean(self) -> Global___NDArray:
@@ -609,7 +609,7 @@ Global___DescribeDatasetResponse: _TypeAlias = DescribeDatasetResponse  # noqa: 
 
 @_typing.final
 class OpenReweightingRequest(_message.Message):
-    """The reverse deployment (seed 001): the serving daemon holds the private (unlabeled) rows; the
+    """The public-source deployment: the serving daemon holds the private (unlabeled) rows; the
     caller holds public labeled rows and drives a private discrepancy minimisation. Everything in
     the request is public and untrusted: the serving side clips what it reads.
     """

@@ -314,7 +314,7 @@ def report(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> dict[st
         mech = RELEASE_METHODS[method]
         spec = entry.params.get("spec") if entry is not None else None
         if isinstance(spec, dict) and spec.get("kind") == "metric":
-            mech = "gaussian-metric-steps"  # the learned ground cost W (seed 003)
+            mech = "gaussian-metric-steps"  # the learned ground cost W
         d = releases.setdefault(
             f"{r.dataset}/{mech}",
             {"dataset": r.dataset, "releases": 0, "bytes": 0, "epsilon": 0.0, "mechanism": mech},
@@ -332,7 +332,7 @@ def report(log: AuditLog, ledger_entries: dict[tuple[str, int], Any]) -> dict[st
     }
 
 
-# what each outgoing target message says about the target's own rows (issue 19)
+# what each outgoing target message says about the target's own rows
 _TARGET_DISCLOSES = {
     "OpenSession": "column scaling, projection basis, clipping norm",
     "QueryTeachers": "queried target rows (projected or raw), or points standing for them",

@@ -15,7 +15,7 @@ any parsing:
 2. **size** — each method has its own limit, derived from the real shapes (``method_limits``);
 3. **rate** — a token bucket per pinned peer, and one shared by all unpinned callers;
 4. **concurrency** — in-flight requests per pinned peer and for all unpinned callers together
-   (eight anonymous ``Watch`` streams took all eight workers on 9ac3bc1).
+   (else a few anonymous ``Watch`` streams could take every worker).
 
 Role, rate and concurrency are decided before the message is received, size after it (gRPC's
 ``max_receive_message_length`` bounds the one message an admitted caller may send).

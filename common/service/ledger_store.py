@@ -53,8 +53,7 @@ def connect(path: str | Path) -> sqlite3.Connection:
 class SqliteLedgerStore:
     """The ledger in SQLite, with each dataset's parsed entries kept in memory. Writes through
     this store update the copy after the commit; a commit by any other connection changes
-    SQLite's ``data_version`` and drops the copy. Reads cost one pragma, no JSON (on 9ac3bc1
-    every read re-parsed every entry, several times per release)."""
+    SQLite's ``data_version`` and drops the copy. Reads cost one pragma, no JSON."""
 
     def __init__(self, path: str | Path, conn: sqlite3.Connection | None = None) -> None:
         self.conn = conn or connect(path)

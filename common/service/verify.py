@@ -40,7 +40,7 @@ class RoleKeys:
 
 def role_keys(state_dir: str) -> RoleKeys:
     """Keys by role. A missing or unreadable ``keys.json`` is a verification failure, never a
-    reason to skip the signature checks (9ac3bc1 skipped them silently)."""
+    reason to skip the signature checks."""
     from cryptography.hazmat.primitives import serialization
 
     f = Path(state_dir) / "keys.json"
@@ -62,8 +62,8 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
     """(problems, warnings, entries checked) for a daemon's state directory.
 
     Each signature is checked against its role's key only: the source's against the source's,
-    the countersignature against that peer's (on 9ac3bc1 any known key passed for either role,
-    so the source could forge every countersignature)."""
+    the countersignature against that peer's: a key that passed for either role would let the
+    source forge every countersignature."""
     from dpda.dp.accounting import ledger_epsilon
     from dpda.dp.events import canonical_json, event_from_json
     from dpda.dp.ledger import verify_chain
