@@ -1,6 +1,7 @@
-"""``dpda bench public-source``: the public-source experiment (public labeled source, private target).
+"""``dpda bench public-source``: the public-source experiment (public labeled source, private
+target).
 
-Protocol (the paper's §7, as the issue states it): d = 10, σ² = 1/(9d), 1,000 source rows (25%
+Protocol (the paper's §7): d = 10, σ² = 1/(9d), 1,000 source rows (25%
 P, 75% Q), n target rows from P (1,000 to 8,000), K = 1,000 optimisation steps, λ = 0.001,
 δ = 1/8,000, ε varied, 10 repetitions. Methods: the two-stage algorithm with noisy Frank–Wolfe
 (``noisy-fw``) or noisy mirror descent (``noisy-md``) for the weights, the single-stage

@@ -1,4 +1,4 @@
-"""A ground cost learned under DP (DP metric learning): a Mahalanobis map ``W`` from the source's labels.
+"""A ground cost learned under DP: a Mahalanobis map ``W`` from the source's labels.
 
 What is learned. A linear map ``W`` (``d′ × ℓ``, in the session's projected space) that brings
 same-class rows together and pushes other-class rows at least a margin apart, by descent on the
