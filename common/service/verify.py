@@ -89,6 +89,8 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
     ledger = {ds: store.entries(ds) for ds in store.datasets()}
     problems += _check_head(state_dir, ledger, keys)
     problems += _unsigned_outside_flight(ledger)
+    if keys is not None and keys.side == "source":
+        problems += _released_without_audit(conn, ledger)
     for ds, entries in ledger.items():
         n += len(entries)
         try:
@@ -126,6 +128,27 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
             if stored is not None and stored != e.payload_sha256:
                 problems.append(f"{ds} entry {e.seq}: stored payload does not match its hash")
     return problems, warnings, n
+
+
+def _released_without_audit(conn: Any, ledger: dict[str, list[Any]]) -> list[str]:
+    """The source's entries that were delivered (countersigned by their target) with no
+    audit record of the message that carried them: a wiped or truncated audit log. Only the
+    source can tell: a target may hold entries it restored from its source after losing its
+    state, whose messages its own log never saw."""
+    from dpda.service.audit import RELEASE_METHODS, AuditLog
+
+    sent = {
+        (r.dataset, r.ledger_seq)
+        for r, _ in AuditLog(conn, "").records()
+        if r.direction == "out" and r.method.rsplit("/", 1)[-1] in RELEASE_METHODS
+    }
+    return [
+        f"{ds} entry {e.seq}: delivered to its target, but no audit record carried it "
+        "(the audit log was wiped or truncated)"
+        for ds, entries in ledger.items()
+        for e in entries
+        if e.payload_sha256 and e.target_sig and (ds, e.seq) not in sent
+    ]
 
 
 # what a check of one state directory cannot see; printed with every standalone verify

@@ -74,6 +74,15 @@ TAMPER = {
         c.execute("UPDATE payloads SET counts=zeroblob(length(counts)) WHERE seq=0"),
         c.commit(),
     ),
+    # the source's delivered releases then have no record of the messages that carried them
+    "wiped audit log": lambda c: (c.execute("DELETE FROM audit"), c.commit()),
+    "audit log truncated": lambda c: (  # from the record of the last release on
+        c.execute(
+            "DELETE FROM audit WHERE seq >= (SELECT MAX(seq) FROM audit "
+            "WHERE json_extract(record_json, '$.ledger_seq') >= 0)"
+        ),
+        c.commit(),
+    ),
 }
 
 
