@@ -22,7 +22,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import check_representation, default_attribute_bound
-from dpda.dp.ledger import check_delta
+from dpda.dp.ledger import check_delta, default_delta
 from dpda.simulation import simulate
 from dpda.target_party.pipeline import AdaptConfig, resolve_scaling
 from dpda.target_party.training import model_pipeline
@@ -83,7 +83,7 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         check_representation(X, self.representation, "representation")
         check_representation(xt, self.representation, "representation")
         n = X.shape[0]
-        delta = self.delta if self.delta is not None else 1.0 / (10.0 * n)
+        delta = self.delta if self.delta is not None else default_delta(n)
         check_delta(delta, n, "delta", "the source (X)")
         terms = SessionTerms.model_validate(
             {

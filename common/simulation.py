@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from dpda.data.loaders import Domain
-from dpda.dp.ledger import Budget, LedgerEntry, MemoryLedgerStore, PrivacyLedger
+from dpda.dp.ledger import Budget, LedgerEntry, MemoryLedgerStore, PrivacyLedger, default_delta
 from dpda.dp.rng import public_rng, secure_rng, testing_streams
 from dpda.errors import ConfigError
 from dpda.ot.costs import dpot_cost
@@ -219,7 +219,7 @@ def simulate(
     if target_epsilon is not None and shared:
         from dpda.dp.target_disclosure import disclose, plan_disclosure
 
-        t_delta = target_delta if target_delta is not None else 1.0 / (10.0 * target.x.shape[0])
+        t_delta = target_delta if target_delta is not None else default_delta(target.x.shape[0])
         plan = plan_disclosure(
             target_epsilon,
             t_delta,

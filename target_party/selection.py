@@ -58,6 +58,7 @@ def circular_score(
 
 
 CLUSTER_SAMPLE = 2000  # target rows the cluster score reads (its cost is quadratic in them)
+CLUSTER_MEMORY_MB = 1  # the cluster score's working memory (its distances, in row blocks)
 
 
 def cluster_score(xt_proj: np.ndarray, pred: np.ndarray, seed: int) -> float:
@@ -66,12 +67,15 @@ def cluster_score(xt_proj: np.ndarray, pred: np.ndarray, seed: int) -> float:
     them, drawn from ``seed``), in [-1, 1]; -1 when the labels name one class. It compares two
     labellings of the same rows (DPDA's and the release's without adaptation), where the
     circular score, read on a few class points, cannot tell them apart."""
+    import sklearn
     from sklearn.metrics import silhouette_score
 
     if np.unique(pred).size < 2 or np.unique(pred).size >= xt_proj.shape[0]:
         return -1.0
     n = min(CLUSTER_SAMPLE, xt_proj.shape[0])
-    return float(silhouette_score(xt_proj, pred, sample_size=n, random_state=seed))
+    # the distances in row blocks of a few MB, not one n × n matrix (32 MB at n = 2,000)
+    with sklearn.config_context(working_memory=CLUSTER_MEMORY_MB):
+        return float(silhouette_score(xt_proj, pred, sample_size=n, random_state=seed))
 
 
 def select(s: _Session, done: _Fitted, view: TargetView) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from dpda.dp.ledger import default_delta
 from dpda.dp.mechanisms import PrivacyUnit
 from dpda.errors import ConfigError
 from dpda.service.output import add_json_option, write_json
@@ -198,7 +199,7 @@ def _pu_task(data_dir: str, src: str, tgt: str, eps: float, seed: int, batch: in
         return SessionTerms(
             dataset=dataset,
             epsilon=eps,
-            delta=1 / (10 * ns),
+            delta=default_delta(ns),
             batch_size=batch,
             privacy_unit=PrivacyUnit.ATTRIBUTE,
         )

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from dpda.bench.accuracy import DIGITS, OFFICE, _worker_init, dataset_of, gather
+from dpda.dp.ledger import default_delta
 from dpda.service.output import add_json_option, write_json
 
 # ------------------------------------------------------------------------------- (a) the toy
@@ -197,7 +198,7 @@ def accuracy_one(
     data: dict[str, Any] = {
         "dataset": f"{ds}:{src}",
         "epsilon": epsilon,
-        "delta": 1 / (10 * s.x.shape[0]),
+        "delta": default_delta(s.x.shape[0]),
         "privacy_unit": unit,
         "cost": cost,
     }
@@ -298,7 +299,7 @@ def knn_one(
     if epsilon is None:
         sigma = 0.0
     else:  # T steps of σ√T: one Gaussian of σ calibrated to (ε, δ = 1/(10n))
-        sigma = calibrate_sigma(epsilon, 1 / (10 * n), "analytic") * float(np.sqrt(p.steps))
+        sigma = calibrate_sigma(epsilon, default_delta(n), "analytic") * float(np.sqrt(p.steps))
     w = train_metric(z[tr], y[tr], p, c, sigma, np.random.default_rng([seed, 3]))
 
     def knn(a: np.ndarray) -> float:

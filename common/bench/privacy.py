@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dpda.dp.ledger import default_delta
 from dpda.dp.mechanisms import PrivacyUnit
 from dpda.service.output import add_json_option, write_json
 
@@ -39,7 +40,7 @@ def label_leak(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> 
     view = target_view(t, rep, scaling_mode=DEFAULT_SCALING[ds])
     ns, k = s.x.shape
     terms = SessionTerms(
-        dataset=src, epsilon=epsilon, delta=1 / (10 * ns), privacy_unit=PrivacyUnit.ATTRIBUTE
+        dataset=src, epsilon=epsilon, delta=default_delta(ns), privacy_unit=PrivacyUnit.ATTRIBUTE
     )
     ledger = PrivacyLedger(MemoryLedgerStore(), {src: Budget(epsilon, terms.delta)})
     policy = PrivacyPolicy.rehearsal("attribute", "rows", bound_rule(rep, k))

@@ -25,6 +25,7 @@ import numpy as np
 
 from dpda.dp.discrepancy import PREDICTOR_RADIUS as LAMBDA_W
 from dpda.dp.discrepancy import RIDGE, SMOOTHING
+from dpda.dp.ledger import default_delta
 from dpda.service.output import add_json_option, write_json
 
 TARGET_RADIUS = 1.0
@@ -110,7 +111,13 @@ def classification_pair(data_dir: str, src: str, tgt: str, epsilon: float, seed:
     ds = "mnist-usps" if src in "MU" else "office-caltech"
     s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
     out = simulate_public_source(
-        s, t, DEFAULT_REPRESENTATION[ds], DEFAULT_SCALING[ds], epsilon, 1.0 / (10 * len(t.x)), seed
+        s,
+        t,
+        DEFAULT_REPRESENTATION[ds],
+        DEFAULT_SCALING[ds],
+        epsilon,
+        default_delta(len(t.x)),
+        seed,
     )
     rename = {"dpda": "private_reweighting"}
     return {

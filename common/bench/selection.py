@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dpda.bench.accuracy import DIGITS, OFFICE
+from dpda.dp.ledger import default_delta
 from dpda.service.output import add_json_option, write_json
 
 
@@ -35,7 +36,7 @@ def _pair(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> dict[
     dataset = "mnist-usps" if src in "MU" else "office-caltech"
     s = load_domain(data_dir, dataset, src)
     t = load_domain(data_dir, dataset, tgt)
-    terms = SessionTerms(dataset=src, epsilon=epsilon, delta=1.0 / (10.0 * s.x.shape[0]))
+    terms = SessionTerms(dataset=src, epsilon=epsilon, delta=default_delta(s.x.shape[0]))
     default = AdaptConfig()
     with threadpool_limits(1):
         out = simulate(

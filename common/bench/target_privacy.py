@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from dpda.bench.accuracy import DIGITS, OFFICE, _worker_init, dataset_of, gather
+from dpda.dp.ledger import default_delta
 from dpda.service.output import add_json_option, write_json
 
 
@@ -39,7 +40,7 @@ def one(
     terms = SessionTerms(
         dataset=f"{ds}:{src}",
         epsilon=epsilon,
-        delta=1 / (10 * s.x.shape[0]),
+        delta=default_delta(s.x.shape[0]),
         projection=projection,  # type: ignore[arg-type]
     )
     t0 = time.perf_counter()

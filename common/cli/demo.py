@@ -15,9 +15,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dpda.dp.ledger import default_delta
 from dpda.service.output import write_json
 
-DEMO_DELTA = 1.0 / (10 * 600)  # 1/(10·ns), the default policy's δ
+DEMO_DELTA = default_delta(600)  # 1/(10·ns), the default policy's δ
 DEMO_TARGET_EPSILON = 4.0  # the target's own default ε for its disclosures
 
 
@@ -119,7 +120,7 @@ def _public_source(args: argparse.Namespace, workdir: Path) -> int:
     from dpda.deployment import make_deployment
     from dpda.target_party.training import accuracy, load_model
 
-    delta = 1.0 / (10 * 500)
+    delta = default_delta(500)
     dep = make_deployment(
         workdir,
         dataset={

@@ -139,6 +139,12 @@ class Budget:
     accountant: str = Accountant.PLD.value
 
 
+def default_delta(n_rows: int) -> float:
+    """The δ a dataset of ``n_rows`` records gets unless its owner sets one: 1/(10·n), well
+    below the 1/n at which one record may be released in the clear."""
+    return 1.0 / (10.0 * n_rows)
+
+
 def check_delta(delta: float, n_rows: int, field: str, rows: str) -> None:
     """Refuse a δ of 1/n or more: a mechanism that releases one of ``n`` records in the clear
     with probability δ satisfies (0, δ)-DP at δ = 1/n, so such a δ protects nothing.
@@ -147,7 +153,7 @@ def check_delta(delta: float, n_rows: int, field: str, rows: str) -> None:
         raise ConfigError(
             f"{field}: δ = {delta:g} must lie in (0, 1/n) = (0, {1.0 / n_rows:.3g}) for the "
             f"{n_rows} rows of {rows} (at δ ≥ 1/n one record may be released in the clear); "
-            f"the default is 1/(10·n) = {1.0 / (10 * n_rows):.3g}"
+            f"the default is 1/(10·n) = {default_delta(n_rows):.3g}"
         )
 
 
