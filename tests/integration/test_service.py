@@ -362,7 +362,7 @@ def test_a_source_that_lost_an_entrys_signatures_gets_them_back(tmp_path, lost, 
             if via == "sync":
                 client.sync_ledger()
             else:  # the target's countersignature arrives at the source that lost the writes
-                client._countersign(ledger.store.entries("synthetic")[-1])
+                client.ledger_sync.countersign(ledger.store.entries("synthetic")[-1])
         finally:
             client.close()
         assert store.entries("synthetic")[-1] == last
