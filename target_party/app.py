@@ -46,15 +46,10 @@ from dpda.service.progress import Progress
 from dpda.target_party import reruns
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.compute import open_compute, spec_of
-from dpda.target_party.pipeline import (
-    AdaptConfig,
-    RowQueries,
-    resolve_scaling,
-    run_dpda,
-    target_view,
-)
+from dpda.target_party.pipeline import run_dpda
 from dpda.target_party.report import figures_of, render
 from dpda.target_party.training import model_pipeline, save_model
+from dpda.target_party.view import AdaptConfig, RowQueries, resolve_scaling, target_view
 from dpda.terms import SessionTerms
 
 log = logging.getLogger("dpda.target")

@@ -26,7 +26,7 @@ from dpda.target_party.app import (
     with_source_delta,
 )
 from dpda.target_party.client import GrpcReleaseSource
-from dpda.target_party.pipeline import AdaptConfig, resolve_scaling, session_terms, target_view
+from dpda.target_party.view import AdaptConfig, resolve_scaling, session_terms, target_view
 from dpda.terms import ReleasePlan, SessionTerms, plan_batches
 
 

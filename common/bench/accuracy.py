@@ -99,7 +99,7 @@ def run_methods(
         default_attribute_bound,
     )
     from dpda.simulation import METHODS, simulate
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
 
     ds = dataset_of(src)
     s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
@@ -188,7 +188,7 @@ def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) 
     from dpda.data.loaders import load_domain
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION
     from dpda.simulation import simulate
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
     from dpda.terms import SessionTerms
 
     ds = dataset_of(src)
@@ -222,7 +222,7 @@ def defaults_baselines(data_dir: str, src: str, tgt: str) -> dict:
     from dpda.data.loaders import load_domain
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION
     from dpda.simulation import best_scaling_baselines
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
 
     ds = dataset_of(src)
     s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
@@ -368,8 +368,8 @@ def tpami_pair(data_dir: str, src: str, tgt: str, run: int) -> dict:
     from dpda.protocol import TargetDisclosure
     from dpda.simulation import source_in_target_scaling
     from dpda.source_party.releases import SourceReleaser
-    from dpda.target_party.pipeline import target_pca_basis, target_view
     from dpda.target_party.training import fit_predict
+    from dpda.target_party.view import target_pca_basis, target_view
     from dpda.terms import SessionTerms
 
     ds = dataset_of(src)

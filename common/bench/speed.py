@@ -63,7 +63,7 @@ def job_inputs(spec: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     """The synthetic whole job of a spec (``dpda bench speed --visda``, ``dpda bench scale``):
     the two domains, attribute-unit minibatch terms and the fixed-λ adaptation config."""
     from dpda.data.synthetic import two_domains
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
     from dpda.terms import SessionTerms
 
     src, tgt = two_domains(spec["n_source"], spec["n_target"], k=spec["dim"], seed=spec["seed"])

@@ -255,7 +255,7 @@ def _simulate_once(
     from dpda.dp.ledger import check_delta
     from dpda.service.progress import Progress
     from dpda.simulation import METHODS, simulate
-    from dpda.target_party.pipeline import AdaptConfig, resolve_scaling
+    from dpda.target_party.view import AdaptConfig, resolve_scaling
 
     delta = args.delta if args.delta is not None else 1.0 / (10.0 * src.x.shape[0])
     check_delta(delta, src.x.shape[0], "--delta", "the source")

@@ -55,7 +55,7 @@ def test_session_parameters_have_one_declaration() -> None:
     from dpda.cli.main import RELEASE_DEPENDENT_FLAGS, TERM_FLAGS, _add_terms_args
     from dpda.service.config import TargetJob
     from dpda.target_party.app import _TERMS_FROM_JOB
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
     from dpda.terms import PATE_SHARE, SessionTerms
 
     parser = __import__("argparse").ArgumentParser()

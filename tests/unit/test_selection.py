@@ -8,8 +8,8 @@ import numpy as np
 
 from dpda.data.synthetic import two_domains
 from dpda.simulation import simulate
-from dpda.target_party.pipeline import AdaptConfig
 from dpda.target_party.selection import GRID
+from dpda.target_party.view import AdaptConfig
 from dpda.terms import SessionTerms
 
 

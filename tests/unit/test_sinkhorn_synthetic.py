@@ -16,7 +16,7 @@ from dpda.dp.events import event_from_json
 from dpda.dp.ledger import Budget
 from dpda.dp.mechanisms import clip_rows, gaussian_noise
 from dpda.protocol import TargetDisclosure
-from dpda.target_party.pipeline import aggregate_points
+from dpda.target_party.fitting import aggregate_points
 from dpda.terms import SessionTerms, plan_batches
 from tests.support import memory_releaser
 
