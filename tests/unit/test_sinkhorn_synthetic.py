@@ -231,8 +231,8 @@ def test_release_dependent_defaults_and_explicit_values_win() -> None:
     assert (rows.release, rows.histogram_share, rows.calibration) == ("rows", 0.5, "theorem2")
     assert _terms(histogram_share=None).histogram_share == 0.1  # None: not given
 
-    from dpda.cli.main import _terms as cli_terms
     from dpda.cli.main import build_parser
+    from dpda.cli.simulate import terms_from_args as cli_terms
 
     args = build_parser().parse_args(
         ["simulate", "--dataset", "office-caltech", "--release", "sinkhorn-synthetic"]
