@@ -126,7 +126,7 @@ class AdminConfig(_Strict):
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> AdminConfig:
-        from dpda.service.admin import is_loopback
+        from dpda.service.hosts import is_loopback
 
         host = self.listen.rsplit(":", 1)[0].strip("[]")
         if self.enabled and not is_loopback(host) and self.token_file is None:
