@@ -23,7 +23,7 @@ _PUBLIC = {
     "load_model": "dpda.target_party.training",
     "SessionTerms": "dpda.terms",
     "simulate": "dpda.simulation",
-    "AdaptConfig": "dpda.target_party.pipeline",
+    "AdaptConfig": "dpda.target_party.view",
 }
 __all__ = [
     "AdaptConfig",

@@ -24,8 +24,8 @@ from dpda.data.loaders import Domain
 from dpda.data.preprocessing import check_representation, default_attribute_bound
 from dpda.dp.ledger import check_delta, default_delta
 from dpda.simulation import simulate
-from dpda.target_party.pipeline import AdaptConfig, resolve_scaling
 from dpda.target_party.training import model_pipeline
+from dpda.target_party.view import AdaptConfig, resolve_scaling
 from dpda.terms import SessionTerms
 
 
@@ -126,7 +126,7 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         self.mapped_ = res.mapped
         self.mapped_labels_ = self.classes_[res.mapped_labels]
         self.target_predictions_ = self.classes_[res.predictions]
-        from dpda.target_party.pipeline import target_view
+        from dpda.target_party.view import target_view
 
         view = target_view(
             target, self.representation, scaling_mode=resolve_scaling(self.scaling, terms),

@@ -22,16 +22,9 @@ from dpda.ot.solvers import sinkhorn_group_lasso, uniform
 from dpda.policy import PrivacyPolicy
 from dpda.source_party.releases import SourceReleaser, prepare_features
 from dpda.target_party.compute import Compute
-from dpda.target_party.pipeline import (
-    AdaptConfig,
-    DPDAResult,
-    RowQueries,
-    TargetView,
-    resolve_scaling,
-    run_dpda,
-    target_view,
-)
+from dpda.target_party.pipeline import DPDAResult, run_dpda
 from dpda.target_party.training import accuracy, fit_predict
+from dpda.target_party.view import AdaptConfig, RowQueries, TargetView, resolve_scaling, target_view
 from dpda.terms import METHODS, PATE_SHARE, SessionTerms, method_terms
 
 

@@ -51,11 +51,13 @@ from starlette.requests import Request
 
 from dpda.errors import ConfigError, DpdaError, public_message
 from dpda.service import settle_heap
-from dpda.service.admin import AdminApp, AdminServer, Metrics, Refusal
+from dpda.service.admin import AdminApp, AdminServer, Refusal
 from dpda.service.config import TargetConfig, TargetJob
 from dpda.service.keyfiles import check_trusted, write_private
+from dpda.service.metrics import Metrics
 from dpda.service.tokens import check_token, read_token
-from dpda.target_party.app import OWN_ROWS, open_state, past_jobs, run_job
+from dpda.target_party.app import open_state, past_jobs, run_job
+from dpda.target_party.own_rows import OWN_ROWS
 from dpda.target_party.report import render
 
 log = logging.getLogger("dpda.target")

@@ -22,11 +22,11 @@ from dpda.target_party.app import (
     job_terms,
     load_target_data,
     open_state,
-    own_plan,
     with_source_delta,
 )
 from dpda.target_party.client import GrpcReleaseSource
-from dpda.target_party.pipeline import AdaptConfig, resolve_scaling, session_terms, target_view
+from dpda.target_party.own_rows import own_plan
+from dpda.target_party.view import AdaptConfig, resolve_scaling, session_terms, target_view
 from dpda.terms import ReleasePlan, SessionTerms, plan_batches
 
 

@@ -2,7 +2,7 @@
 purpose gets a bounded number of reruns, not an unbounded stream of requests from it.
 
 The count lives in ``reruns.json`` in the state directory, keyed by the job's key (its terms,
-the target's policy and its rows: ``dpda.target_party.app.job_key``); a job that finishes
+the target's policy and its rows: ``dpda.target_party.own_rows.job_key``); a job that finishes
 clears its count. This bounds attempts; it is not what keeps a rerun from being charged twice
 (the target's own row queries are stored per job and reused, and a resumed session must keep
 its id).

@@ -24,7 +24,8 @@ from dpda.errors import SolverFailed
 from dpda.target_party.training import accuracy
 
 if TYPE_CHECKING:
-    from dpda.target_party.pipeline import TargetView, _Fitted, _Session
+    from dpda.target_party.fitting import Fitted, JobSession
+    from dpda.target_party.view import TargetView
 
 log = logging.getLogger("dpda.target")
 
@@ -78,7 +79,7 @@ def cluster_score(xt_proj: np.ndarray, pred: np.ndarray, seed: int) -> float:
         return float(silhouette_score(xt_proj, pred, sample_size=n, random_state=seed))
 
 
-def select(s: _Session, done: _Fitted, view: TargetView) -> dict[str, Any]:
+def select(s: JobSession, done: Fitted, view: TargetView) -> dict[str, Any]:
     """Pick ``(reg_e, reg_g)``; leaves the chosen config in ``s.cfg`` and its fits in
     ``done.fits``. Returns what was chosen and every candidate's score."""
     cfg = s.cfg

@@ -15,7 +15,8 @@ Protocol ``otda-tpami`` (Courty et al., TPAMI 2017, Table 3): per run, 20 source
 validation half over {1e-3 … 1e3}² for OT-GL (non-private) and for DPDA (one whole-batch release
 per run; the grid is post-processing of that release and costs no budget), test accuracy of 1-NN
 on the mapped source, mean ± std over runs, beside the published OT-GL numbers (DESIGN.md §8).
-Grid points whose solve does not converge (marginals off by more than 1e-3) are skipped.
+Grid points whose solve does not converge (marginals off by more than 1e-3) are skipped
+(``accuracy_tpami``).
 
 Pairs run in parallel worker processes (one BLAS thread each).
 """
@@ -35,24 +36,7 @@ from dpda.service.output import add_json_option, write_json
 
 OFFICE = [(s, t) for s in "CADW" for t in "CADW" if s != t]
 DIGITS = [("M", "U"), ("U", "M")]
-PUBLISHED_OT_GL = {
-    "C→A": 44.17,
-    "C→W": 38.94,
-    "C→D": 44.50,
-    "A→C": 34.57,
-    "A→W": 37.02,
-    "A→D": 38.88,
-    "W→C": 35.98,
-    "W→A": 39.35,
-    "W→D": 84.00,
-    "D→C": 32.38,
-    "D→A": 37.17,
-    "D→W": 81.06,
-    "U→M": 57.85,
-    "M→U": 69.96,
-}
 HISTOGRAM_RATIO = 0.5  # σ_h/σ: measured best with calibrated σ (common/terms.py)
-GRID = [1e-3, 1e-2, 1e-1, 1.0, 1e1, 1e2, 1e3]
 
 
 def dataset_of(src: str) -> str:
@@ -99,7 +83,7 @@ def run_methods(
         default_attribute_bound,
     )
     from dpda.simulation import METHODS, simulate
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
 
     ds = dataset_of(src)
     s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
@@ -188,7 +172,7 @@ def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) 
     from dpda.data.loaders import load_domain
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION
     from dpda.simulation import simulate
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
     from dpda.terms import SessionTerms
 
     ds = dataset_of(src)
@@ -222,7 +206,7 @@ def defaults_baselines(data_dir: str, src: str, tgt: str) -> dict:
     from dpda.data.loaders import load_domain
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION
     from dpda.simulation import best_scaling_baselines
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
 
     ds = dataset_of(src)
     s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
@@ -244,13 +228,13 @@ def summarize_defaults(
             if not runs:
                 continue
             row: dict[str, Any] = {
-                a: _mean([r[a] for r in runs]) for a in ("dpda", "dp_no_adaptation", "pate")
+                a: mean_of([r[a] for r in runs]) for a in ("dpda", "dp_no_adaptation", "pate")
             }
-            row["job"] = _mean([r.get("kept_accuracy") for r in runs])  # the model kept
+            row["job"] = mean_of([r.get("kept_accuracy") for r in runs])  # the model kept
             row["source_only"] = by_pair[p]["source_only"]
             row["otda"] = by_pair[p]["otda"]
             row["baseline_scaling"] = by_pair[p]["baseline_scaling"]
-            row["epsilon_spent"] = _mean([r["epsilon_spent"] for r in runs])
+            row["epsilon_spent"] = mean_of([r["epsilon_spent"] for r in runs])
             row["target_epsilon_spent"] = max(r["target_epsilon_spent"] or 0.0 for r in runs)
             row["kept"] = sorted({r["kept"] for r in runs})
             row["seeds"] = len(runs)
@@ -264,8 +248,8 @@ def summarize_defaults(
         digits = [p for p in table if p[0] in "MU"]
         out[f"{eps:g}"] = {
             "pairs": table,
-            "office_mean": {a: _mean([table[p][a] for p in office]) for a in DEFAULT_ARMS},
-            "digits_mean": {a: _mean([table[p][a] for p in digits]) for a in DEFAULT_ARMS},
+            "office_mean": {a: mean_of([table[p][a] for p in office]) for a in DEFAULT_ARMS},
+            "digits_mean": {a: mean_of([table[p][a] for p in digits]) for a in DEFAULT_ARMS},
             "dpda_at_least_dp_no_adaptation": f"{beats('dp_no_adaptation', office)}/{len(office)}",
             "job_at_least_dp_no_adaptation": (
                 f"{beats('dp_no_adaptation', office, by='job')}/{len(office)}"
@@ -310,126 +294,15 @@ def _f(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}"
 
 
-# ------------------------------------------------------------------------------ (b) TPAMI
-def _subsample(y: np.ndarray, per_class: int, rng: np.random.Generator) -> np.ndarray:
-    idx = []
-    for c in np.unique(y):
-        rows = np.flatnonzero(y == c)
-        idx.append(rng.choice(rows, min(per_class, rows.size), replace=False))
-    return np.sort(np.concatenate(idx))
-
-
-def _grid_scores(
-    pts: np.ndarray,
-    ys: np.ndarray,
-    noise_std: float,
-    xt_space: np.ndarray,
-    xt: np.ndarray,
-    yt: np.ndarray,
-    val: np.ndarray,
-    test: np.ndarray,
-) -> dict[str, Any]:
-    """OT-GL over the grid; the (λe, λg) with the best validation accuracy and its test accuracy."""
-    from dpda.errors import SolverFailed
-    from dpda.ot.costs import dpot_cost
-    from dpda.ot.mapping import barycentric_map
-    from dpda.ot.solvers import sinkhorn_group_lasso, uniform
-    from dpda.target_party.training import fit_predict
-
-    cost = dpot_cost(pts, xt_space, noise_std)
-    a, b = uniform(pts.shape[0]), uniform(xt.shape[0])
-    best: dict[str, Any] = {"val": -1.0}
-    for le in GRID:
-        for lg in GRID:
-            try:
-                res = sinkhorn_group_lasso(a, b, cost.normalized, ys, le, lg)
-            except SolverFailed:
-                continue
-            if not res.converged:  # marginals off by > 1e-3: not a solution of the problem
-                continue
-            _, pred = fit_predict(barycentric_map(res.plan, xt), ys, xt)
-            v = float(100 * np.mean(pred[val] == yt[val]))
-            if v > best["val"]:
-                test_acc = float(100 * np.mean(pred[test] == yt[test]))
-                best = {"val": v, "test": test_acc, "reg_e": le, "reg_g": lg}
-    return best
-
-
-def tpami_pair(data_dir: str, src: str, tgt: str, run: int) -> dict:
-    from dpda.data.loaders import Domain, load_domain
-    from dpda.data.preprocessing import (
-        DEFAULT_REPRESENTATION,
-        DEFAULT_SCALING,
-        default_attribute_bound,
-    )
-    from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
-    from dpda.dp.mechanisms import counts_to_labels
-    from dpda.policy import PrivacyPolicy
-    from dpda.protocol import TargetDisclosure
-    from dpda.simulation import source_in_target_scaling
-    from dpda.source_party.releases import SourceReleaser
-    from dpda.target_party.pipeline import target_pca_basis, target_view
-    from dpda.target_party.training import fit_predict
-    from dpda.terms import SessionTerms
-
-    ds = dataset_of(src)
-    rep = DEFAULT_REPRESENTATION[ds]
-    s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
-    rng = np.random.default_rng([run, ord(src), ord(tgt)])
-    sub = _subsample(s.labels(), 8 if src == "D" else 20, rng)
-    s = Domain(s.name, s.x[sub], s.labels()[sub], s.n_classes)
-    perm = rng.permutation(t.x.shape[0])
-    val, test = perm[: perm.size // 2], perm[perm.size // 2 :]
-    view = target_view(t, rep, scaling_mode=DEFAULT_SCALING[ds])
-    xs = source_in_target_scaling(s, view, rep)
-    t0 = time.perf_counter()
-    _, pred = fit_predict(xs, s.labels(), view.x)
-    out: dict[str, Any] = {
-        "pair": f"{src}→{tgt}",
-        "run": run,
-        "source_only": float(100 * np.mean(pred[test] == t.labels()[test])),
-        "ot_gl": _grid_scores(xs, s.labels(), 0.0, view.x, view.x, t.labels(), val, test),
-    }
-    # DPDA: one whole-batch release of the subsample, then the same grid (post-processing)
-    terms = SessionTerms(
-        dataset="sub",
-        epsilon=paper_epsilon(src),
-        delta=1.0 / (1.2 * sub.size),
-        projection_dim=50,
-        privacy_unit=PrivacyUnit.ATTRIBUTE,
-    )
-    ledger = PrivacyLedger(MemoryLedgerStore(), {"sub": Budget(terms.epsilon, terms.delta)})
-    bound = default_attribute_bound(rep, s.x.shape[1])
-    releaser = SourceReleaser(
-        s,
-        "sub",
-        ledger,
-        np.random.default_rng([run, 7]),
-        rep,
-        policy=PrivacyPolicy.rehearsal("attribute", "rows", bound),
-    )
-    info = releaser.open_session(
-        terms, TargetDisclosure(view.scaling, target_pca_basis(view.x, terms.projection_dim))
-    )
-    rel = releaser.release(info.session_id, 0)
-    ys = counts_to_labels(rel.noisy_counts, rel.z.shape[0])
-    xt_proj = view.x @ info.projection
-    std = info.plan.spec(terms).features.noise_std
-    out["dpda"] = _grid_scores(rel.z, ys, std, xt_proj, view.x, t.labels(), val, test)
-    out["dpda"]["epsilon_spent"] = ledger.spent("sub")
-    out["seconds"] = time.perf_counter() - t0
-    return out
-
-
 # ------------------------------------------------------------------------------ summary
-def _ms(values: list[float]) -> str:
+def mean_std(values: list[float]) -> str:
     v = np.asarray([x for x in values if x is not None], dtype=float)
     if v.size == 0:
         return "—"
     return f"{v.mean():.2f} ± {v.std():.2f}" if v.size > 1 else f"{v.mean():.2f}"
 
 
-def _mean(values: list[float | None]) -> float | None:
+def mean_of(values: list[float | None]) -> float | None:
     v = [x for x in values if x is not None]
     return float(np.mean(v)) if v else None
 
@@ -446,12 +319,16 @@ def summarize_paper(rows: list[dict], pairs: list[str], title: str) -> dict[str,
             rs = [r for r in mine if r["pair"] == p]
             if rs:
                 per_pair[p] = {
-                    c: {"mean": _mean([r[c] for r in rs]), "std": float(np.std([r[c] for r in rs]))}
+                    c: {
+                        "mean": mean_of([r[c] for r in rs]),
+                        "std": float(np.std([r[c] for r in rs])),
+                    }
                     for c in cols
                 }
         office = [p for p in per_pair if p[0] in "ACDW"]
         per_pair["mean (Office-Caltech)"] = {
-            c: {"mean": _mean([per_pair[p][c]["mean"] for p in office]), "std": None} for c in cols
+            c: {"mean": mean_of([per_pair[p][c]["mean"] for p in office]), "std": None}
+            for c in cols
         }
         seconds = [r["release_seconds"] for r in mine if r.get("release_seconds") is not None]
         if seconds:
@@ -464,48 +341,8 @@ def summarize_paper(rows: list[dict], pairs: list[str], title: str) -> dict[str,
                 print(f"{p:22s}{vals:18.3f}")
                 continue
             rs = [r for r in mine if r["pair"] == p]
-            cells = [_ms([r[c] for r in rs]) if rs else f"{vals[c]['mean']:.2f}" for c in cols]
+            cells = [mean_std([r[c] for r in rs]) if rs else f"{vals[c]['mean']:.2f}" for c in cols]
             print(f"{p:22s}" + "".join(f"{x:>18s}" for x in cells))
-    return table
-
-
-def summarize_tpami(rows: list[dict], pairs: list[str]) -> dict[str, Any]:
-    table: dict[str, Any] = {}
-    print("\nOTDA TPAMI protocol (test accuracy %, λe and λg chosen on validation)")
-    print(
-        f"{'pair':8s}{'published OT-GL':>17s}{'source-only':>16s}{'OT-GL (ours)':>16s}{'DPDA':>16s}"
-    )
-    for p in pairs:
-        rs = [r for r in rows if r["pair"] == p]
-        if not rs:
-            continue
-        entry = {
-            "published_ot_gl": PUBLISHED_OT_GL.get(p),
-            "source_only": _mean([r["source_only"] for r in rs]),
-            "ot_gl": _mean([r["ot_gl"].get("test") for r in rs]),
-            "ot_gl_std": float(np.std([r["ot_gl"].get("test", np.nan) for r in rs])),
-            "dpda": _mean([r["dpda"].get("test") for r in rs]),
-            "dpda_std": float(np.std([r["dpda"].get("test", np.nan) for r in rs])),
-            "runs": len(rs),
-        }
-        table[p] = entry
-        print(
-            f"{p:8s}{entry['published_ot_gl'] or float('nan'):17.2f}"
-            f"{_ms([r['source_only'] for r in rs]):>16s}"
-            f"{_ms([r['ot_gl'].get('test') for r in rs]):>16s}"
-            f"{_ms([r['dpda'].get('test') for r in rs]):>16s}"
-        )
-    office = [p for p in table if p[0] in "ACDW"]
-    if office:
-        mean = {
-            k: _mean([table[p][k] for p in office])
-            for k in ("published_ot_gl", "source_only", "ot_gl", "dpda")
-        }
-        table["mean (Office-Caltech)"] = mean
-        print(
-            f"{'mean':8s}{mean['published_ot_gl']:17.2f}{mean['source_only']:16.2f}"
-            f"{mean['ot_gl']:16.2f}{mean['dpda']:16.2f}"
-        )
     return table
 
 
@@ -530,6 +367,7 @@ def _unit_releases(units: list[str], record_releases: list[str]) -> list[tuple[s
 
 
 def run_bench_accuracy(args: argparse.Namespace) -> int:
+    from dpda.bench.accuracy_tpami import summarize_tpami, tpami_pair
     from dpda.data.loaders import require_data_dir
 
     data_dir = require_data_dir(args.data_dir)

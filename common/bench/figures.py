@@ -34,7 +34,7 @@ def _load_pair(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str]:
     """Preprocessed source and target features (target scaling applied to both)."""
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
     from dpda.simulation import source_in_target_scaling
-    from dpda.target_party.pipeline import target_view
+    from dpda.target_party.view import target_view
 
     if args.dataset == "synthetic":
         from dpda.data.synthetic import two_domains

@@ -1,6 +1,6 @@
-"""The hostile patterns of ``dpda bench load --hostile``, beside the flood of ``bench.load``.
+"""The hostile patterns of ``dpda bench load --hostile``, each in a process of its own.
 
-* ``flood`` (``bench.load._hostile_main``): an unpinned certificate's multi-MB ``OpenSession``
+* ``flood`` (``flood_process``): an unpinned certificate's multi-MB ``OpenSession``
   messages, health ``Watch`` streams, garbage to every method, a new TLS connection per request.
 * ``bytes``: an unpinned certificate sends ``BYTES_STREAMS`` concurrent messages of
   ``BYTES_MESSAGE`` bytes, over and over (each is refused; what counts is the memory the source
@@ -12,20 +12,27 @@
   ``PATE_TEACHERS`` teachers per request, over and over (each verified and countersigned, as a
   real target would).
 
-Every pattern runs in a process of its own (``hostile_process``), so that its CPU is not taken
-from the honest clients' threads; each writes ``{"codes": {"kind CODE": n}, "bytes": n}``.
+Every pattern runs in a process of its own (``flood_process``, ``hostile_process``), so that
+its CPU is not taken from the honest clients' threads; each writes
+``{"codes": {"kind CODE": n}, "bytes": n}``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from dpda.bench.load_honest import Peer
 
 PATTERNS = ("flood", "bytes", "hint", "pate")
 UNPINNED = ("flood", "bytes")  # the rest need a pinned peer's keys
@@ -79,6 +86,186 @@ class Tally:
         out.write_text(json.dumps({"codes": dict(self.codes), "bytes": self.bytes}))
 
 
+HOSTILE_BIG_BYTES = 4 * 1024 * 1024
+# --------------------------------------------------------------------------------- flood
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
+
+
+def flood_process(
+    address: str, cert: str, key: str, ca: str, until: float, out: str, nice: int = 0
+) -> None:
+    """The hostile client (run in its own process): an unpinned certificate from the source's
+    own CA, flooding until ``until`` (``time.time()``); writes its counts to ``out``. ``nice``
+    lowers its CPU priority: on one small machine the attacker's own CPU would otherwise be
+    taken from the source and the honest clients, which a remote attacker's is not."""
+    if nice:
+        os.nice(nice)
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from dpda.pb import dpda_pb2 as pb
+    from dpda.pb import dpda_pb2_grpc as pb_grpc
+    from dpda.service.auth import POLICY as METHODS
+    from dpda.service.tls import channel_credentials
+
+    creds = channel_credentials(Path(cert), Path(key), Path(ca))
+    opts = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
+    lock = threading.Lock()
+    codes: Counter = Counter()  # "kind CODE" → n
+    sent = {"bytes": 0}
+    stop = threading.Event()
+
+    def note(kind: str, code: str) -> None:
+        with lock:
+            codes[f"{kind} {code}"] += 1
+
+    def call(kind: str, fn: Callable[..., object], size: int = 0) -> None:
+        with lock:
+            sent["bytes"] += size
+        try:
+            fn()
+            note(kind, "OK")
+        except grpc.RpcError as exc:
+            note(kind, exc.code().name if hasattr(exc, "code") else "ERROR")
+        except Exception as exc:
+            note(kind, type(exc).__name__)
+
+    def big_open() -> None:
+        rng = np.random.default_rng(1)
+        with grpc.secure_channel(address, creds, options=opts) as ch:
+            stub = pb_grpc.SourceServiceStub(ch)
+            while not stop.is_set():
+                cols = HOSTILE_BIG_BYTES // (8 * 40)
+                data = rng.bytes(8 * 40 * cols)
+                req = pb.OpenSessionRequest(
+                    request_id="x" * 32,
+                    terms_json='{"dataset": "synthetic", "epsilon": 100}' + " " * 1024,
+                    basis=pb.NDArray(dtype="<f8", shape=[40, cols], data=data),
+                    target_sig="A" * 88,
+                )
+                call(
+                    "big-open-session",
+                    lambda r=req: stub.OpenSession(r, timeout=10),
+                    req.ByteSize(),
+                )
+
+    def watch() -> None:
+        with grpc.secure_channel(address, creds, options=opts) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            while not stop.is_set():
+                call(
+                    "health-watch",
+                    lambda: next(stub.Watch(health_pb2.HealthCheckRequest(), timeout=10)),
+                )
+
+    def garbage() -> None:
+        rng = random.Random(2)
+        methods = sorted(METHODS)
+        with grpc.secure_channel(address, creds, options=opts) as ch:
+            unary = {m: ch.unary_unary(m) for m in methods}
+            stream = {m: ch.unary_stream(m) for m in methods}
+            while not stop.is_set():
+                m = rng.choice(methods)
+                payload = rng.randbytes(rng.choice((1, 64, 4096, 60_000, 1_000_000)))
+                kind = f"garbage {m.rsplit('/', 1)[-1]}"
+                if m.endswith(("/ReleaseBatches", "/Watch")):
+                    call(kind, lambda m=m, p=payload: list(stream[m](p, timeout=10)), len(payload))
+                else:
+                    call(kind, lambda m=m, p=payload: unary[m](p, timeout=10), len(payload))
+
+    def reconnect() -> None:
+        while not stop.is_set():  # a fresh TLS handshake for every request
+            with grpc.secure_channel(address, creds, options=opts) as ch:
+                check = ch.unary_unary(HEALTH_CHECK)  # a valid, empty HealthCheckRequest
+                call("new-connection Check", lambda c=check: c(b"", timeout=10))
+
+    threads = [
+        threading.Thread(target=f, daemon=True)
+        for f in (big_open, big_open, watch, garbage, garbage, reconnect)
+    ]
+    for t in threads:
+        t.start()
+    while time.time() < until:
+        time.sleep(0.1)
+    stop.set()
+    for t in threads:
+        t.join(timeout=15)
+    Path(out).write_text(json.dumps({"codes": dict(codes), "bytes": sent["bytes"]}))
+
+
+def spawn_flood(root: Path, dep: Any, address: str, duration: float, out: Path, nice: int) -> Any:
+    """The hostile client in a process of its own, with a certificate the source never pinned."""
+    import multiprocessing as mp
+
+    from dpda.service.tls import init_party
+
+    mallory = init_party(root / "hostile", "mallory", ca_dir=root / "keys" / "ca")
+    proc = mp.get_context("spawn").Process(
+        target=flood_process,
+        args=(
+            address,
+            str(mallory.cert),
+            str(mallory.key),
+            str(dep.source_keys.ca),
+            time.time() + duration,
+            str(out),
+            nice,
+        ),
+        daemon=True,
+    )
+    proc.start()
+    return proc
+
+
+def spawn_pattern(
+    pattern: str, root: Path, dep: Any, pinned: Peer | None, address: str, duration: float
+) -> Any:
+    """A ``bench.hostile`` pattern in a process of its own: ``bytes`` with an unpinned
+    certificate, the others as the pinned peer ``pinned``."""
+    import multiprocessing as mp
+
+    from dpda.bench.hostile import hostile_process
+    from dpda.service.tls import init_party
+
+    if pattern == "bytes":
+        k = init_party(root / f"hostile-{pattern}", "mallory-b", ca_dir=root / "keys" / "ca")
+    else:
+        assert pinned is not None
+        k = pinned.keys
+    keys = {
+        "cert": str(k.cert),
+        "key": str(k.key),
+        "ca": str(dep.source_keys.ca),
+        "peer_ca": str(k.ca),
+        "signing_key": str(k.signing_key),
+        "signing_pub": str(k.signing_pub),
+        "fingerprint": k.fingerprint,
+        "source_fingerprint": dep.source_keys.fingerprint,
+        "source_signing_pub": str(dep.source_keys.signing_pub),
+    }
+    proc = mp.get_context("spawn").Process(
+        target=hostile_process,
+        args=(pattern, str(root), address, keys, time.time() + duration,
+              str(root / f"hostile-{pattern}.json"), 0),
+        daemon=True,
+    )  # fmt: skip
+    proc.start()
+    return proc
+
+
+def merge_counts(files: list[Path]) -> dict[str, Any]:
+    """The hostile processes' counts, added up (a file that is missing counts nothing)."""
+    codes: Counter = Counter()
+    sent = 0
+    for f in files:
+        if f.is_file():
+            data = json.loads(f.read_text())
+            codes.update(data.get("codes", {}))
+            sent += int(data.get("bytes", 0))
+    return {"codes": dict(codes), "bytes": sent}
+
+
 def _bytes(address: str, creds: Any, stop: threading.Event, tally: Tally) -> None:
     import grpc
 
@@ -99,7 +286,7 @@ def _bytes(address: str, creds: Any, stop: threading.Event, tally: Tally) -> Non
 
 
 def hint_terms() -> str:
-    from dpda.bench.load import DATASET, DELTA, SOURCE_ROWS
+    from dpda.bench.load_honest import DATASET, DELTA, SOURCE_ROWS
     from dpda.dp.mechanisms import PrivacyUnit
     from dpda.terms import SessionTerms
 
@@ -119,7 +306,7 @@ def hint_terms() -> str:
 
 
 def _hint(src: Any, stop: threading.Event, tally: Tally) -> None:
-    from dpda.bench.load import DATASET
+    from dpda.bench.load_honest import DATASET
     from dpda.pb import dpda_pb2 as pb
 
     terms = hint_terms()
@@ -136,7 +323,7 @@ def _hint(src: Any, stop: threading.Event, tally: Tally) -> None:
 def _pate(src: Any, basis: Any, queries: Any, stop: threading.Event, tally: Tally) -> None:
     import numpy as np
 
-    from dpda.bench.load import DATASET, DELTA
+    from dpda.bench.load_honest import DATASET, DELTA
     from dpda.dp.mechanisms import PrivacyUnit
     from dpda.protocol import TargetDisclosure
     from dpda.terms import SessionTerms
@@ -191,7 +378,7 @@ def hostile_process(
     if pattern == "bytes":
         worker = threading.Thread(target=_bytes, args=(address, creds, stop, tally), daemon=True)
     else:
-        from dpda.bench.load import Peer, Recorder, _client, _target_view
+        from dpda.bench.load_honest import Peer, Recorder, honest_client, target_view
         from dpda.service.tls import PartyKeys
 
         party = PartyKeys(
@@ -204,11 +391,13 @@ def hostile_process(
         )
         dep = _Dep(keys)
         index = 900 + PATTERNS.index(pattern)  # a state directory of its own per pattern
-        src = _client(Path(root), index, Peer("mallory-pinned", party), dep, address, Recorder())
+        src = honest_client(
+            Path(root), index, Peer("mallory-pinned", party), dep, address, Recorder()
+        )
         if pattern == "hint":
             worker = threading.Thread(target=_hint, args=(src, stop, tally), daemon=True)
         else:
-            basis, queries = _target_view(10)
+            basis, queries = target_view(10)
             worker = threading.Thread(
                 target=_pate, args=(src, basis, queries, stop, tally), daemon=True
             )
@@ -221,7 +410,7 @@ def hostile_process(
 
 
 class _Dep:
-    """What ``bench.load._client`` reads of a deployment: the source's keys."""
+    """What ``bench.load_honest.honest_client`` reads of a deployment: the source's keys."""
 
     def __init__(self, keys: dict[str, str]) -> None:
         from types import SimpleNamespace

@@ -190,7 +190,7 @@ def accuracy_one(
         default_attribute_bound,
     )
     from dpda.simulation import simulate
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
     from dpda.terms import SessionTerms
 
     ds = dataset_of(src)
@@ -276,7 +276,7 @@ def knn_one(
     from dpda.dp.calibration import calibrate_sigma
     from dpda.dp.mechanisms import clip_rows
     from dpda.dp.metric import train_metric
-    from dpda.target_party.pipeline import target_pca_basis, target_view
+    from dpda.target_party.view import target_pca_basis, target_view
     from dpda.terms import SessionTerms, metric_params
 
     ds = dataset_of(domain)

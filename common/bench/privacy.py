@@ -31,7 +31,7 @@ def label_leak(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> 
     from dpda.policy import PrivacyPolicy
     from dpda.protocol import TargetDisclosure
     from dpda.source_party.releases import SourceReleaser
-    from dpda.target_party.pipeline import target_pca_basis, target_view
+    from dpda.target_party.view import target_pca_basis, target_view
     from dpda.terms import SessionTerms
 
     ds = dataset_of(src)

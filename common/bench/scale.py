@@ -19,13 +19,13 @@ import threading
 import time
 from typing import Any
 
+from dpda.bench.bandwidth import memory_bandwidth_gbs
 from dpda.bench.speed import (
     _in_child,
     _rss_mb,
     _status_mb,
     fit_bounds,
     job_inputs,
-    memory_bandwidth_gbs,
     print_fits,
 )
 from dpda.service.output import add_json_option, write_json

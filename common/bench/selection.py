@@ -30,7 +30,7 @@ def _pair(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> dict[
     from dpda.data.loaders import load_domain
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
     from dpda.simulation import simulate
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
     from dpda.terms import SessionTerms
 
     dataset = "mnist-usps" if src in "MU" else "office-caltech"

@@ -50,7 +50,7 @@ from dpda.service.output import add_json_option, write_json
 
 def _in_process(src, tgt, terms, rep: str, scaling: str, seed: int) -> dict[str, Any]:
     from dpda.simulation import simulate
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
 
     t0 = time.perf_counter()
     out = simulate(

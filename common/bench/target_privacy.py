@@ -32,7 +32,7 @@ def one(
     from dpda.data.loaders import load_domain
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
     from dpda.simulation import simulate
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
     from dpda.terms import SessionTerms
 
     ds = dataset_of(src)

@@ -26,7 +26,7 @@ def _in_process(args: argparse.Namespace) -> dict[str, Any]:
     from dpda.data.synthetic import two_domains
     from dpda.service.progress import Progress
     from dpda.simulation import simulate
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
     from dpda.terms import SessionTerms
 
     src, tgt = two_domains()

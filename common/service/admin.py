@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import json
 import threading
 import time
@@ -54,10 +53,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
     generate_latest,
 )
 from pydantic import BaseModel
@@ -66,72 +61,17 @@ from starlette.requests import Request
 
 from dpda.dp.ledger import LedgerEntry, totals_by_relation
 from dpda.service.audit import AuditRecord
+from dpda.service.hosts import LOOPBACK_NAMES, WILDCARDS, is_ip, split_host
+from dpda.service.metrics import Metrics
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-
-class Metrics:
-    """The daemon's Prometheus metrics, in a registry of its own."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.releases = Counter(
-            "dpda_releases", "DP releases sent", ["dataset", "mechanism"], registry=self.registry
-        )
-        self.release_bytes = Counter(
-            "dpda_release_bytes",
-            "bytes of DP releases sent",
-            ["dataset", "mechanism"],
-            registry=self.registry,
-        )
-        self.epsilon = Gauge(
-            "dpda_epsilon_spent",
-            "ε of all events of the dataset after the latest entry of the peer (a bound for "
-            "the attribute relation; see dpda_epsilon_by_relation for the record level)",
-            ["dataset", "peer"],
-            registry=self.registry,
-        )
-        self.epsilon_by_relation = Gauge(
-            "dpda_epsilon_by_relation",
-            "ε of the dataset per neighbouring relation (record: +Inf once any attribute-unit "
-            "release exists, since those give no record-level guarantee)",
-            ["dataset", "relation"],
-            registry=self.registry,
-        )
-        self.refusals = Counter(
-            "dpda_refusals",
-            "requests refused, by public error code",
-            ["code"],
-            registry=self.registry,
-        )
-        self.refusals_unaudited = Counter(
-            "dpda_refusals_unaudited",
-            "refusals of unpinned callers not written to the audit log (one a second is)",
-            ["code"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "dpda_rpc_latency_seconds", "gRPC handling time", ["method"], registry=self.registry
-        )
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 MAX_BODY = 64 * 1024  # bytes of a request body; more gets 413
 MAX_CONNECTIONS = 32  # connections and requests in flight at once; more get 503
 MAX_HEAD = 16 * 1024  # bytes of a request line and headers
 SAFE_METHODS = frozenset({"GET", "HEAD"})
-_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
-_WILDCARDS = ("", "0.0.0.0", "::")
 
 Answer = tuple[int, str, bytes]
 
@@ -146,35 +86,6 @@ def _headers(scope: Scope, name: bytes) -> list[str]:
 
 def _shown(value: str) -> str:
     return value if len(value) <= 80 else value[:80] + "…"
-
-
-def _split_host(host: str) -> tuple[str, int | None] | None:
-    """``name[:port]`` of a Host header (IPv6 bracketed) → (lower-case name, port or None)."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        name, sep, rest = host.partition("]")
-        name += sep
-        if rest and not rest.startswith(":"):
-            return None
-        port = rest[1:] if rest else None
-    else:
-        name, sep, port_s = host.partition(":")
-        port = port_s if sep else None
-    if not name or name == "[]":
-        return None
-    if port is None:
-        return name, None
-    if not port.isdigit() or len(port) > 5:
-        return None
-    return name, int(port)
-
-
-def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name.strip("[]"))
-    except ValueError:
-        return False
-    return True
 
 
 class Health(BaseModel):
@@ -262,7 +173,7 @@ class AdminApp:
         self.guarded_reads = guarded_reads
         self.allowed_hosts = tuple(h.lower() for h in allowed_hosts)
         self.port: int | None = None
-        self.host_names: frozenset[str] = frozenset((*_LOOPBACK_NAMES, *self.allowed_hosts))
+        self.host_names: frozenset[str] = frozenset((*LOOPBACK_NAMES, *self.allowed_hosts))
         self.wildcard = False
         self.api = self._build(routers)
 
@@ -341,8 +252,8 @@ class AdminApp:
         """The address the server listens on: the Host header must name it (with this port)."""
         self.port = port
         bare = host.strip("[]").lower()
-        names = {*_LOOPBACK_NAMES, *self.allowed_hosts}
-        self.wildcard = bare in _WILDCARDS
+        names = {*LOOPBACK_NAMES, *self.allowed_hosts}
+        self.wildcard = bare in WILDCARDS
         if not self.wildcard:
             names.add(f"[{bare}]" if ":" in bare else bare)
         self.host_names = frozenset(names)
@@ -394,7 +305,7 @@ class AdminApp:
         port = self.port
         if port is None and scope.get("server"):
             port = int(scope["server"][1])
-        parsed = _split_host(hosts[0])
+        parsed = split_host(hosts[0])
         if parsed is None:
             return _js(403, {"error": f"Host header {_shown(hosts[0])!r}: malformed"})
         name, host_port = parsed
@@ -406,7 +317,7 @@ class AdminApp:
                     f"(this admin API listens on port {port}); refused against DNS rebinding"
                 },
             )
-        if name not in self.host_names and not (self.wildcard and _is_ip(name)):
+        if name not in self.host_names and not (self.wildcard and is_ip(name)):
             return _js(
                 403,
                 {

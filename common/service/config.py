@@ -1,24 +1,22 @@
 """TOML configuration for both daemons, validated by pydantic (frozen, unknown keys rejected).
 
 Every validation error is reported as ``<file>: <dotted.field>: <problem>``. Relative paths are
-resolved against the directory of the config file.
+resolved against the directory of the config file (``config_file`` reads and explains).
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
 import re
-import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from dpda.dp.calibration import CalibrationMethod
 from dpda.dp.mechanisms import Neighbouring, PrivacyUnit, ReleaseKind
-from dpda.errors import ConfigError
 from dpda.policy import PrivacyPolicy, TargetPrivacyPolicy
+from dpda.service.config_file import load
 from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE, ReweightingTerms, SessionTerms
 
 
@@ -126,7 +124,7 @@ class AdminConfig(_Strict):
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> AdminConfig:
-        from dpda.service.admin import is_loopback
+        from dpda.service.hosts import is_loopback
 
         host = self.listen.rsplit(":", 1)[0].strip("[]")
         if self.enabled and not is_loopback(host) and self.token_file is None:
@@ -418,94 +416,6 @@ class TargetConfig(_Strict):
         "exact statistic or row",
     )
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
-
-
-def _resolve(data: object, base: Path) -> object:
-    if isinstance(data, dict):
-        out = {}
-        for k, v in data.items():
-            is_path = isinstance(v, str) and (
-                k
-                in {
-                    "cert",
-                    "key",
-                    "peer_ca",
-                    "signing_key",
-                    "token_file",
-                    "signing_public_key",
-                    "state_dir",
-                    "path",
-                    "data_path",
-                    "source_signing_public_key",
-                    "tls_ca_file",
-                    "tls_cert",
-                    "tls_key",
-                }
-            )
-            out[k] = str((base / v).resolve()) if is_path else _resolve(v, base)
-        return out
-    if isinstance(data, list):
-        return [_resolve(v, base) for v in data]
-    return data
-
-
-def load(path: str | Path, model: type[_Strict]) -> _Strict:
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    try:
-        return model.model_validate(_resolve(raw, path.parent))
-    except ValidationError as exc:
-        raise ConfigError(f"{path}: {explain(exc, model)}") from None
-
-
-def explain(exc: ValidationError, model: type[BaseModel]) -> str:
-    """The first error as ``field: message``; an unknown key comes first, with the known key it
-    most resembles ("did you mean …"), since a misspelt key also makes the intended one missing."""
-    errors = exc.errors()
-    extra = next((e for e in errors if e["type"] == "extra_forbidden"), None)
-    err = extra or errors[0]
-    field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    if extra is None:
-        return f"{field}: {err['msg']}"
-    known = _keys_at(model, err["loc"][:-1])
-    key = str(err["loc"][-1])
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    if close:
-        return f"{field}: unknown key {key!r}; did you mean {close[0]!r}?"
-    return f"{field}: unknown key {key!r} (known keys: {', '.join(sorted(known))})"
-
-
-def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """The field names of the model a location inside ``model`` points into."""
-    current: Any = model
-    for part in loc:
-        if isinstance(part, int):
-            continue  # an entry of a list of tables: the same model
-        field = current.model_fields.get(str(part)) if _is_model(current) else None
-        if field is None:
-            return []
-        current = _model_in(field.annotation)
-    return list(current.model_fields) if _is_model(current) else []
-
-
-def _is_model(t: Any) -> bool:
-    return isinstance(t, type) and issubclass(t, BaseModel)
-
-
-def _model_in(annotation: Any) -> Any:
-    """The pydantic model an annotation holds (itself, or inside a tuple, list or union)."""
-    if _is_model(annotation):
-        return annotation
-    for arg in get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def load_source(path: str | Path) -> SourceConfig:

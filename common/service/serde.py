@@ -13,7 +13,7 @@ ALLOWED_DTYPES = {"<f8": np.float64, "<i8": np.int64}
 MAX_ARRAY_BYTES = 256 * 1024 * 1024
 MAX_MESSAGE_BYTES = MAX_ARRAY_BYTES + 1024 * 1024
 # the largest request a source accepts (PATE queries, a restored ledger tail); the target splits
-# larger query sets (``target_party.pipeline._ask_teachers``)
+# larger query sets (``target_party.arms.ask_teachers``)
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
 
 

@@ -91,7 +91,8 @@ def test_token_required_beyond_loopback(tmp_path) -> None:
 
 
 def test_bearer_token_is_checked(tmp_path) -> None:
-    from dpda.service.admin import AdminApp, Metrics
+    from dpda.service.admin import AdminApp
+    from dpda.service.metrics import Metrics
 
     app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, token="s3cret")
     assert app.handle({"path": "/healthz", "headers": []})[0] == 401
@@ -115,7 +116,8 @@ def _scope(
 
 def test_host_origin_and_content_type_checks() -> None:
     """Issue 12, item 5, at the app level: what ``guard`` lets through to the routes."""
-    from dpda.service.admin import AdminApp, Metrics
+    from dpda.service.admin import AdminApp
+    from dpda.service.metrics import Metrics
 
     app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, allowed_hosts=("dpda.lan",))
     app.bind("127.0.0.1", 8123)
@@ -142,7 +144,8 @@ def test_host_origin_and_content_type_checks() -> None:
 def test_state_changing_requests_need_a_token() -> None:
     from fastapi import APIRouter
 
-    from dpda.service.admin import AdminApp, Metrics
+    from dpda.service.admin import AdminApp
+    from dpda.service.metrics import Metrics
 
     route = APIRouter()
     route.add_api_route("/v1/jobs", lambda: {}, methods=["POST"], status_code=202)
@@ -163,7 +166,8 @@ def test_state_changing_requests_need_a_token() -> None:
 def test_queries_are_decoded_and_every_error_is_returned() -> None:
     """Issue 14: ``?dataset=office-caltech%3AC`` reached the ledger undecoded (an empty answer);
     a bad query answers 400 naming the field."""
-    from dpda.service.admin import AdminApp, Metrics
+    from dpda.service.admin import AdminApp
+    from dpda.service.metrics import Metrics
 
     asked: list[str | None] = []
     app = AdminApp(Metrics(), lambda ds: asked.append(ds) or [], lambda: [], lambda: True)
@@ -176,7 +180,8 @@ def test_queries_are_decoded_and_every_error_is_returned() -> None:
 
 def test_the_openapi_schema_covers_every_route() -> None:
     """Generated from the routes (issue 14: the hand-kept schema lacked the jobs API)."""
-    from dpda.service.admin import AdminApp, Metrics
+    from dpda.service.admin import AdminApp
+    from dpda.service.metrics import Metrics
     from dpda.target_party.jobs import OVERRIDABLE, JobRunner
 
     runner = JobRunner.__new__(JobRunner)  # the routes only: no config, no thread
@@ -196,7 +201,8 @@ def test_the_openapi_schema_covers_every_route() -> None:
 
 
 def test_docs_and_redoc_are_served_behind_the_token() -> None:
-    from dpda.service.admin import AdminApp, Metrics
+    from dpda.service.admin import AdminApp
+    from dpda.service.metrics import Metrics
 
     app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, "t0k", open_reads=True)
     for path in ("/docs", "/redoc"):
@@ -213,7 +219,8 @@ def test_a_request_without_the_token_has_no_byte_of_its_body_read() -> None:
     admin port hold its bytes (the body was read, up to 64 KiB, before the 401)."""
     import asyncio
 
-    from dpda.service.admin import AdminApp, Metrics
+    from dpda.service.admin import AdminApp
+    from dpda.service.metrics import Metrics
 
     app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, token="t" * 43)
     app.bind("127.0.0.1", 8123)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dpda.bench.load import REQUIRED_KEYS
+from dpda.bench.load_report import REQUIRED_KEYS
 from dpda.deployment import dpda_command
 
 

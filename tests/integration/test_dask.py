@@ -28,12 +28,8 @@ from dpda.policy import PrivacyPolicy
 from dpda.protocol import BatchRelease
 from dpda.source_party.releases import SourceReleaser
 from dpda.target_party.compute import Compute, ComputeSpec, open_compute
-from dpda.target_party.pipeline import (
-    AdaptConfig,
-    DPDAResult,
-    run_dpda,
-    target_view,
-)
+from dpda.target_party.pipeline import DPDAResult, run_dpda
+from dpda.target_party.view import AdaptConfig, target_view
 from dpda.terms import SessionTerms
 
 STEPS = 6

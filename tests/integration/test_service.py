@@ -19,7 +19,7 @@ from dpda.simulation import simulate
 from dpda.source_party.app import run_server
 from dpda.source_party.handlers import SignedRelease, SourceHandlers
 from dpda.target_party.app import open_state, run
-from dpda.target_party.pipeline import AdaptConfig
+from dpda.target_party.view import AdaptConfig
 from dpda.terms import SessionTerms
 
 from .helpers import DELTA, synthetic_deployment
@@ -279,7 +279,7 @@ def test_pate_channels_over_the_service_equal_simulate(tmp_path, method: str) ->
 def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> None:
     from dpda.data.synthetic import two_domains
     from dpda.target_party.client import GrpcReleaseSource
-    from dpda.target_party.pipeline import target_view
+    from dpda.target_party.view import target_view
 
     dep = synthetic_deployment(tmp_path, job={"batch_size": 100, "steps": 2}, attribute_unit=True)
     with run_server(load_source(dep.source_config)) as rs:
@@ -362,7 +362,7 @@ def test_a_source_that_lost_an_entrys_signatures_gets_them_back(tmp_path, lost, 
             if via == "sync":
                 client.sync_ledger()
             else:  # the target's countersignature arrives at the source that lost the writes
-                client._countersign(ledger.store.entries("synthetic")[-1])
+                client.ledger_sync.countersign(ledger.store.entries("synthetic")[-1])
         finally:
             client.close()
         assert store.entries("synthetic")[-1] == last

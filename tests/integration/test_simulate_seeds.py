@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpda.cli.main import main, spread_of
+from dpda.cli.main import main
+from dpda.cli.simulate import spread_of
 from dpda.data.synthetic import two_domains
 
 

@@ -19,8 +19,9 @@ from dpda.service import signing
 from dpda.service.config import load_source, load_target
 from dpda.source_party.app import run_server
 from dpda.source_party.handlers import SourceHandlers
-from dpda.target_party.app import OWN_ROWS, open_state, run
-from dpda.target_party.pipeline import target_pca_basis
+from dpda.target_party.app import open_state, run
+from dpda.target_party.own_rows import OWN_ROWS
+from dpda.target_party.view import target_pca_basis
 
 from .helpers import synthetic_deployment
 

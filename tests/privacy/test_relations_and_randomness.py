@@ -18,7 +18,8 @@ from dpda.dp.rng import is_cryptographic
 from dpda.errors import PolicyRefused
 from dpda.policy import PrivacyPolicy
 from dpda.protocol import TargetDisclosure
-from dpda.service.admin import AdminApp, Metrics
+from dpda.service.admin import AdminApp
+from dpda.service.metrics import Metrics
 from dpda.source_party.releases import SourceReleaser
 from dpda.terms import SessionTerms
 

@@ -12,7 +12,7 @@ from dpda.dp.accounting import epsilon_of
 from dpda.dp.events import LabelBranchDpEvent, event_from_json
 from dpda.dp.ledger import Budget
 from dpda.protocol import TargetDisclosure
-from dpda.target_party.pipeline import aggregate_points
+from dpda.target_party.fitting import aggregate_points
 from dpda.terms import SessionTerms
 from tests.support import memory_releaser
 
@@ -254,14 +254,14 @@ def test_class_gaussians_same_label_sensitivity_is_three_over_root_two() -> None
 )
 def test_the_adaptation_knobs_are_refused_out_of_range_naming_the_field(kw, field) -> None:
     from dpda.errors import ConfigError
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
 
     with pytest.raises(ConfigError, match=f"^{field}:"):
         AdaptConfig(**kw)
 
 
 def test_the_self_labelling_step_moves_each_point_toward_the_rows_it_labels() -> None:
-    from dpda.target_party.pipeline import self_label_step
+    from dpda.target_party.fitting import self_label_step
 
     x = np.array([[0.0, 0.0], [0.0, 2.0], [10.0, 0.0], [10.0, 2.0]])
     points = np.array([[1.0, 1.0], [7.0, 1.0], [100.0, 100.0]])  # the third labels no row

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from dpda.bench.accuracy import PUBLISHED_OT_GL, _pairs, paper_epsilon
+from dpda.bench.accuracy import _pairs, paper_epsilon
+from dpda.bench.accuracy_tpami import PUBLISHED_OT_GL
 from dpda.cli.main import main
 
 pytestmark = pytest.mark.slow  # every test here takes seconds (real daemons or long runs)

@@ -52,14 +52,14 @@ def test_session_parameters_have_one_declaration() -> None:
     config could not set noise_multiplier's companions)."""
     import dataclasses
 
-    from dpda.cli.main import RELEASE_DEPENDENT_FLAGS, TERM_FLAGS, _add_terms_args
+    from dpda.cli.simulate import RELEASE_DEPENDENT_FLAGS, TERM_FLAGS, add_terms_args
     from dpda.service.config import TargetJob
     from dpda.target_party.app import _TERMS_FROM_JOB
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
     from dpda.terms import PATE_SHARE, SessionTerms
 
     parser = __import__("argparse").ArgumentParser()
-    _add_terms_args(parser)
+    add_terms_args(parser)
     flags = {a.dest: a for a in parser._actions}
     terms, job = SessionTerms.model_fields, TargetJob.model_fields
     for name in TERM_FLAGS:

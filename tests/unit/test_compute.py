@@ -19,7 +19,8 @@ from dpda.target_party.compute import (
     spec_of,
     split_rows,
 )
-from dpda.target_party.pipeline import AdaptConfig, TargetView, combine, fit_piece
+from dpda.target_party.fitting import combine, fit_piece
+from dpda.target_party.view import AdaptConfig, TargetView
 
 
 def test_split_rows_covers_every_point_once_within_the_limit():

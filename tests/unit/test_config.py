@@ -47,23 +47,24 @@ def test_missing_and_broken_files(tmp_path) -> None:
 def test_simulate_terms_error_names_the_field() -> None:
     import pytest
 
-    from dpda.cli.main import _terms, build_parser
+    from dpda.cli.main import build_parser
+    from dpda.cli.simulate import terms_from_args
     from dpda.errors import ConfigError
 
     argv = ["simulate", "--dataset", "office-caltech", "--source", "C", "--target", "A"]
     args = build_parser().parse_args([*argv, "--noise-multiplier", "0"])
     with pytest.raises(ConfigError, match=r"^noise_multiplier: 0 \(calibrate to ε\) needs"):
-        _terms(args, "office-caltech:C", 1e-3)
+        terms_from_args(args, "office-caltech:C", 1e-3)
     args = build_parser().parse_args(
         [*argv, "--batch-size", "128", "--steps", "9", "--noise-multiplier", "0"]
     )
     with pytest.raises(ConfigError, match=r"^batch_size: aggregate releases are whole-dataset"):
-        _terms(args, "office-caltech:C", 1e-3)  # the default unit (record) releases aggregates
+        terms_from_args(args, "office-caltech:C", 1e-3)  # the default unit releases aggregates
     args = build_parser().parse_args(
         [*argv, "--batch-size", "128", "--steps", "9", "--noise-multiplier", "0"]
         + ["--privacy-unit", "attribute"]
     )
-    assert _terms(args, "office-caltech:C", 1e-3).steps == 9
+    assert terms_from_args(args, "office-caltech:C", 1e-3).steps == 9
 
 
 def test_deploy_examples_load_with_the_default_policy() -> None:

@@ -261,7 +261,8 @@ def test_the_metric_separates_classes_without_noise() -> None:
 def test_the_target_transports_in_ws_space() -> None:
     """cost = metric: the cost is ‖W(z_s − z_t)‖²; a W that zeroes a noise direction makes the
     plan ignore it."""
-    from dpda.target_party.pipeline import AdaptConfig, TargetView, fit_points
+    from dpda.target_party.fitting import fit_points
+    from dpda.target_party.view import AdaptConfig, TargetView
 
     rng = np.random.default_rng(0)
     xt = np.vstack(
@@ -307,7 +308,7 @@ def test_simulate_cost_metric_contract(data_dir, tmp_path) -> None:
 
 def test_a_lowered_projection_dim_lowers_metric_dim_too() -> None:
     """The target lowers ℓ to what its data allows; d′ follows, so the terms stay valid."""
-    from dpda.target_party.pipeline import AdaptConfig, session_terms, target_view
+    from dpda.target_party.view import AdaptConfig, session_terms, target_view
 
     rng = np.random.default_rng(0)
     t = Domain("t", rng.normal(size=(30, 8)), np.arange(30) % 2, 2)

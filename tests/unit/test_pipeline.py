@@ -10,7 +10,8 @@ from dpda.cli.main import main
 from dpda.data.synthetic import two_domains
 from dpda.simulation import simulate
 from dpda.target_party.compute import Compute
-from dpda.target_party.pipeline import AdaptConfig, fit_piece
+from dpda.target_party.fitting import fit_piece
+from dpda.target_party.view import AdaptConfig
 from dpda.terms import SessionTerms
 from tests.support import memory_releaser
 
@@ -203,7 +204,8 @@ def test_target_batch_with_pate_is_refused_before_any_spend() -> None:
     from dpda.dp.ledger import Budget
     from dpda.dp.rng import make_rng
     from dpda.errors import ConfigError
-    from dpda.target_party.pipeline import run_dpda, target_view
+    from dpda.target_party.pipeline import run_dpda
+    from dpda.target_party.view import target_view
 
     s, t = two_domains(n_source=300, n_target=200)
     terms = _terms(pate_epsilon=1.0, pate_queries=20, privacy_unit="attribute")

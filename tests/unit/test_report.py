@@ -43,8 +43,8 @@ def test_sinkhorn_synthetic_report_shows_synthetic_points_beside_the_target() ->
     from dpda.data.loaders import Domain
     from dpda.data.synthetic import two_domains
     from dpda.simulation import simulate
-    from dpda.target_party.pipeline import AdaptConfig, target_view
     from dpda.target_party.report import figures_of, render
+    from dpda.target_party.view import AdaptConfig, target_view
     from dpda.terms import SessionTerms
 
     src, tgt = two_domains()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from dpda.target_party.client import _Retrying
+from dpda.target_party.transport import Retrying
 
 
 class _Unavailable(grpc.RpcError):
@@ -37,7 +37,7 @@ class _Stub:
 
 def test_a_stream_broken_after_a_message_keeps_it_and_does_not_ask_again() -> None:
     stub = _Stub(before_break=1)
-    got = _Retrying(stub, reconnect_s=5.0).ReleaseBatches(object())  # type: ignore[arg-type]
+    got = Retrying(stub, reconnect_s=5.0).ReleaseBatches(object())  # type: ignore[arg-type]
     assert got == ["release 0 (call 1)"] and stub.calls == 1
 
 
@@ -45,5 +45,5 @@ def test_a_stream_broken_after_a_message_keeps_it_and_does_not_ask_again() -> No
 def test_a_stream_broken_before_any_message_is_retried_until_the_deadline() -> None:
     stub = _Stub(before_break=0)
     with pytest.raises(grpc.RpcError):
-        _Retrying(stub, reconnect_s=0.3).ReleaseBatches(object())  # type: ignore[arg-type]
+        Retrying(stub, reconnect_s=0.3).ReleaseBatches(object())  # type: ignore[arg-type]
     assert stub.calls >= 2

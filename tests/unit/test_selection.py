@@ -9,8 +9,8 @@ import pytest
 
 from dpda.data.synthetic import two_domains
 from dpda.simulation import simulate
-from dpda.target_party.pipeline import AdaptConfig
 from dpda.target_party.selection import GRID
+from dpda.target_party.view import AdaptConfig
 from dpda.terms import SessionTerms
 
 

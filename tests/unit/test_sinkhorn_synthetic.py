@@ -16,7 +16,7 @@ from dpda.dp.events import event_from_json
 from dpda.dp.ledger import Budget
 from dpda.dp.mechanisms import clip_rows, gaussian_noise
 from dpda.protocol import TargetDisclosure
-from dpda.target_party.pipeline import aggregate_points
+from dpda.target_party.fitting import aggregate_points
 from dpda.terms import SessionTerms, plan_batches
 from tests.support import memory_releaser
 
@@ -232,8 +232,8 @@ def test_release_dependent_defaults_and_explicit_values_win() -> None:
     assert (rows.release, rows.histogram_share, rows.calibration) == ("rows", 0.5, "theorem2")
     assert _terms(histogram_share=None).histogram_share == 0.1  # None: not given
 
-    from dpda.cli.main import _terms as cli_terms
     from dpda.cli.main import build_parser
+    from dpda.cli.simulate import terms_from_args as cli_terms
 
     args = build_parser().parse_args(
         ["simulate", "--dataset", "office-caltech", "--release", "sinkhorn-synthetic"]

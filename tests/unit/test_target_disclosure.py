@@ -65,7 +65,7 @@ def test_replacing_one_row_moves_each_statistic_by_at_most_its_sensitivity() -> 
 
 def test_the_disclosure_is_not_the_exact_statistic_and_the_basis_is_orthonormal() -> None:
     from dpda.data.preprocessing import Scaling, per_row
-    from dpda.target_party.pipeline import target_pca_basis
+    from dpda.target_party.view import target_pca_basis
 
     _, t = two_domains()
     plan = T.plan_disclosure(4.0, 1e-4, t.x.shape[1], "raw", row_clip=20.0)
@@ -80,7 +80,7 @@ def test_the_disclosure_is_not_the_exact_statistic_and_the_basis_is_orthonormal(
 @pytest.mark.slow
 def test_simulate_reports_the_targets_own_charge() -> None:
     from dpda.simulation import simulate
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
     from dpda.terms import SessionTerms
 
     src, tgt = two_domains(300, 250)
@@ -156,15 +156,15 @@ def test_dp_row_queries_never_choose_rows_by_the_data(monkeypatch) -> None:
     """Under ``row_queries = "dp"`` DPDA+PATE must not pick its rows with the plan (a choice that
     depends on every target row would break the 2C sensitivity); the exact opt-in does, so the
     trap below is live."""
-    import dpda.target_party.pipeline as P
+    import dpda.target_party.arms as arms
     from dpda.simulation import simulate
-    from dpda.target_party.pipeline import AdaptConfig
+    from dpda.target_party.view import AdaptConfig
     from dpda.terms import SessionTerms
 
     def trap(*_a: object, **_k: object) -> None:
         raise AssertionError("rows chosen by the plan")
 
-    monkeypatch.setattr(P, "select_rows", trap)
+    monkeypatch.setattr(arms, "select_rows", trap)
     src, tgt = two_domains()
     terms = SessionTerms(dataset="synthetic", epsilon=4.0, delta=1e-4, projection_dim=6)
     kw = dict(baselines=False, methods=("dpda+pate",), pate_queries=30, target_epsilon=4.0,

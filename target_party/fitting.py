@@ -1,0 +1,430 @@
+"""Fitting releases onto the target's rows: the points a release carries (noisy rows, class
+aggregates) → debiased cost → entropic + group-lasso OT → images in the target's own space,
+split into tasks that run in-process or on Dask workers (``JobSession``), then the classifier
+trained on the images (``Fitted``). Everything here is post-processing: no budget."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from dpda.dp.events import BatchSpec
+from dpda.dp.mechanisms import counts_to_labels
+from dpda.dp.sinkhorn_synthetic import SinkhornSyntheticParams, synthetic_labels
+from dpda.ot.costs import dpot_cost, label_mask
+from dpda.ot.fast import SinkhornState
+from dpda.ot.mapping import barycentric_map
+from dpda.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
+from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo
+from dpda.target_party.compute import Compute, split_rows
+from dpda.target_party.training import accuracy, fit_predict
+from dpda.target_party.view import AdaptConfig, LocalSpace, TargetView
+from dpda.terms import SessionTerms, synthetic_params
+
+
+@dataclass(frozen=True)
+class FitTraffic:
+    """What a job's fits did, summed over its batches: the counts ``dpda bench speed --visda``
+    and ``dpda bench scale`` print beside the bytes-over-bandwidth bound."""
+
+    fits: int = 0
+    kernel_builds: int = 0
+    passes: int = 0  # passes over a kernel: one per Sinkhorn iteration
+    bytes_read: int = 0  # bytes of plan-sized arrays read (solver, cost, products)
+    pass_bytes: int = 0  # bytes the passes alone must read (passes × plan bytes)
+    seconds: float = 0.0  # the fits' own time (where they ran)
+
+    @classmethod
+    def of(cls, fits: list[BatchFit]) -> FitTraffic:
+        return cls(
+            fits=len(fits),
+            kernel_builds=sum(f.kernel_builds for f in fits),
+            passes=sum(f.passes for f in fits),
+            bytes_read=sum(f.bytes_read for f in fits),
+            pass_bytes=sum(f.pass_bytes for f in fits),
+            seconds=float(sum(f.seconds for f in fits)),
+        )
+
+    def to_json(self) -> dict[str, float]:
+        per = max(self.fits, 1)
+        return {
+            "fits": self.fits,
+            "kernel_builds_per_fit": self.kernel_builds / per,
+            "passes_per_fit": self.passes / per,
+            "bytes_read_per_fit": self.bytes_read / per,
+            "pass_bytes_per_fit": self.pass_bytes / per,
+            "read_over_pass_bytes": self.bytes_read / max(self.pass_bytes, 1),
+            "seconds_per_fit": self.seconds / per,
+        }
+
+
+@dataclass(frozen=True)
+class BatchFit:
+    mapped: np.ndarray  # (n, d) in the target's space
+    labels: np.ndarray  # (n,) from the noisy counts
+    w_tilde: float
+    converged: bool
+    class_mass: np.ndarray  # (q, m): mass each class sends to each target row
+    back_mapped: np.ndarray  # (m, ℓ): each target row's image among the noisy source rows
+    points: np.ndarray  # (n, ℓ) the source points transported (noisy rows, prototypes, …)
+    weights: np.ndarray  # (n,) their masses
+    # what the fit read (the solver's passes plus the cost's normalization and the three
+    # products with the plan: images, class masses, back-mapped rows)
+    kernel_builds: int = 0
+    passes: int = 0
+    bytes_read: int = 0
+    pass_bytes: int = 0  # what the passes alone must read: passes × the plan's bytes
+    seconds: float = 0.0  # the fit's own time, where it ran
+    # target-side potentials of the first entropic solve, in the raw cost's units (the warm
+    # start of a later batch's fit); None when the fit covers a subset of the target's rows
+    warm: np.ndarray | None = None
+
+
+def fit_points(
+    pts: np.ndarray,
+    ys: np.ndarray,
+    a: np.ndarray,
+    noise_std: float,
+    xt_proj: np.ndarray,
+    view: TargetView,
+    cfg: AdaptConfig,
+    n_classes: int,
+    metric: np.ndarray | None = None,
+    warm: np.ndarray | None = None,
+) -> BatchFit:
+    """Labeled source points (noisy rows, prototypes or synthetic points) with weights ``a``
+    → debiased cost → entropic + group-lasso OT → images in the target's own space.
+
+    ``metric``: the session's learned W (``d′ × ℓ``): the cost is ``‖W(z_s − z_t)‖²`` (both
+    sides mapped by W, then squared Euclidean; the noise bias becomes ``σ²‖W‖_F²``); the plan
+    still maps the source onto the target's own rows. ``warm``: an earlier fit's ``warm`` onto
+    the same target rows (the first Sinkhorn solve starts from it; the plan does not depend
+    on it beyond the solver's tolerance). A pure function of its arguments."""
+    t0 = time.perf_counter()
+    mask = label_mask(ys, view.known) if np.any(view.known >= 0) else None
+    if metric is None:
+        cost = dpot_cost(pts, xt_proj, noise_std, mask)
+    else:
+        std = noise_std * float(np.linalg.norm(metric)) / np.sqrt(metric.shape[0])
+        cost = dpot_cost(pts @ metric.T, xt_proj @ metric.T, std, mask)
+    m = xt_proj.shape[0]
+    start = None
+    if warm is not None and warm.shape == (m,):
+        start = SinkhornState(np.zeros(pts.shape[0]), warm / cost.scale)
+    res = sinkhorn_group_lasso(
+        a,
+        uniform(m),
+        cost.normalized,
+        ys,
+        cfg.reg_e,
+        cfg.reg_g,
+        outer_iter=cfg.outer_iter,
+        inner_iter=cfg.inner_iter,
+        inner_tol=cfg.inner_tol,
+        start=start,
+    )
+    plan = res.plan
+    mass = float(a.sum())
+    out = res.start_state
+    return BatchFit(
+        mapped=barycentric_map(plan, view.x),
+        labels=ys,
+        # W̃ = ⟨γ, C̃⟩ from the solver's own ⟨γ, C/scale⟩ (no further pass over the plan)
+        w_tilde=cost.scale * res.transport_cost - cost.bias * mass,
+        converged=res.converged,
+        class_mass=one_hot(ys, n_classes).astype(plan.dtype).T @ plan,
+        back_mapped=barycentric_map(plan.T, pts),
+        points=pts,
+        weights=a,
+        kernel_builds=res.kernel_builds,
+        passes=res.passes,
+        # + the cost's normalization (its maximum, then the division) and the three products
+        bytes_read=res.bytes_read + 2 * cost.normalized.nbytes + 3 * plan.nbytes,
+        pass_bytes=res.passes * plan.nbytes,
+        seconds=time.perf_counter() - t0,
+        warm=None if out is None else out.beta * cost.scale,
+    )
+
+
+def aggregate_points(
+    rel: BatchRelease,
+    release: str,
+    n_classes: int,
+    seed: int,
+    per_class: int,
+    synthetic: SinkhornSyntheticParams | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Noisy class aggregates → (points (p, ℓ), labels (p,), weights (p,)), post-processing.
+
+    ``prototypes``: one mean per class, weighted by its noisy count. ``class-gaussians``: points
+    drawn from a diagonal Gaussian per class (noisy mean and variance), equal weights.
+    ``sinkhorn-synthetic``: the released points as they are, each class's mass its noisy count
+    shared equally by its points.
+    """
+    counts = np.asarray(rel.noisy_counts, dtype=float)
+    if release == "sinkhorn-synthetic":
+        if synthetic is None:
+            raise ValueError("sinkhorn-synthetic points need the session's parameters")
+        labels = synthetic_labels(
+            rel.noisy_counts, synthetic.points_per_class, synthetic.rows_per_point
+        )
+        share = counts.clip(1.0)[labels]
+        share = share / np.bincount(labels, minlength=n_classes)[labels]
+        return rel.z, labels, share / share.sum()
+    ell = rel.z.shape[1] if release == "prototypes" else rel.z.shape[1] // 2
+    keep = np.flatnonzero(counts >= 1)
+    if keep.size == 0:
+        keep = np.arange(n_classes)
+    n = np.maximum(counts[keep], 1.0)[:, None]
+    means = rel.z[keep, :ell] / n
+    if release == "prototypes":
+        w = counts[keep].clip(1.0)
+        return means, keep.astype(np.int64), w / w.sum()
+    var = rel.z[keep, ell:] / n - means**2
+    floor = max(float(np.median(var[var > 0])) if np.any(var > 0) else 1e-3, 1e-6) * 0.05
+    var = np.maximum(var, floor)
+    rng = np.random.default_rng(seed)
+    sizes = np.minimum(np.rint(counts[keep]).astype(int), per_class).clip(1)
+    pts = [
+        m + rng.normal(size=(k, ell)) * np.sqrt(v)
+        for m, v, k in zip(means, var, sizes, strict=True)
+    ]
+    labels = np.repeat(keep, sizes).astype(np.int64)
+    x = np.vstack(pts)
+    return x, labels, np.full(x.shape[0], 1.0 / x.shape[0])
+
+
+@dataclass
+class JobSession:
+    """One open session of a job: what every stage needs (the releases are fitted against the
+    target's own rows projected with the session's matrix)."""
+
+    source: ReleaseSource
+    view: TargetView
+    terms: SessionTerms
+    cfg: AdaptConfig
+    info: SessionInfo
+    xt_proj: np.ndarray
+    compute: Compute = field(default_factory=Compute)
+    metric: np.ndarray | None = None  # cost = metric: the released W (d′ × ℓ)
+    # a source-space session: the target's own map from the release's space to the OT space
+    space: LocalSpace | None = None
+    # the handles of what the tasks share (the projected rows, each view), sent once
+    _shared: dict[int, tuple[object, Any]] = field(default_factory=dict, repr=False)
+    # the target-side potentials of the session's first fit onto every target row: a task
+    # (or, once gathered, its value) every later fit takes as its warm start
+    _warm: Any = field(default=None, repr=False)
+
+    def _put(self, obj: object) -> Any:
+        got = self._shared.get(id(obj))
+        if got is None or got[0] is not obj:
+            got = (obj, self.compute.put(obj))
+            self._shared[id(obj)] = got
+        return got[1]
+
+    def submit(self, rel: BatchRelease, v: TargetView) -> PendingFit:
+        """Start the fit of one release (a task per piece, ``split_rows``); the points come from
+        the release here, in the job's process; the plans are made where the tasks run."""
+        cfg, q = self.cfg, self.info.n_classes
+        if self.terms.release != "rows":
+            synthetic = synthetic_params(self.terms)
+            pts, ys, a = aggregate_points(
+                rel, self.terms.release, q, cfg.seed, cfg.synthetic_per_class, synthetic
+            )
+            lifted = self.lift(pts)
+            if self.space is not None:
+                pts = self.space(pts)
+            noise_std = 0.0
+        else:
+            n = rel.z.shape[0]
+            pts, ys, a = rel.z, counts_to_labels(rel.noisy_counts, n), uniform(n)
+            lifted = None
+            assert isinstance(rel.spec, BatchSpec)  # a metric release is never fitted
+            noise_std = rel.spec.features.noise_std
+        rows: np.ndarray | None = None
+        m = v.x.shape[0]
+        if self.terms.release == "rows" and 0 < cfg.target_batch < m:
+            rng = np.random.default_rng([cfg.seed, rel.index])
+            rows = np.sort(rng.choice(m, cfg.target_batch, replace=False))
+            m = cfg.target_batch
+        xt, view = self._put(self.xt_proj), self._put(v)
+        spans = split_rows(pts.shape[0], m, self.compute.max_cells())
+        warm = None
+        if cfg.warm_batches and rows is None and self._warm is not None:
+            warm = self.compute.handle(self._warm)
+        tasks = [
+            self.compute.submit(
+                fit_piece,
+                pts[i:j],
+                ys[i:j],
+                a if len(spans) == 1 else a[i:j] / a[i:j].sum(),
+                noise_std,
+                xt,
+                view,
+                cfg,
+                q,
+                rows,
+                self.metric,
+                warm,
+            )
+            for i, j in spans
+        ]
+        if cfg.warm_batches and rows is None and self._warm is None:
+            self._warm = self.compute.derive(warm_of, tasks[0])
+        return PendingFit(tasks, [float(a[i:j].sum()) for i, j in spans], a, lifted)
+
+    def lift(self, pts: np.ndarray) -> np.ndarray:
+        """Release points (the release's own space) → the target's space ``view.x``: the
+        target's scaling of a source-space release; a projected release back through the
+        basis (the component the projection keeps)."""
+        if self.space is not None:
+            return np.asarray(self.space.scaling.apply(pts))
+        return np.asarray(pts @ np.linalg.pinv(self.info.projection))
+
+    def collect(self, pending: list[PendingFit]) -> list[BatchFit]:
+        """The fits of ``pending``, in order (waits for their tasks)."""
+        flat = self.compute.gather([t for p in pending for t in p.tasks])
+        out, k = [], 0
+        t = self.cfg.transport_step
+        for p in pending:
+            fit = combine(flat[k : k + len(p.tasks)], p.shares, p.weights)
+            if p.lifted is not None and t != 1.0:
+                fit = replace(fit, mapped=(1.0 - t) * p.lifted + t * fit.mapped)
+            if self.space is not None:
+                # into the OT space's span: the classifier then compares the target's rows
+                # with them along the ℓ directions the target chose, not along the k − ℓ
+                # others, where a source-space release holds only noise
+                b = self.space.basis
+                fit = replace(fit, mapped=(fit.mapped @ b) @ b.T)
+            out.append(fit)
+            k += len(p.tasks)
+        return out
+
+    def fit_all(self, rels: list[BatchRelease], v: TargetView) -> list[BatchFit]:
+        return self.collect([self.submit(r, v) for r in rels])
+
+    def fit(self, rel: BatchRelease, v: TargetView) -> BatchFit:
+        return self.fit_all([rel], v)[0]
+
+
+@dataclass(frozen=True)
+class PendingFit:
+    tasks: list[Any]  # one per piece of the release's points
+    shares: list[float]  # each piece's share of the release's mass
+    weights: np.ndarray  # the release's point masses
+    lifted: np.ndarray | None = None  # aggregate releases: the points in the target's space
+
+
+def fit_piece(
+    pts: np.ndarray,
+    ys: np.ndarray,
+    a: np.ndarray,
+    noise_std: float,
+    xt_proj: np.ndarray,
+    view: TargetView,
+    cfg: AdaptConfig,
+    n_classes: int,
+    rows: np.ndarray | None,
+    metric: np.ndarray | None = None,
+    warm: np.ndarray | None = None,
+) -> BatchFit:
+    """One task: ``fit_points`` onto the target's rows (``rows``: a subset of them), in the
+    learned metric's space when there is one, warm-started from an earlier fit onto all of
+    them (``warm``). A pure function of its arguments: the same result on any worker, in any
+    order."""
+    start = warm if rows is None else None
+    if rows is not None:
+        view = TargetView(view.x[rows], view.scaling, None, view.known[rows])
+        xt_proj = xt_proj[rows]
+    fit = fit_points(pts, ys, a, noise_std, xt_proj, view, cfg, n_classes, metric, start)
+    return fit if rows is None else replace(fit, warm=None)
+
+
+def warm_of(fit: BatchFit) -> np.ndarray | None:
+    """A fit's target-side potentials (a small task: later fits take these, not the fit)."""
+    return fit.warm
+
+
+def combine(pieces: list[BatchFit], shares: list[float], weights: np.ndarray) -> BatchFit:
+    """One release's fit from the fits of its pieces (contiguous spans of its points, each
+    transported with its mass normalized to 1): images and labels in order; class masses
+    weighted by each piece's share of the release's mass; each target row's back-mapped image
+    the mass-weighted mean of the pieces' (the exact barycentre of the pieces' plans put
+    together). One piece is returned as it is."""
+    if len(pieces) == 1:
+        return pieces[0]
+    col = [s * f.class_mass.sum(axis=0) for f, s in zip(pieces, shares, strict=True)]
+    total = np.maximum(np.sum(col, axis=0), 1e-300)[:, None]
+    back = sum(c[:, None] * f.back_mapped for c, f in zip(col, pieces, strict=True)) / total
+    return BatchFit(
+        mapped=np.vstack([f.mapped for f in pieces]),
+        labels=np.concatenate([f.labels for f in pieces]),
+        w_tilde=float(sum(s * f.w_tilde for f, s in zip(pieces, shares, strict=True))),
+        converged=all(f.converged for f in pieces),
+        class_mass=np.sum([s * f.class_mass for f, s in zip(pieces, shares, strict=True)], axis=0),
+        back_mapped=np.asarray(back),
+        points=np.vstack([f.points for f in pieces]),
+        weights=weights,
+        kernel_builds=sum(f.kernel_builds for f in pieces),
+        passes=sum(f.passes for f in pieces),
+        bytes_read=sum(f.bytes_read for f in pieces),
+        pass_bytes=sum(f.pass_bytes for f in pieces),
+        seconds=sum(f.seconds for f in pieces),
+        warm=pieces[0].warm,
+    )
+
+
+@dataclass
+class Fitted:
+    """The releases of a session, their fits, and what the classifier made of them."""
+
+    releases: list[BatchRelease] = field(default_factory=list)
+    fits: list[BatchFit] = field(default_factory=list)
+    counts: list[list[int]] = field(default_factory=list)
+    spend: list[float] = field(default_factory=list)
+    release_seconds: float = 0.0  # wall time spent waiting for the source's releases
+    mapped: np.ndarray | None = None
+    mapped_labels: np.ndarray | None = None
+    model: object = None
+    pred: np.ndarray | None = None
+    aggregate: bool = False  # class points (an aggregate release), not rows
+
+    def train(self, view: TargetView, cfg: AdaptConfig) -> None:
+        self.mapped = np.vstack([f.mapped for f in self.fits])
+        self.mapped_labels = np.concatenate([f.labels for f in self.fits])
+        if self.aggregate:
+            self.mapped = self_label_step(self.mapped, view.x, cfg.refine)
+        self.model, self.pred = train_classifier(view, self.mapped, self.mapped_labels, cfg)
+
+
+def self_label_step(points: np.ndarray, x: np.ndarray, step: float) -> np.ndarray:
+    """One self-labelling step on the target's own rows ``x``: each point moves ``step`` of
+    the way towards the mean of the rows it is nearest to (those its 1-NN classifier labels);
+    a point nearest to no row stays. Post-processing: no budget."""
+    if step == 0.0 or points.shape[0] == 0 or x.shape[0] == 0:
+        return points
+    from sklearn.metrics import pairwise_distances_argmin
+
+    near = pairwise_distances_argmin(x, points)
+    sums = np.zeros_like(points, dtype=float)
+    np.add.at(sums, near, x)
+    count = np.bincount(near, minlength=points.shape[0])
+    hit = count > 0
+    out = np.array(points, dtype=float)
+    out[hit] = (1.0 - step) * out[hit] + step * sums[hit] / count[hit, None]
+    return out
+
+
+def train_classifier(view: TargetView, x_src: np.ndarray, y_src: np.ndarray, cfg: AdaptConfig):
+    """(model, predictions on every target row) from mapped rows plus labeled target rows."""
+    known = view.known >= 0
+    x_train = np.vstack([x_src, view.x[known]])
+    y_train = np.concatenate([y_src, view.known[known]])
+    return fit_predict(x_train, y_train, view.x, cfg.classifier, cfg.seed)
+
+
+def view_accuracy(pred: np.ndarray, view: TargetView) -> float | None:
+    return accuracy(pred, view.labels) if view.labels is not None else None

@@ -1,0 +1,243 @@
+"""What a target job adapts with: its settings (``AdaptConfig``), what PATE may send about its
+rows (``RowQueries``), the target's rows in its own representation and scaling
+(``TargetView``), the spaces releases are fitted in, and the session terms the target decides
+from its own rows before it asks for anything."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpda.data.loaders import Domain
+from dpda.data.preprocessing import Scaling, per_row
+from dpda.dp.target_disclosure import Disclosure
+from dpda.errors import ConfigError
+from dpda.terms import SessionTerms
+
+log = logging.getLogger("dpda.target")
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    reg_e: float = 0.02  # entropic strength on the max-normalized cost
+    reg_g: float = 0.5  # group-lasso strength
+    outer_iter: int = 10
+    inner_iter: int = 200
+    # L1 marginal error at which each inner Sinkhorn solve stops: a quarter of the plan's own
+    # tolerance (1e-3), so the plan still converges (measured on a 1,000 × 50,000 batch: the
+    # same plan as at 1e-6 to within 1e-4 of its mass, in 40% of the passes)
+    inner_tol: float = 2.5e-4
+    # warm-start each minibatch's first Sinkhorn solve from the target-side potentials of the
+    # session's first fit (same target rows, same marginal; only when every target row is in
+    # the plan). Always the first fit, so the fits stay independent of one another and of the
+    # number of workers (on a cluster they still run side by side)
+    warm_batches: bool = True
+    classifier: str = "1nn"
+    seed: int = 0
+    # DPDA+PATE: which target rows to ask the teachers about, and what to send for each
+    # (defaults measured on the 12 Office-Caltech pairs; see the README)
+    pate_select: str = "confident"  # uncertain | confident | random
+    pate_query: str = "backmapped"  # target: the row's projection; backmapped: its plan image
+    pate_agree: bool = True  # keep only teacher labels that agree with the plan's class
+    # record unit: the target picks the clipping norm C as this quantile of the norms of its own
+    # projected rows (public to the source: the target's choice); 0 keeps the terms' clip_norm
+    clip_quantile: float = 0.9
+    synthetic_per_class: int = 200  # class-gaussians: points drawn per class (at most)
+    # minibatch OT on the target side too: each release is transported onto this many target
+    # rows drawn at random (0: all of them). Post-processing; keeps a batch's plan small when the
+    # target is large (VisDA scale). Not combined with PATE queries.
+    target_batch: int = 0
+    # unsupervised choice of (reg_e, reg_g) on the received releases (post-processing, no
+    # budget): "circular" scores each pair of dpda.target_party.selection.GRID by how well the
+    # target's pseudo-labels predict the source's own (noisy) points back; "none" keeps
+    # reg_e / reg_g. Skipped, and said, above SELECT_MAX_CELLS plan entries per solve round.
+    select: str = "circular"
+    # aggregate releases: each class point's training image is this far along the way from the
+    # point itself (in the target's space) to its barycentric image under the plan; 1 is the
+    # barycentric map alone. Halfway, the noisy class means keep what they know of the classes
+    # while the plan moves them onto the target's mass (dpda bench accuracy: docs/results.md)
+    transport_step: float = 0.5
+    # aggregate releases: then each class point moves this far towards the mean of the target
+    # rows it labels (one self-labelling step on the target's own rows, post-processing; 0:
+    # none). Halfway, a point keeps what the release knows of its class while the target's
+    # own clusters pull it onto them (dpda bench accuracy --protocol defaults: docs/results.md)
+    refine: float = 0.5
+    # which model the job keeps: "dpda" (the adapted one), or "better": the one the label-free
+    # estimate (``adaptation_estimate``) scores higher, DPDA or the same release used without
+    # adaptation (both post-processing of the same release: no budget)
+    keep: str = "better"
+
+    def __post_init__(self) -> None:
+        """The two knobs the job's config, the CLI and the estimator pass through unchecked."""
+        if not (0.0 <= self.transport_step <= 1.0):  # NaN too
+            raise ConfigError(f"transport_step: {self.transport_step!r} is not in [0, 1]")
+        if not (0.0 <= self.refine <= 1.0):
+            raise ConfigError(f"refine: {self.refine!r} is not in [0, 1]")
+        if self.keep not in ("dpda", "better"):
+            raise ConfigError(f"keep: {self.keep!r} is not dpda or better")
+
+
+@dataclass(frozen=True)
+class RowQueries:
+    """What PATE may send about the target's rows: its ``[privacy] row_queries``.
+
+    - ``exact``: the chosen rows, projected (or their plan images), as computed (the opt-in);
+    - ``dp``: a random subset of rows drawn from the job's seed (never from the data), clipped
+      and noised by ``protect`` (session id, rows, clip norm) → the rows to send; the target's
+      app charges its own ledger there first (``dpda.dp.target_disclosure.noisy_rows``);
+    - ``synthetic``: ``pate_queries`` points drawn from N(0, diag(``variances``)) in the
+      projected space (released statistics only); the teachers label them, a student trained
+      on them labels the target's rows locally.
+    """
+
+    mode: str = "exact"  # exact | dp | synthetic
+    protect: Callable[[str, np.ndarray, float], np.ndarray] | None = None
+    variances: np.ndarray | None = None
+    # synthetic: called with (session id, points) before they leave (the target's own record)
+    record: Callable[[str, np.ndarray], np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
+class TargetView:
+    """The target's data in its own representation (its raw feature space for mapping)."""
+
+    x: np.ndarray  # (m, d) preprocessed target features
+    scaling: Scaling
+    labels: np.ndarray | None  # evaluation labels, if any
+    known: np.ndarray  # (m,) −1 or a label the target knows (semi-supervised)
+    # the target's statistics released under its own DP: scaling, basis, clip norm; None: the
+    # exact ones are disclosed (the target's opt-in), or nothing is (source-space releases)
+    disclosure: Disclosure | None = None
+    representation: str = "raw"  # the per-row representation ``x`` was computed from
+    # a source-space session's C: the target's rows are clipped to it as the source's are, so
+    # the release, the OT space and the classifier (and the saved model) share one space
+    clip_norm: float | None = None
+
+    def rows(self) -> np.ndarray:
+        """The target's rows in the per-row representation (before its column scaling)."""
+        return self.x * self.scaling.std + self.scaling.mean
+
+
+def target_view(
+    target: Domain,
+    representation: str,
+    known: np.ndarray | None = None,
+    scaling_mode: str = "zscore",
+    disclosure: Disclosure | None = None,
+    terms: SessionTerms | None = None,
+) -> TargetView:
+    """The target's rows in its representation and scaling: the DP scaling (and basis) of a
+    ``disclosure`` (``dpda.dp.target_disclosure``), else the exact ones. For a source-space
+    session (``terms``) the rows are first clipped to its C, as the source clips its own (a
+    no-op for norm-1 representations)."""
+    from dpda.dp.mechanisms import clip_rows
+
+    rep = per_row(target.x, representation)
+    clip = None
+    if terms is not None and terms.source_space:
+        clip = natural_clip(representation, terms.clip_norm)
+        rep = clip_rows(rep, clip)
+    kn = np.full(rep.shape[0], -1, dtype=np.int64) if known is None else known
+    if disclosure is not None:
+        d = disclosure
+        return TargetView(d.scaling.apply(rep), d.scaling, target.y, kn, d, representation, clip)
+    scaling = Scaling.of(rep, scaling_mode)
+    return TargetView(scaling.apply(rep), scaling, target.y, kn, None, representation, clip)
+
+
+@dataclass(frozen=True)
+class LocalSpace:
+    """The target's own OT space for a release computed in the source's per-row space: rows
+    clipped to the session's norm C (as the source clips its own), the target's column
+    scaling, then its top-ℓ principal directions. Computed from the target's rows alone and
+    never sent: bringing the release into it is post-processing."""
+
+    scaling: Scaling
+    basis: np.ndarray  # (k, ℓ), orthonormal columns
+
+    def __call__(self, pts: np.ndarray) -> np.ndarray:
+        """Points of the source's per-row space (noisy class means, drawn points) → OT space."""
+        return np.asarray(self.scaling.apply(pts) @ self.basis)
+
+
+def local_space(view: TargetView, clip_norm: float, ell: int) -> tuple[LocalSpace, np.ndarray]:
+    """(The map, the target's rows in the OT space) for a source-space session."""
+    from dpda.dp.mechanisms import clip_rows
+
+    scaled = view.scaling.apply(clip_rows(view.rows(), clip_norm))
+    basis = target_pca_basis(scaled, ell)
+    return LocalSpace(view.scaling, basis), scaled @ basis
+
+
+def resolve_scaling(mode: str, terms: SessionTerms, fallback: str = "zscore") -> str:
+    """The column scaling a job runs under: ``auto`` is uniform for a source-space release
+    (its noise is the same in every direction of the source's space; z-score would stretch it
+    along the target's quiet columns) and ``fallback`` otherwise."""
+    if mode != "auto":
+        return mode
+    return "uniform" if terms.source_space else (fallback if fallback != "auto" else "zscore")
+
+
+def natural_clip(representation: str, clip_norm: float) -> float:
+    """C for a source-space release: the representation's natural row bound (norm-1 rows),
+    else the configured ``clip_norm`` (raw features: a public bound on the rows' norms)."""
+    from dpda.dp.target_disclosure import NATURAL_CLIP
+
+    return NATURAL_CLIP.get(representation, clip_norm)
+
+
+def target_pca_basis(x: np.ndarray, ell: int) -> np.ndarray:
+    """Top-ℓ right singular vectors of the centred target data: (d, ℓ), orthonormal columns."""
+    xc = x - x.mean(axis=0)
+    _, _, vt = np.linalg.svd(xc, full_matrices=False)
+    return np.ascontiguousarray(vt[:ell].T)
+
+
+def session_terms(
+    view: TargetView, terms: SessionTerms, cfg: AdaptConfig
+) -> tuple[SessionTerms, np.ndarray | None]:
+    """What the target decides from its own rows before it opens a session (and ``dpda target
+    plan`` before anything is asked): the target-pca basis — at most as many directions as the
+    target has features and rows; a larger ``projection_dim`` is lowered to that, and said —
+    and, under the record unit, the clipping norm as a quantile of its projected rows."""
+    most = min(view.x.shape)
+    if terms.source_space:  # nothing of the target is sent; C is a public bound
+        terms = terms.model_copy(
+            update={
+                "projection_dim": min(terms.projection_dim, most),
+                "clip_norm": natural_clip(view.representation, terms.clip_norm),
+            }
+        )
+        return terms, None
+    if terms.projection == "target-pca" and terms.projection_dim > most:
+        log.warning(
+            "projection_dim %d is more than the target's data allows (%d features, %d rows): "
+            "using %d",
+            terms.projection_dim,
+            view.x.shape[1],
+            view.x.shape[0],
+            most,
+        )
+        update: dict[str, Any] = {"projection_dim": most}
+        if terms.metric_dim > most:  # W has at most as many rows as the projected space
+            update["metric_dim"] = most
+        terms = terms.model_copy(update=update)
+    d = view.disclosure
+    if d is not None:  # the DP basis and clip norm (post-processing of the noisy covariance)
+        basis = None
+        if terms.projection == "target-pca":
+            basis = d.basis[:, : terms.projection_dim]
+            if terms.privacy_unit == "record" and cfg.clip_quantile > 0:
+                terms = terms.model_copy(update={"clip_norm": d.clip_norm})
+        return terms, basis
+    basis = (
+        target_pca_basis(view.x, terms.projection_dim) if terms.projection == "target-pca" else None
+    )
+    if terms.privacy_unit == "record" and cfg.clip_quantile > 0 and basis is not None:
+        norms = np.linalg.norm(view.x @ basis, axis=1)
+        terms = terms.model_copy(update={"clip_norm": float(np.quantile(norms, cfg.clip_quantile))})
+    return terms, basis
