@@ -293,7 +293,7 @@ def job_spend_of(entries: list[LedgerEntry], delta: float, points: int = 24) -> 
 def run_public_source_job(
     cfg: TargetConfig, progress: Callable[[int, int], None] | None = None, job_id: str = ""
 ) -> dict[str, Any]:
-    """The reverse deployment (seed 001): this job's labeled rows are public, the serving
+    """The public-source deployment: this job's labeled rows are public, the serving
     daemon's rows private (``target_party.reweighting``). Writes the weights, the model on raw
     rows (class labels) and ``results.json``; its charges are in this side's ledger too."""
     from dpda.target_party.reweighting import run_reweighting_job

@@ -7,7 +7,7 @@ job runs gets 409. ``GET /v1/jobs/{id}`` gives state, progress and results; ``GE
 own ledger, audit log and metrics (``common.admin``).
 
 A job spends the target's budget and sends the source what the target discloses about its data
-(the projection basis and column means), so the API is guarded (issue 12, item 5):
+(the projection basis and column means), so the API is guarded:
 
 * **Token by default.** With ``[admin] token_file`` configured, every request needs
   ``Authorization: Bearer <token>``. Without one, ``serve`` uses ``state_dir/admin_token``:
@@ -252,7 +252,7 @@ class JobRunner:
             job.results, job.figures = run_job(own, progress, job_id=job.id)
             job.state = "done"
             self.metrics.epsilon.labels(cfg.job.dataset, "source").set(job.results["epsilon_spent"])
-            if job.results.get("target_epsilon_total") is not None:  # its own rows (issue 19)
+            if job.results.get("target_epsilon_total") is not None:  # its own rows
                 own = job.results["target_epsilon_total"]
                 self.metrics.epsilon.labels(OWN_ROWS, "target").set(own)
         except Exception as exc:

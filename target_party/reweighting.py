@@ -1,4 +1,4 @@
-"""The driving party of the reverse deployment (seed 001, issue 16): this job's labeled rows are
+"""The driving party of the public-source deployment: this job's labeled rows are
 public, the serving daemon's rows private. The job computes the shared space from its own rows
 (``PublicSpace``), opens a reweighting session, asks for the steps in blocks — each one the
 holder's DP output, checked against this side's own recomputation of the plan and the charge,

@@ -1,5 +1,5 @@
 """``dpda bench load``: concurrent honest target sessions and PATE queries against one source
-daemon, with a hostile client flooding it in parallel (issue 12).
+daemon, with a hostile client flooding it in parallel.
 
 * **The source** is ``dpda source serve`` as a separate process (mTLS, SQLite ledger, audit log,
   its default limits), serving a synthetic dataset whose policy allows the attribute unit, row

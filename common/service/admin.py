@@ -12,7 +12,7 @@ Two layers: ``AdminApp`` is the outer ASGI callable and runs the checks below on
 request before anything is parsed; what passes goes to the FastAPI app (routing, query
 decoding, validation: every error is returned, as ``{"error": ..., "errors": [...]}``).
 
-Every request, on every address, passes these checks first (issue 12, item 5), refused with a
+Every request, on every address, passes these checks first, refused with a
 JSON ``{"error": ...}`` that names what was wrong:
 
 * ``Host`` (403): exactly one, naming this server — the listen host, ``localhost``,

@@ -102,9 +102,9 @@ def _host_name(v: str) -> str:
 
 
 _HostName = Annotated[str, AfterValidator(_host_name)]
-# bounds on the job fields that size what the target allocates or how long a job runs (issue 12:
-# an unbounded synthetic_rows from the job API tried to allocate 14.9 GiB); the ones the source
-# also bounds (projection_dim, steps, PATE) match common/terms.py
+# bounds on the job fields that size what the target allocates or how long a job runs (an
+# unbounded synthetic_rows from the job API would try to allocate gigabytes); the ones the
+# source also bounds (projection_dim, steps, PATE) match common/terms.py
 MAX_SYNTHETIC_ROWS = 1_000_000
 _Rows = Annotated[int, Field(ge=1, le=MAX_SYNTHETIC_ROWS)]
 
@@ -133,7 +133,7 @@ class AdminConfig(_Strict):
 
 
 class SourceLimits(_Strict):
-    """Bounded work per caller (issue 12): what one peer, or anyone holding a CA certificate,
+    """Bounded work per caller: what one peer, or anyone holding a CA certificate,
     can make the source do. Requests past a limit get OVERLOADED (gRPC UNAVAILABLE)."""
 
     workers: int = Field(default=16, ge=2, le=256, description="gRPC handler threads")
@@ -317,7 +317,7 @@ class TargetJob(_Strict):
     pate_teachers: int = Field(default=50, ge=1, le=10_000)
     pate_aggregator: Literal["lnmax", "gnmax"] = "gnmax"
     pate_space: Literal["projected", "raw"] = "projected"
-    # the reverse deployment (seed 001): this job's rows are public and labeled, the serving
+    # the public-source deployment: this job's rows are public and labeled, the serving
     # daemon's rows private; the job drives a private reweighting of its own rows
     setting: Literal["forward", "public-source"] = Field(
         default="forward",
@@ -338,7 +338,7 @@ class TargetJob(_Strict):
 
 
 class ComputeConfig(_Strict):
-    """Where the target's per-batch transport and mapping run (issue 18). The job's process
+    """Where the target's per-batch transport and mapping run. The job's process
     alone talks to the source and keeps the ledger; workers only fit releases it hands them."""
 
     scheduler: str = Field(
