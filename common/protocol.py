@@ -74,7 +74,7 @@ class BatchRelease:
 
 @dataclass(frozen=True)
 class ReweightingInfo:
-    """An open reweighting session (the reverse deployment), as the driving party holds it."""
+    """An open reweighting session (the public-source deployment), as the driving party holds it."""
 
     session_id: str
     n_rows: int  # the holder's row count (public: DescribeDataset gives it too)

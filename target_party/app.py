@@ -54,7 +54,7 @@ def load_target_data(cfg: TargetConfig) -> Table:
     ids its predictions are written with."""
     job = cfg.job
     if job.data_kind == "synthetic":
-        # the reverse deployment's driver holds the (public, labeled) synthetic source
+        # the public-source deployment's driver holds the (public, labeled) synthetic source
         d = two_domains(*job.synthetic_rows)[0 if job.setting == "public-source" else 1]
     elif job.data_path is None:
         raise ConfigError("job.data_path: required for this data_kind")

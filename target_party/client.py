@@ -423,7 +423,7 @@ class GrpcReleaseSource:
         )  # fmt: skip
         return BatchRelease(index, z, counts, spec, entry.seq)
 
-    # ---------------------------------------------------- reweighting (the reverse shape)
+    # ---------------------------------------------------- reweighting (the public-source setting)
     def open_reweighting(
         self,
         terms: ReweightingTerms,

@@ -11,7 +11,7 @@ test MSE on fresh target rows and the discrepancy ‖M(q)‖₂ of the weights f
 rows are clipped to r = 1 (a public rule; at these centres ‖t‖ ≈ 0.78) before anything reads
 them. Every private method spends at most ε at δ under dp-accounting's RDP accountant.
 
-This runs the mechanisms in one process (the data holder's side of the reverse deployment, not
+This runs the mechanisms in one process (the data holder's side of the public-source deployment, not
 yet the two daemons).
 """
 
@@ -103,7 +103,7 @@ def run_once(
 
 
 def classification_pair(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> dict:
-    """One benchmark pair in the reverse setting (``simulation.simulate_public_source``)."""
+    """One benchmark pair in the public-source setting (``simulation.simulate_public_source``)."""
     from dpda.data.loaders import load_domain
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
     from dpda.simulation import simulate_public_source
@@ -228,8 +228,7 @@ def run_bench_public_source(args: argparse.Namespace) -> int:
 def register_public_source(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser(
         "public-source",
-        help="the reverse setting's experiment: private discrepancy minimisation from a public "
-        "source",
+        help="the public-source experiment: private discrepancy minimisation from a public source",
     )
     s.add_argument(
         "--quick",

@@ -171,7 +171,7 @@ def _public_source(args: argparse.Namespace, workdir: Path) -> int:
 def run_demo(args: argparse.Namespace) -> int:
     if getattr(args, "setting", "private-source") == "public-source":
         print(
-            "dpda demo — the reverse setting: 600 public labeled rows, 500 private unlabeled "
+            "dpda demo — the public-source setting: 600 public labeled rows, 500 private unlabeled "
             "rows held by the daemon (40 features, 5 classes)"
         )
         workdir = (

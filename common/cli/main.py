@@ -354,8 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--setting",
         choices=["private-source", "public-source"],
         default="private-source",
-        help="public-source: the reverse deployment (the daemon holds private unlabeled rows, "
-        "the job public labeled ones)",
+        help="public-source: the daemon holds private unlabeled rows, the job public labeled ones",
     )
     dm.set_defaults(func=_cmd_demo)
 

@@ -160,7 +160,7 @@ MD_LEARNING_RATE = 0.5
 
 class Reweighter:
     """The optimiser's state and every public step of it; the one place both parties of the
-    reverse deployment (and the in-process runs) advance it.
+    public-source deployment (and the in-process runs) advance it.
 
     The data holder calls ``private_gradient`` (the only read of its rows, through their second
     moment) and turns it into a DP output: a vertex (``select``) or a noisy gradient

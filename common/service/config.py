@@ -51,11 +51,11 @@ class SourceDataset(_Strict):
     domain: str = Field(
         default="",
         description="office-caltech / mnist-usps: the domain; synthetic: 'target' serves the "
-        "synthetic target's rows (the reverse deployment), else the source's",
+        "synthetic target's rows (the public-source deployment), else the source's",
     )
     labeled: bool = Field(
         default=True,
-        description="kind table: false for rows without labels (a reverse-deployment data "
+        description="kind table: false for rows without labels (a public-source deployment's data "
         "holder: only reweighting sessions read them)",
     )
     representation: Literal["raw", "sqrt", "rownorm", "l2"] = "raw"
@@ -319,9 +319,9 @@ class TargetJob(_Strict):
     pate_space: Literal["projected", "raw"] = "projected"
     # the public-source deployment: this job's rows are public and labeled, the serving
     # daemon's rows private; the job drives a private reweighting of its own rows
-    setting: Literal["forward", "public-source"] = Field(
-        default="forward",
-        description="forward: the serving daemon's labeled rows are private (DPDA); "
+    setting: Literal["private-source", "public-source"] = Field(
+        default="private-source",
+        description="private-source: the serving daemon's labeled rows are private (DPDA); "
         "public-source: this job's labeled rows are public and the serving daemon's unlabeled "
         "rows private",
     )
