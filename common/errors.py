@@ -9,15 +9,18 @@ Hierarchy::
     │   └── PolicyRefused     terms outside the data holder's privacy policy (public detail)
     ├── BudgetExceeded        a release would exceed a privacy cap (terminal for that cap)
     ├── LedgerCorrupt         the hash chain or a signature does not verify
+    ├── LedgerBehind          the peer's copy of the ledger lags this one: sync, then retry
     ├── PeerMisbehaved        the peer's charge, signature or payload hash is wrong
     ├── SolverFailed          OT returned a non-finite or degenerate plan
     ├── NotAuthorized         the caller's certificate has no role for this method
     └── Overloaded            the caller exceeded its concurrency, rate or session limits
 
-Peers only ever see ``PUBLIC_CATALOG[code]``: a fixed message. The internal text (which may name
-a field) stays in local logs. The exceptions are ``TermsInvalid`` and ``PolicyRefused``: their
-text is built only from the session terms and the data holder's policy (public metadata, never a
-data value), so the peer is told which field was refused and what the policy allows.
+Peers only ever see ``PUBLIC_CATALOG[code]``: a fixed message (``dpda.service.status`` carries
+it over gRPC as ``CODE: message`` and turns it back into the same class on the other side). The
+internal text (which may name a field) stays in local logs. The exceptions are ``TermsInvalid``
+and ``PolicyRefused``: their text is built only from the session terms and the data holder's
+policy (public metadata, never a data value), so the peer is told which field was refused and
+what the policy allows.
 """
 
 from __future__ import annotations
@@ -65,6 +68,13 @@ class LedgerCorrupt(DpdaError):
     code = "LEDGER_CORRUPT"
 
 
+class LedgerBehind(DpdaError):
+    """The peer's copy of the ledger is behind this party's (a lagging honest peer, e.g. one
+    that lost its last countersignature): it syncs (``GetLedger``) and asks again."""
+
+    code = "LEDGER_BEHIND"
+
+
 class PeerMisbehaved(DpdaError):
     code = "PEER_MISBEHAVED"
 
@@ -92,6 +102,7 @@ PUBLIC_CATALOG: dict[str, str] = {
     "POLICY_REFUSED": "the data holder's privacy policy does not allow these terms",
     "BUDGET_EXCEEDED": "the privacy budget does not allow this release",
     "LEDGER_CORRUPT": "ledger verification failed",
+    "LEDGER_BEHIND": "the ledger copy is behind this party's: sync it and retry",
     "PEER_MISBEHAVED": "the peer's response failed verification",
     "SOLVER_FAILED": "the transport solver failed",
     "PERMISSION_DENIED": "not authorized",
@@ -107,3 +118,14 @@ def public_message(exc: BaseException) -> tuple[str, str]:
     ):
         return code, f"{PUBLIC_CATALOG[code]}: {exc}"
     return code, PUBLIC_CATALOG[code]
+
+
+def error_classes() -> dict[str, type[DpdaError]]:
+    """Each code's class (one class per code; the first declared wins for a shared code)."""
+    out: dict[str, type[DpdaError]] = {}
+    todo: list[type[DpdaError]] = [DpdaError]
+    while todo:
+        cls = todo.pop(0)
+        out.setdefault(cls.code, cls)
+        todo.extend(cls.__subclasses__())
+    return out

@@ -12,29 +12,21 @@ from typing import Any
 
 import grpc
 
-from dpda.errors import BudgetExceeded, DpdaError, InvalidInput, LedgerCorrupt, PeerMisbehaved
+from dpda.errors import DpdaError, PeerMisbehaved
 from dpda.pb import dpda_pb2_grpc as pb_grpc
 from dpda.service import serde
 from dpda.service.audit import AuditLog, ClientAuditInterceptor
 from dpda.service.config import TargetConfig
+from dpda.service.status import from_rpc_error
 from dpda.service.tls import channel_credentials, check_server_fingerprint
 
 log = logging.getLogger("dpda.target")
 
-_CODES = {
-    grpc.StatusCode.RESOURCE_EXHAUSTED: BudgetExceeded,
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidInput,
-    grpc.StatusCode.FAILED_PRECONDITION: LedgerCorrupt,
-    grpc.StatusCode.PERMISSION_DENIED: PeerMisbehaved,
-}
-
 
 def translate(exc: grpc.RpcError) -> DpdaError:
-    """The package's error for a refusal by the source (its status code names the kind)."""
-    code = exc.code() if hasattr(exc, "code") else None
-    cls = _CODES.get(code, DpdaError)
-    detail = exc.details() if hasattr(exc, "details") else ""
-    return cls(f"source refused: {detail}" if cls is not DpdaError else f"source error: {code}")
+    """The package's error for a refusal by the source: the class it raised
+    (``dpda.service.status``)."""
+    return from_rpc_error(exc)
 
 
 class Retrying:

@@ -177,7 +177,7 @@ class AdmissionInterceptor:
     def intercept_service(self, continuation, handler_call_details):
         import grpc
 
-        from dpda.errors import PUBLIC_CATALOG
+        from dpda.service.status import STATUS, details_of
         from dpda.service.tls import peer_fingerprint
 
         handler = continuation(handler_call_details)
@@ -186,15 +186,10 @@ class AdmissionInterceptor:
         method = handler_call_details.method
         admission, on_denied = self.admission, self.on_denied
         parse = handler.request_deserializer
-        status = {
-            "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
-            "OVERLOADED": grpc.StatusCode.UNAVAILABLE,
-            "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
-        }
 
         def deny(context, d: Denial) -> None:
             on_denied(d)
-            context.abort(status[d.code], f"{d.code}: {PUBLIC_CATALOG[d.code]}")
+            context.abort(STATUS[d.code], details_of(d.code))
 
         def enter(requests: Iterator[bytes], context) -> tuple[str, Any]:
             # role, rate and concurrency before the message is read: gRPC receives a message
