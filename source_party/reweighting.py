@@ -37,7 +37,8 @@ from dpda.dp.mechanisms import MIN_GAUSSIAN_STD
 from dpda.dp.rng import is_cryptographic, secure_rng
 from dpda.errors import InvalidInput, PolicyRefused
 from dpda.policy import reweighting_work
-from dpda.source_party.releases import SourceReleaser, check_scaling
+from dpda.source_party.features import check_scaling
+from dpda.source_party.releases import SourceReleaser
 from dpda.terms import (
     PlanRefused,
     ReweightingPlan,
