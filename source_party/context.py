@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from dpda.errors import InvalidInput, PeerMisbehaved, TermsInvalid
+from dpda.public_source_terms import ReweightingTerms
 from dpda.service import signing
 from dpda.service.config import Peer, SourceLimits
 from dpda.source_party import reweighting as RW
@@ -17,7 +18,7 @@ from dpda.source_party.peer_cpu import PeerCpuBudget
 from dpda.source_party.releases import SourceReleaser
 from dpda.source_party.store import SourceStore
 from dpda.source_party.workers import Workers
-from dpda.terms import ReweightingTerms, SessionTerms, terms_error
+from dpda.terms import SessionTerms, terms_error
 
 T = TypeVar("T", SessionTerms, ReweightingTerms)
 

@@ -30,6 +30,7 @@ from dpda.dp.mechanisms import (
 )
 from dpda.dp.rng import is_cryptographic, public_rng, secure_rng
 from dpda.errors import BudgetExceeded, InvalidInput, PolicyRefused
+from dpda.planner import PlanRefused, ReleasePlan, plan_batches
 from dpda.policy import (
     PrivacyPolicy,
     check_plan,
@@ -45,12 +46,7 @@ from dpda.protocol import (
 from dpda.source_party.batch_draws import draw_metric, draw_rows
 from dpda.source_party.features import check_scaling, scaled_features
 from dpda.source_party.pate_answers import PateAnswers
-from dpda.terms import (
-    PlanRefused,
-    ReleasePlan,
-    SessionTerms,
-    plan_batches,
-)
+from dpda.terms import SessionTerms
 
 
 @dataclass(frozen=True)
@@ -273,7 +269,7 @@ class SourceReleaser(PateAnswers):
         release, and after each release for the next, while the target fits the last one
         (cold, a composition costs 30–130 ms, measured, that otherwise sits inside the
         release, under the handlers' lock). The features are not prepared ahead: a session
-        costs no memory until a release needs it (issue 12, item 4)."""
+        costs no memory until a release needs it."""
         terms, info = self.session(session_id)
         if not (0 <= index < info.plan.releases):
             return

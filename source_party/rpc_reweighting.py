@@ -16,11 +16,11 @@ from dpda.dp.events import event_from_json
 from dpda.dp.ledger import LedgerEntry
 from dpda.errors import InvalidInput, PolicyRefused
 from dpda.protocol import payload_digest
+from dpda.public_source_terms import ReweightingTerms
 from dpda.source_party import reweight_quota
 from dpda.source_party import reweighting as RW
 from dpda.source_party.context import SourceContext
 from dpda.source_party.replay import Charged, replay_or_charge
-from dpda.terms import ReweightingTerms
 
 
 @dataclass

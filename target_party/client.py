@@ -37,6 +37,7 @@ from dpda.errors import (
 )
 from dpda.pb import dpda_pb2 as pb
 from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.planner import ReleasePlan, plan_batches
 from dpda.protocol import (
     BatchRelease,
     ReweightingInfo,
@@ -45,19 +46,13 @@ from dpda.protocol import (
     array_digest,
     payload_digest,
 )
+from dpda.public_source_terms import ReweightingPlan, ReweightingTerms, plan_reweighting
 from dpda.service import responsive_io_threads, serde, signing
 from dpda.service.audit import AuditLog, ClientAuditInterceptor
 from dpda.service.config import TargetConfig
 from dpda.service.crashpoints import crash_point
 from dpda.service.tls import channel_credentials
-from dpda.terms import (
-    ReleasePlan,
-    ReweightingPlan,
-    ReweightingTerms,
-    SessionTerms,
-    plan_batches,
-    plan_reweighting,
-)
+from dpda.terms import SessionTerms
 
 log = logging.getLogger("dpda.target")
 # a source-space release has one column per source feature (the target's own count, checked

@@ -19,7 +19,8 @@ from dpda.dp.accounting import CalibrationMethod
 from dpda.dp.mechanisms import Neighbouring, PrivacyUnit, ReleaseKind
 from dpda.errors import ConfigError
 from dpda.policy import PrivacyPolicy, TargetPrivacyPolicy
-from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE, ReweightingTerms, SessionTerms
+from dpda.public_source_terms import ReweightingTerms
+from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE, SessionTerms
 
 
 def _term(name: str, terms: type[BaseModel] = SessionTerms) -> Any:

@@ -59,10 +59,11 @@ from dpda.dp.events import (
 from dpda.dp.ledger import Budget, LedgerEntry, MemoryLedgerStore, PrivacyLedger
 from dpda.dp.mechanisms import class_sums, clip_rows
 from dpda.dp.pate import answers_event, noisy_argmax
+from dpda.planner import PlanRefused, plan_batches
 from dpda.policy import PrivacyPolicy
 from dpda.protocol import BatchRelease, SessionInfo, TargetDisclosure
 from dpda.source_party.releases import SourceReleaser
-from dpda.terms import PlanRefused, SessionTerms, plan_batches
+from dpda.terms import SessionTerms
 
 from .audit import Audit, audit_scores, epsilon_lower_bound_sets
 
@@ -761,8 +762,8 @@ def test_public_source_holder_whole_map() -> None:
     plan's one-step event (ε = 1). The exact log-ratio on this pair is 0.13, far below ε₀, so
     the power variant understates Δ∞ tenfold: the mistake the audit must catch on the whole
     map."""
+    from dpda.public_source_terms import ReweightingTerms, plan_reweighting
     from dpda.source_party import reweighting as RW
-    from dpda.terms import ReweightingTerms, plan_reweighting
 
     from ..support import memory_releaser
 

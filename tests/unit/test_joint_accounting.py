@@ -28,7 +28,8 @@ from dpda.dp.events import (
     event_to_json,
 )
 from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger, spend_of, totals_by_relation
-from dpda.terms import SessionTerms, plan_batches
+from dpda.planner import plan_batches
+from dpda.terms import SessionTerms
 
 DELTA = 1e-5
 G = dp_event.GaussianDpEvent
