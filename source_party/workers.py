@@ -60,7 +60,7 @@ class Workers:
         projection: np.ndarray | None = None,
     ) -> PreparedSession:
         """Policy checks and the release plan, outside the lock, a few at a time, time-limited
-        (one 10⁷-step calibration once held the lock for 153 s)."""
+        (a 10⁷-step calibration takes minutes: held under the lock, it stalls every release)."""
         with self.planning_slot():
             return releaser.prepare(terms, disclosure, projection, self.limits.plan_seconds)
 
