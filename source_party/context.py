@@ -3,6 +3,7 @@ releasers, peers and limits, the background workers, and the sessions in use."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -39,7 +40,8 @@ class SourceContext:
     reweighting: dict[str, RW.ReweightingSession] = field(default_factory=dict)
 
     @property
-    def lock(self) -> Any:
+    def lock(self) -> threading.RLock:
+        """The one lock a charge check holds (``LedgerDesk.lock``)."""
         return self.desk.lock
 
     def releaser(self, dataset: str) -> SourceReleaser:
