@@ -10,9 +10,9 @@ noise generator (``insecure_seed``): a session is opened, one batch is released 
 ``release`` (the ledger charges ``spec.dp_event()``, which the test checks), then the mechanism
 alone — ``batch_draws.draw_rows`` with that ledger entry, the session's prepared features and
 its noise stream — is called once per draw (``release`` would recompose the whole ledger on
-every call). The
-weakened variant is the same call with a spec whose noise is 30% smaller (Gaussian multiplier
-×0.7; discrete-Laplace parameter a/0.7), while the claim stays the original event.
+every call). The weakened variant is the same call with a spec whose noise is 30% smaller
+(Gaussian multiplier ×0.7; discrete-Laplace parameter a/0.7), while the claim stays the
+original event.
 
 Which δ the claim is checked at. A ``DpEvent`` fixes the whole privacy curve ε(δ), and every
 point of it is a claim the mechanism must meet, so auditing at a δ_a larger than the dataset's δ
