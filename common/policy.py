@@ -46,7 +46,7 @@ Release = ReleaseKind
 
 # Bounds on the target's column scaling (its own statistics, sent to the source). With |mean| ≤
 # 1e9 and std ≥ 1e-9 a finite source value stays finite through (x − mean) / std up to ~1e290;
-# the source clamps beyond 1e100 anyway (see ``releases.prepare_features``).
+# the source clamps beyond 1e100 anyway (see ``features.prepare_features``).
 SCALING_MEAN_MAX = 1e9
 SCALING_STD_RANGE = (1e-9, 1e9)
 

@@ -17,7 +17,9 @@ import numpy as np
 
 from dpda.data.preprocessing import Scaling
 from dpda.dp.events import BatchSpec, MetricSpec
-from dpda.terms import ReleasePlan, ReweightingPlan, SessionTerms
+from dpda.planner import ReleasePlan
+from dpda.public_source_terms import ReweightingPlan
+from dpda.terms import SessionTerms
 
 
 def payload_digest(*parts: bytes) -> str:

@@ -20,7 +20,8 @@ from dpda.ot.costs import dpot_cost
 from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import sinkhorn_group_lasso, uniform
 from dpda.policy import PrivacyPolicy
-from dpda.source_party.releases import SourceReleaser, prepare_features
+from dpda.source_party.features import prepare_features
+from dpda.source_party.releases import SourceReleaser
 from dpda.target_party.compute import Compute
 from dpda.target_party.pipeline import DPDAResult, run_dpda
 from dpda.target_party.training import accuracy, fit_predict

@@ -36,15 +36,11 @@ from dpda.dp import discrepancy as D
 from dpda.dp.mechanisms import MIN_GAUSSIAN_STD
 from dpda.dp.rng import is_cryptographic, secure_rng
 from dpda.errors import InvalidInput, PolicyRefused
+from dpda.planner import PlanRefused
 from dpda.policy import reweighting_work
-from dpda.source_party.releases import SourceReleaser, check_scaling
-from dpda.terms import (
-    PlanRefused,
-    ReweightingPlan,
-    ReweightingTerms,
-    plan_reweighting,
-    reweighter,
-)
+from dpda.public_source_terms import ReweightingPlan, ReweightingTerms, plan_reweighting, reweighter
+from dpda.source_party.features import check_scaling
+from dpda.source_party.releases import SourceReleaser
 
 MAX_SOURCE_ROWS = 20_000
 MAX_DIM = 512

@@ -1,7 +1,7 @@
 """PATE teachers on the source: disjoint parts, one scikit-learn model each, vote counts.
 
 The partition is given: each record's teacher comes from a keyed hash of its stable record id
-(``releases.teacher_assignment``), so it does not depend on the data or on the number of rows, each
+(``teacher_assignment``), so it does not depend on the data or on the number of rows, each
 record sits in exactly one part, and adding, removing or replacing one record changes at most one
 teacher's vote: the sensitivity ``common.dp.pate`` accounts for. A teacher whose part is empty
 always votes for class 0 (a data-independent vote). Vote counts never leave this module's caller
@@ -10,11 +10,25 @@ except through ``common.dp.pate.noisy_argmax``.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import warnings
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
+
+
+def teacher_assignment(n_rows: int, n_teachers: int, key: bytes) -> np.ndarray:
+    """Teacher of each record: a keyed hash (HMAC-SHA256) of its stable record id (its index
+    in the source's dataset) modulo T. Adding, removing or replacing one record moves exactly
+    that record's teacher, never a boundary between parts (``array_split`` of a permutation
+    shifted the boundaries when n changed, moving two teachers)."""
+    out = np.empty(n_rows, dtype=np.int64)
+    for i in range(n_rows):
+        h = hmac.new(key, i.to_bytes(8, "little"), hashlib.sha256).digest()
+        out[i] = int.from_bytes(h[:8], "little") % n_teachers
+    return out
 
 
 class _Constant:

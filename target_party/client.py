@@ -27,6 +27,7 @@ from dpda.dp.pate import answers_event
 from dpda.dp.sinkhorn_synthetic import points_per_class
 from dpda.errors import ConfigError, InvalidInput, LedgerCorrupt, PeerMisbehaved
 from dpda.pb import dpda_pb2 as pb
+from dpda.planner import ReleasePlan, plan_batches
 from dpda.protocol import (
     BatchRelease,
     ReweightingInfo,
@@ -34,20 +35,14 @@ from dpda.protocol import (
     TargetDisclosure,
     payload_digest,
 )
+from dpda.public_source_terms import ReweightingPlan, ReweightingTerms, plan_reweighting
 from dpda.service import serde, signing
 from dpda.service.audit import AuditLog
 from dpda.service.config import TargetConfig
 from dpda.service.crashpoints import crash_point
 from dpda.target_party.ledger_sync import LedgerSync, ResumeFile, scaling_digests
 from dpda.target_party.transport import SourceTransport, translate
-from dpda.terms import (
-    ReleasePlan,
-    ReweightingPlan,
-    ReweightingTerms,
-    SessionTerms,
-    plan_batches,
-    plan_reweighting,
-)
+from dpda.terms import SessionTerms
 
 log = logging.getLogger("dpda.target")
 # a source-space release has one column per source feature (the target's own count, checked

@@ -16,6 +16,7 @@ import numpy as np
 from dpda.dp.ledger import spend_of
 from dpda.dp.pate import answers_event
 from dpda.errors import ConfigError, PeerMisbehaved
+from dpda.planner import ReleasePlan, plan_batches
 from dpda.policy import PrivacyPolicy
 from dpda.service.config import TargetConfig
 from dpda.target_party.app import (
@@ -27,7 +28,7 @@ from dpda.target_party.app import (
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.own_rows import own_plan
 from dpda.target_party.view import AdaptConfig, resolve_scaling, session_terms, target_view
-from dpda.terms import ReleasePlan, SessionTerms, plan_batches
+from dpda.terms import SessionTerms
 
 
 def plan_job(cfg: TargetConfig) -> dict[str, Any]:

@@ -19,10 +19,10 @@ from dpda.data.preprocessing import PublicSpace, per_row
 from dpda.data.tables import Table
 from dpda.dp import discrepancy as D
 from dpda.errors import ConfigError
+from dpda.public_source_terms import ReweightingTerms, reweighter
 from dpda.service.config import TargetConfig
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.training import model_pipeline
-from dpda.terms import ReweightingTerms, reweighter
 
 
 def reweighting_terms(cfg: TargetConfig) -> ReweightingTerms:

@@ -142,7 +142,7 @@ def attribute_sensitivity(m: np.ndarray, std: np.ndarray, bound: float) -> float
     row by ``b · ‖M_j‖ / std_j``. The maximum over j is the sensitivity of the whole map, so a
     target that sends a tiny std (or a basis concentrated on a low-variance feature) gets
     proportionally more noise, never a smaller unit of privacy. The source clamps the scaled
-    values to ±1e100 (``releases.prepare_features``): a 1-Lipschitz map per coordinate, so the
+    values to ±1e100 (``features.prepare_features``): a 1-Lipschitz map per coordinate, so the
     bound still holds, and it keeps every projected value finite (|x·M| ≤ ~1e106), so the
     non-finite-row mapping before clipping never fires under this unit.
     """

@@ -16,8 +16,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from dpda.dp.calibration import CalibrationMethod
 from dpda.dp.mechanisms import Neighbouring, PrivacyUnit, ReleaseKind
 from dpda.policy import PrivacyPolicy, TargetPrivacyPolicy
+from dpda.public_source_terms import ReweightingTerms
 from dpda.service.config_file import load
-from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE, ReweightingTerms, SessionTerms
+from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE, SessionTerms
 
 
 def _term(name: str, terms: type[BaseModel] = SessionTerms) -> Any:

@@ -51,12 +51,13 @@ from dpda.dp.ledger import LedgerEntry, head_hash
 from dpda.errors import PUBLIC_CATALOG
 from dpda.pb import dpda_pb2 as pb
 from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.public_source_terms import ReweightingTerms
 from dpda.service import serde, signing
 from dpda.service.config import SourceLimits, load_source
 from dpda.service.tls import channel_credentials, init_party
 from dpda.source_party.app import run_server
 from dpda.source_party.servicer import STATUS
-from dpda.terms import ReweightingTerms, SessionTerms
+from dpda.terms import SessionTerms
 
 from .fuzz_requests import METHODS, SERVICE, Generator, Live
 from .helpers import DELTA, SignedStub, synthetic_deployment

@@ -174,8 +174,8 @@ def _describe(src: _Source, planned: str = "") -> pb.DescribeDatasetResponse:
 def _warm_worker_idle(src: _Source) -> None:
     """Wait until the source's warm-up workers (sessions', planned terms') have run everything
     submitted before."""
-    src.rs.handlers._planner.submit(lambda: None).result(timeout=TIMEOUT)
-    src.rs.handlers._warmer.submit(lambda: None).result(timeout=TIMEOUT)
+    src.rs.handlers.workers.planner.submit(lambda: None).result(timeout=TIMEOUT)
+    src.rs.handlers.workers.warmer.submit(lambda: None).result(timeout=TIMEOUT)
 
 
 def test_planned_terms_are_composed_ahead_and_nothing_else(
@@ -239,7 +239,7 @@ def test_planned_terms_are_checked_and_bounded_like_a_plan(tmp_path: Path) -> No
         _describe(src, _terms(**SLOW_PLAN))
         assert time.monotonic() - t0 < 1.0  # answered at once; the plan runs in the background
         sid = src.open()
-        assert sid in src.rs.handlers._warming  # its warm-up was not dropped for the hint
+        assert sid in src.rs.handlers.workers.warming  # its warm-up was not dropped for the hint
         src.countersign(src.release(sid))
         _warm_worker_idle(src)
         assert time.monotonic() - t0 < 5.0  # the slow plan gave up at its limit

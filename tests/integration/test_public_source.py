@@ -21,12 +21,12 @@ from dpda.dp.events import event_to_json
 from dpda.dp.ledger import head_hash
 from dpda.pb import dpda_pb2 as pb
 from dpda.pb import dpda_pb2_grpc as pb_grpc
+from dpda.public_source_terms import ReweightingTerms, plan_reweighting
 from dpda.service import serde, signing
 from dpda.service.config import load_source, load_target
 from dpda.service.tls import channel_credentials
 from dpda.source_party.app import run_server
 from dpda.target_party.app import open_state
-from dpda.terms import ReweightingTerms, plan_reweighting
 
 DELTA = 1e-4
 K = 40  # the synthetic rows' features

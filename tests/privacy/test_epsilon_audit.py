@@ -8,10 +8,11 @@ a bound above the charge (so the audit can fail).
 How the mechanism is called. Each side of the pair is its own ``SourceReleaser`` with a seeded
 noise generator (``insecure_seed``): a session is opened, one batch is released through
 ``release`` (the ledger charges ``spec.dp_event()``, which the test checks), then the mechanism
-alone — ``_draw`` with that ledger entry, the session's prepared features and its noise stream —
-is called once per draw (``release`` would recompose the whole ledger on every call). The
-weakened variant is the same call with a spec whose noise is 30% smaller (Gaussian multiplier
-×0.7; discrete-Laplace parameter a/0.7), while the claim stays the original event.
+alone — ``batch_draws.draw_rows`` with that ledger entry, the session's prepared features and
+its noise stream — is called once per draw (``release`` would recompose the whole ledger on
+every call). The weakened variant is the same call with a spec whose noise is 30% smaller
+(Gaussian multiplier ×0.7; discrete-Laplace parameter a/0.7), while the claim stays the
+original event.
 
 Which δ the claim is checked at. A ``DpEvent`` fixes the whole privacy curve ε(δ), and every
 point of it is a claim the mechanism must meet, so auditing at a δ_a larger than the dataset's δ
@@ -59,10 +60,12 @@ from dpda.dp.events import (
 from dpda.dp.ledger import Budget, LedgerEntry, MemoryLedgerStore, PrivacyLedger
 from dpda.dp.mechanisms import class_sums, clip_rows
 from dpda.dp.pate import answers_event, noisy_argmax
+from dpda.planner import PlanRefused, plan_batches
 from dpda.policy import PrivacyPolicy
 from dpda.protocol import BatchRelease, SessionInfo, TargetDisclosure
+from dpda.source_party.batch_draws import draw_metric, draw_rows
 from dpda.source_party.releases import SourceReleaser
-from dpda.terms import PlanRefused, SessionTerms, plan_batches
+from dpda.terms import SessionTerms
 
 from .audit import Audit, audit_scores, epsilon_lower_bound_sets
 
@@ -83,16 +86,19 @@ class Side:
     info: SessionInfo
     terms: SessionTerms
     spec: BatchSpec
-    x: np.ndarray  # the session's prepared features (what ``draw`` passes to ``_draw``)
+    x: np.ndarray  # the session's prepared features (what ``draw`` passes to ``draw_rows``)
     entry: LedgerEntry
 
     def draws(
         self, n: int, stat: Callable[[BatchRelease], float], spec: BatchSpec | None = None
     ) -> np.ndarray:
         s = self.spec if spec is None else spec
-        draw = self.rel._draw
-        x, info, entry = self.x, self.info, self.entry
-        return np.array([stat(draw(x, s, info, 0, entry)) for _ in range(n)], dtype=np.float64)
+        x, info, entry, terms = self.x, self.info, self.entry, self.terms
+        y, rng = self.rel.domain.labels(), self.rel._noise[info.session_id]
+        return np.array(
+            [stat(draw_rows(x, y, terms, s, info, 0, entry, rng)) for _ in range(n)],
+            dtype=np.float64,
+        )
 
 
 def _side(
@@ -761,8 +767,8 @@ def test_public_source_holder_whole_map() -> None:
     plan's one-step event (ε = 1). The exact log-ratio on this pair is 0.13, far below ε₀, so
     the power variant understates Δ∞ tenfold: the mistake the audit must catch on the whole
     map."""
+    from dpda.public_source_terms import ReweightingTerms, plan_reweighting
     from dpda.source_party import reweighting as RW
-    from dpda.terms import ReweightingTerms, plan_reweighting
 
     from ..support import memory_releaser
 
@@ -970,11 +976,12 @@ def test_record_metric(monkeypatch: pytest.MonkeyPatch) -> None:
         assert isinstance(spec, MetricSpec)
         assert entry.dp_event == event_to_json(spec.dp_event())  # the ledger charged the spec
         feats = rel.features(info.session_id)
+        y_rel, rng = rel.domain.labels(), rel._noise[info.session_id]
 
         def draws(k: int, s: MetricSpec) -> np.ndarray:
             out = np.empty(k)
             for j in range(k):
-                w = rel._draw_metric(feats, terms, s, info, index, entry).z
+                w = draw_metric(feats, y_rel, terms, s, info, index, entry, rng).z
                 out[j] = (1.0 - float(w[0, 0])) * n_pairs / eta
             return out
 

@@ -11,7 +11,8 @@ from dp_accounting import dp_event
 from dpda.dp.calibration import sigma_theorem2
 from dpda.dp.events import LabelBranchDpEvent
 from dpda.dp.ledger import spend_of
-from dpda.terms import SessionTerms, plan_batches
+from dpda.planner import plan_batches
+from dpda.terms import SessionTerms
 
 pytestmark = pytest.mark.slow  # a calibration per case, ~0.1–0.8 s each
 

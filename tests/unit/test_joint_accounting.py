@@ -23,7 +23,8 @@ from dpda.dp.events import (
 )
 from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger, spend_of, totals_by_relation
 from dpda.dp.work_bounds import CalibrationTimeout, time_limit
-from dpda.terms import SessionTerms, plan_batches
+from dpda.planner import plan_batches
+from dpda.terms import SessionTerms
 
 DELTA = 1e-5
 G = dp_event.GaussianDpEvent

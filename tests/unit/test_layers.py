@@ -22,7 +22,7 @@ FOLDERS = {
 LAYERS: list[list[str]] = [
     ["dpda.pb", "dpda.errors", "dpda.version"],
     ["dpda.dp", "dpda.ot", "dpda.data"],
-    ["dpda.terms", "dpda.policy", "dpda.protocol"],
+    ["dpda.terms", "dpda.planner", "dpda.public_source_terms", "dpda.policy", "dpda.protocol"],
     ["dpda.service"],
     ["dpda.source_party", "dpda.target_party"],
     ["dpda.simulation", "dpda.deployment", "dpda.estimator", "dpda.skada_adapter"],

@@ -267,7 +267,7 @@ def test_large_features_go_into_memory_mapped_ahead_with_the_same_values() -> No
     formula, writable until the cache freezes them; small ones are plain ``np.empty``."""
     import mmap
 
-    from dpda.source_party.releases import (
+    from dpda.source_party.features import (
         CLAMP,
         POPULATE_MAX_BYTES,
         POPULATE_MIN_BYTES,
@@ -302,7 +302,7 @@ def test_scaled_features_are_the_per_row_map_then_the_scaling_and_clamp() -> Non
     place per session) equals the plain formula bit for bit, infinities and NaN included, and
     leaves the shared rows untouched."""
     from dpda.data.preprocessing import per_row
-    from dpda.source_party.releases import CLAMP, prepare_features, scaled_features
+    from dpda.source_party.features import CLAMP, prepare_features, scaled_features
 
     rng = np.random.default_rng(3)
     x = np.abs(rng.normal(size=(40, 6)))

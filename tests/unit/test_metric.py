@@ -17,9 +17,10 @@ from dpda.dp.ledger import Budget, spend_of
 from dpda.dp.mechanisms import clip_rows, gaussian_noise
 from dpda.errors import PolicyRefused
 from dpda.ot.costs import sq_euclidean
+from dpda.planner import plan_batches
 from dpda.policy import PrivacyPolicy
 from dpda.protocol import TargetDisclosure
-from dpda.terms import SessionTerms, metric_params, plan_batches
+from dpda.terms import SessionTerms, metric_params
 from tests.support import memory_releaser
 
 from .noise_checks import std_matches

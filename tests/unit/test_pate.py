@@ -23,8 +23,8 @@ from dpda.dp.pate import (
 )
 from dpda.errors import BudgetExceeded, InvalidInput, PolicyRefused
 from dpda.protocol import TargetDisclosure
-from dpda.source_party.releases import SourceReleaser, teacher_assignment
-from dpda.source_party.teachers import TeacherEnsemble
+from dpda.source_party.releases import SourceReleaser
+from dpda.source_party.teachers import TeacherEnsemble, teacher_assignment
 from dpda.terms import SessionTerms
 from tests.support import memory_releaser
 

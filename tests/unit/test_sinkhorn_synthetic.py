@@ -15,9 +15,10 @@ from dpda.dp.accounting import epsilon_of
 from dpda.dp.events import event_from_json
 from dpda.dp.ledger import Budget
 from dpda.dp.mechanisms import clip_rows, gaussian_noise
+from dpda.planner import plan_batches
 from dpda.protocol import TargetDisclosure
 from dpda.target_party.fitting import aggregate_points
-from dpda.terms import SessionTerms, plan_batches
+from dpda.terms import SessionTerms
 from tests.support import memory_releaser
 
 from .noise_checks import std_matches

@@ -1,0 +1,1 @@
+../../../common/public_source_terms.py

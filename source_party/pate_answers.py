@@ -1,0 +1,160 @@
+"""The PATE family of a releaser's sessions: the teachers (trained on the session's features,
+on first use), the checks on a peer's queries, and the noisy arg-max of the teachers' votes,
+charged before any noise is drawn."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpda.data.loaders import Domain
+from dpda.dp.events import event_from_json
+from dpda.dp.ledger import LedgerEntry, PrivacyLedger
+from dpda.dp.pate import answers_event, noisy_argmax
+from dpda.errors import BudgetExceeded, InvalidInput
+from dpda.protocol import PateAnswer, SessionInfo, queries_digest
+from dpda.source_party.teachers import TeacherEnsemble, teacher_assignment
+from dpda.terms import SessionTerms
+
+
+class PateAnswers:
+    """PATE on ``SourceReleaser``'s sessions (a base of it: the attributes and the two methods
+    declared here are the releaser's)."""
+
+    domain: Domain
+    dataset: str
+    ledger: PrivacyLedger
+    allow_raw_queries: bool
+    insecure_seed: bool
+    _noise: dict[str, np.random.Generator]  # session → its own noise stream
+
+    if TYPE_CHECKING:
+
+        def session(self, session_id: str) -> tuple[SessionTerms, SessionInfo]: ...
+
+        def features(self, session_id: str) -> np.ndarray: ...
+
+    def _init_pate(self) -> None:
+        self._ensembles: dict[str, TeacherEnsemble] = {}
+        self._ens_lock = threading.Lock()  # guards _ens_locks
+        self._ens_locks: dict[str, threading.Lock] = {}  # per session: its teachers' training
+
+    def _close_pate(self, session_id: str) -> None:
+        self._ensembles.pop(session_id, None)
+        with self._ens_lock:
+            self._ens_locks.pop(session_id, None)
+
+    def _teachers(self, session_id: str) -> TeacherEnsemble:
+        """The session's teachers, trained on first use. The daemon calls this before it takes
+        its lock (``prepare_teachers``): training can take seconds and must not hold up other
+        sessions' releases."""
+        terms, info = self.session(session_id)
+        # one session's training waits only for itself: a peer's 600 teachers must not hold
+        # up another session's teachers
+        with self._ens_lock:
+            lock = self._ens_locks.setdefault(session_id, threading.Lock())
+        with lock:
+            return self._ensemble(session_id, terms, info)
+
+    prepare_teachers = _teachers
+
+    def _ensemble(self, session_id: str, terms: SessionTerms, info: SessionInfo) -> TeacherEnsemble:
+        ens = self._ensembles.get(session_id)
+        if ens is None:
+            x = self.features(session_id)
+            feats = x @ info.projection if terms.pate_space == "projected" else x
+            # the hash key comes from the session's noise stream: a CSPRNG in the daemon,
+            # reproducible under an insecure testing seed (so service = simulate)
+            key = self._noise[session_id].bytes(32)
+            parts = teacher_assignment(feats.shape[0], terms.pate_teachers, key)
+            ens = TeacherEnsemble(
+                feats, self.domain.labels(), parts, terms.pate_teachers, info.n_classes
+            )
+            self._ensembles[session_id] = ens
+        return ens
+
+    def check_queries(self, session_id: str, queries: np.ndarray) -> None:
+        terms, info = self.session(session_id)
+        if info.plan.pate_scale is None:
+            raise InvalidInput("PATE is not part of this session's terms")
+        if terms.pate_space == "raw" and not self.allow_raw_queries:
+            raise InvalidInput("this source does not accept raw-space queries")
+        dim = info.projection.shape[1] if terms.pate_space == "projected" else info.n_features
+        if queries.ndim != 2 or queries.shape[1] != dim or queries.shape[0] < 1:
+            raise InvalidInput("queries have the wrong shape")
+        if not np.all(np.isfinite(queries)):
+            raise InvalidInput("queries have non-finite values")
+        if queries.shape[0] > info.plan.pate_queries:
+            raise InvalidInput("more queries than the session's terms allow")
+
+    def answer(
+        self,
+        session_id: str,
+        index: int,
+        queries: np.ndarray,
+        peer: str = "in-process",
+        extra_caps: Sequence[tuple[str, float, Sequence[Any]]] = (),
+        votes: np.ndarray | None = None,
+    ) -> PateAnswer:
+        """Answer a batch of PATE queries: charge first, then the noisy arg-max of the votes.
+        ``votes``: the teachers' votes on ``queries`` (``votes``), counted before the caller
+        took its lock; counted here when None."""
+        self.check_queries(session_id, queries)
+        terms, info = self.session(session_id)
+        mine = [e for e in self.ledger.store.entries(self.dataset) if e.session == session_id]
+        asked = sum(int(e.params.get("n_queries", 0)) for e in mine)
+        if asked + queries.shape[0] > info.plan.pate_queries:
+            raise BudgetExceeded("the session's PATE queries are used up")
+        scale = float(info.plan.pate_scale)  # type: ignore[arg-type]
+        event = answers_event(terms.pate_aggregator, scale, queries.shape[0])
+        prior = [event_from_json(e.dp_event) for e in mine]
+        entry = self.ledger.charge(
+            dataset=self.dataset,
+            events=[event],
+            session=session_id,
+            peer=peer,
+            request_id=f"{session_id}/pate/{index}",
+            privacy_unit="record",
+            neighbouring=terms.neighbouring,
+            params={
+                "kind": "pate",
+                "aggregator": terms.pate_aggregator,
+                "scale": scale,
+                "n_queries": int(queries.shape[0]),
+                "teachers": terms.pate_teachers,
+                "delta": self.ledger.budgets[self.dataset].delta,
+                "queries_sha256": queries_digest(queries),
+                **({"insecure_seed": True} if self.insecure_seed else {}),
+            },
+            extra_caps=[("session", terms.epsilon, prior), *extra_caps],
+        )
+        return self.draw_answer(session_id, queries, entry, votes)
+
+    def votes(self, session_id: str, queries: np.ndarray) -> np.ndarray:
+        """The teachers' vote counts on ``queries``: deterministic, no noise and no charge, so
+        they are counted outside any lock (the work a peer sizes by its number of queries)."""
+        return self._teachers(session_id).votes(queries)
+
+    def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
+        """The ``ReleaseSource`` view of ``answer``: only the labels."""
+        return self.answer(session_id, index, queries).labels
+
+    def draw_answer(
+        self,
+        session_id: str,
+        queries: np.ndarray,
+        entry: LedgerEntry,
+        votes: np.ndarray | None = None,
+    ) -> PateAnswer:
+        """Votes (unless counted before) and noise for an entry already durably in the ledger."""
+        terms, info = self.session(session_id)
+        if votes is None:
+            votes = self._teachers(session_id).votes(queries)
+        scale = float(entry.params["scale"])
+        labels = noisy_argmax(votes, terms.pate_aggregator, scale, self._noise[session_id])
+        ans = PateAnswer(labels, entry.seq)
+        self.ledger.store.update_signatures(self.dataset, entry.seq, ans.sha256(), "", "")
+        return ans

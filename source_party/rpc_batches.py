@@ -1,0 +1,121 @@
+"""``ReleaseBatches``, source side: for each batch of the requested range,
+
+1. the peer owns the session (``Sessions.session``);
+2. the target's ledger head must be ours, or a prefix of ours (else FAILED_PRECONDITION: sync);
+3. the batch goes through ``replay_or_charge`` (a retry gets the stored payload back; a new
+   batch is charged, drawn, stored and signed), with the entries the peer lacks sent along.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from dpda.dp.ledger import LedgerEntry
+from dpda.errors import InvalidInput
+from dpda.protocol import BatchRelease
+from dpda.service.crashpoints import crash_point
+from dpda.source_party.context import SourceContext
+from dpda.source_party.ledger_desk import SignedRelease
+from dpda.source_party.releases import SourceReleaser
+from dpda.source_party.replay import Charged, replay_or_charge
+from dpda.source_party.rpc_sessions import Sessions
+
+# one batch, replayed or charged (``SourceHandlers._release_one``)
+ReleaseOneFn = Callable[[str, SourceReleaser, str, int, set[str]], SignedRelease]
+
+
+@dataclass
+class BatchKind:
+    """Batch ``index`` of a session as a ``ReleaseKind``."""
+
+    ctx: SourceContext
+    peer: str
+    releaser: SourceReleaser
+    session_id: str
+    index: int
+    call: set[str]  # the request ids of the current call (not yet countersigned, rightly)
+    lost: str = (
+        "this release was sent before and its stored copy is lost: it cannot be sent again "
+        "(a second draw would be a second release)"
+    )
+    drawn: str = "source.release.drawn"
+    stored: str = "source.release.stored"
+    draw_unlocked: bool = False
+
+    def check_replay(self, entry: LedgerEntry) -> None:
+        return None  # a batch's request id names its content
+
+    def load(self, entry: LedgerEntry) -> BatchRelease | None:
+        found = self.ctx.store.batch(self.releaser.dataset, entry.seq)
+        if found is None:
+            return None
+        terms, info = self.releaser.session(self.session_id)
+        spec = info.plan.release_spec(terms, self.index)
+        return BatchRelease(self.index, found[0], found[1], spec, entry.seq)
+
+    def redrawable(self, entry: LedgerEntry) -> bool:
+        return True
+
+    def redraw(self, entry: LedgerEntry) -> Charged[BatchRelease]:
+        # the entry is durable, its payload never stored: it never left; drawn now, uncharged
+        return Charged(entry.seq, lambda: self.releaser.draw(self.session_id, self.index, entry))
+
+    def charge(self, entries: list[LedgerEntry]) -> Charged[BatchRelease]:
+        ds = self.releaser.dataset
+        name = self.ctx.name(self.peer)
+        self.ctx.desk.require_countersigned(ds, name, self.call)
+        caps = [self.ctx.desk.peer_cap(self.peer, ds)]
+        rel = self.releaser.release(self.session_id, self.index, peer=name, extra_caps=caps)
+        return Charged(rel.ledger_seq, lambda: rel)
+
+    def store(self, seq: int, payload: BatchRelease) -> None:
+        rid = f"{self.session_id}/{self.index}"
+        self.ctx.store.put_batch(self.releaser.dataset, payload, rid)
+
+
+def release_one(
+    ctx: SourceContext,
+    peer: str,
+    releaser: SourceReleaser,
+    session_id: str,
+    index: int,
+    call: set[str],
+) -> SignedRelease:
+    """One batch, replayed or charged (under the lock)."""
+    kind = BatchKind(ctx, peer, releaser, session_id, index, call)
+    out = replay_or_charge(ctx.desk, releaser.dataset, f"{session_id}/{index}", kind)
+    return SignedRelease(out.payload, out.entry)
+
+
+def release_batches(
+    ctx: SourceContext,
+    sessions: Sessions,
+    one: ReleaseOneFn,
+    peer: str,
+    session_id: str,
+    start: int,
+    count: int,
+    ledger_head: str,
+    ledger_length: int = -1,
+) -> Iterator[SignedRelease]:
+    """Batches ``start … start+count−1``, each signed and sent as soon as it is stored; ``one``
+    releases a single batch (``release_one``, or the façade's replacement of it)."""
+    if count < 1 or count > ctx.max_batches or start < 0:
+        raise InvalidInput("batch range out of bounds")
+    releaser, info = sessions.session(peer, session_id)
+    if start + count > info.plan.releases:
+        raise InvalidInput("batch range out of bounds")
+    ctx.workers.await_warm(session_id)  # outside the lock: the work it did is not done twice
+    with ctx.lock:
+        known = ctx.desk.known_prefix(releaser.dataset, ledger_head, ledger_length)
+    call = {f"{session_id}/{i}" for i in range(start, start + count)}
+    for index in range(start, start + count):
+        with ctx.lock:  # charge, draw and store atomically; send outside the lock
+            signed = one(peer, releaser, session_id, index, call)
+            signed, known = ctx.desk.with_catch_up(releaser.dataset, signed, known)
+            crash_point("source.release.signed")
+        yield signed
+    # the last one is on its way (gRPC asks for more once it has sent it): the session's
+    # next release is composed while the target fits this one
+    sessions.warm(peer, releaser, session_id, start + count)
