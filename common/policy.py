@@ -137,7 +137,7 @@ def _refuse(message: str) -> None:
 def check_terms(policy: PrivacyPolicy, terms: Any, *, allow_raw_queries: bool = False) -> None:
     """Refuse terms outside the policy (before anything is computed or charged).
 
-    ``terms`` is a ``common.terms.SessionTerms``. Every message names the field, the value asked
+    ``terms`` is a ``dpda.terms.SessionTerms``. Every message names the field, the value asked
     for and what the policy allows: public metadata only.
     """
     if terms.privacy_unit not in policy.units:
@@ -231,7 +231,7 @@ def check_work(policy: PrivacyPolicy, terms: Any, n_rows: int, n_classes: int) -
 def check_plan(policy: PrivacyPolicy, plan: Any, terms: Any) -> None:
     """Refuse a plan whose mechanisms would run below the policy's floors.
 
-    ``plan`` is a ``common.terms.ReleasePlan``. A floor keeps every sampler where it is exact
+    ``plan`` is a ``dpda.planner.ReleasePlan``. A floor keeps every sampler where it is exact
     and every noise level above what the source is willing to release at.
     """
     if terms.dpda:

@@ -1,4 +1,4 @@
-"""The reverse setting's terms and plan: a party with public labeled rows asks the data
+"""The public-source setting's terms and plan: a party with public labeled rows asks the data
 holder (the serving daemon, whose rows are private) for the DP steps of a private discrepancy
 minimisation (``dpda.dp.discrepancy``). Both parties compute the plan from the public terms."""
 
@@ -14,7 +14,7 @@ from dpda.planner import PlanRefused
 
 
 class ReweightingTerms(BaseModel):
-    """Terms of a reweighting session (the reverse deployment): the party with public labeled
+    """Terms of a reweighting session (the public-source deployment): the party with public labeled
     rows asks the data holder — the serving daemon, whose rows are private — for the DP steps of
     a private discrepancy minimisation (``dpda.dp.discrepancy``). Public; the holder's policy and
     ledger decide, and the guarantee reads nothing here but ε, δ and the step count (Δ∞ comes

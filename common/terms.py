@@ -2,9 +2,9 @@
 
 The terms are public metadata (DESIGN.md §2): the dataset name, the privacy unit and relation, the
 budget, the projection, the batch rate and every mechanism parameter. They only *ask*: the
-source's policy (``common.policy``) decides, and the quantities that define the guarantee (the
+source's policy (``dpda.policy``) decides, and the quantities that define the guarantee (the
 attribute bound, the relation, the floors) come from the policy, never from the terms.
-``dpda.planner.plan_batches`` turns terms plus public facts into the release plan; the reverse
+``dpda.planner.plan_batches`` turns terms plus public facts into the release plan; the public-source
 setting's terms are ``dpda.public_source_terms``.
 """
 

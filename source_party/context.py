@@ -35,7 +35,7 @@ class SourceContext:
     workers: Workers
     max_batches: int
     last_used: dict[str, float] = field(default_factory=dict)  # session → its last use
-    # reverse-setting sessions: in memory; after a restart the peer opens a new one (the
+    # public-source sessions: in memory; after a restart the peer opens a new one (the
     # charges already made stay in the ledger and keep counting)
     reweighting: dict[str, RW.ReweightingSession] = field(default_factory=dict)
 

@@ -82,7 +82,7 @@ class SourceHandlers:
             workers=self.workers,
             max_batches=max_batches_per_request,
         )
-        self.reweighting = self.ctx.reweighting  # the reverse setting's open sessions
+        self.reweighting = self.ctx.reweighting  # the public-source setting's open sessions
         self.sessions = Sessions(self.ctx, self._plan)
         self.reweights = Reweighting(self.ctx)
         self.sync = LedgerSync(self.ctx)
@@ -163,7 +163,7 @@ class SourceHandlers:
             self.ctx, self.sessions, peer, session_id, index, queries, ledger_head, ledger_length
         )
 
-    # ------------------------------------------------------- reweighting (the reverse shape)
+    # ---------------------------------------------------------- reweighting (public source)
     def open_reweighting(
         self,
         peer: str,

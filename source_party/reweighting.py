@@ -1,4 +1,4 @@
-"""The data holder's side of the reverse deployment (seed 001, issue 16).
+"""The data holder's side of the public-source deployment.
 
 In this shape the serving daemon's rows are the private *target* of a peer that holds public
 labeled rows. The peer sends its public rows in a shared space and the map of the holder's raw
@@ -45,8 +45,8 @@ from dpda.source_party.releases import SourceReleaser
 MAX_SOURCE_ROWS = 20_000
 MAX_DIM = 512
 MAX_SOURCE_NORM = 1e3  # R ≤ this: Δ∞ = μR²/n stays far from overflow
-# R ≥ this: Δ∞ = R²·min(μ/n, 2) stays a normal positive float (rows of 1e-159 made it 0, and
-# with it the noise: the adversarial review of issue 16)
+# R ≥ this: Δ∞ = R²·min(μ/n, 2) stays a normal positive float (rows of 1e-159 would make it 0,
+# and with it the noise)
 MIN_SOURCE_NORM = 1e-3
 MAX_BLOCK_BYTES = 64 * 1024 * 1024  # one request's outputs (noisy-md: count × m × 8)
 MAX_SESSION_BYTES = 1024 * 1024 * 1024  # all of a session's stored outputs

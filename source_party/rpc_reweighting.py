@@ -1,4 +1,4 @@
-"""The reverse setting's RPCs, source side (``source_party.reweighting``): open a reweighting
+"""The public-source setting's RPCs, source side (``source_party.reweighting``): open a reweighting
 session on this daemon's rows, and run blocks of its steps. A block goes through
 ``replay_or_charge`` like every other release, its draw outside the global lock (one block of
 a session at a time)."""

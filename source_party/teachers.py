@@ -3,9 +3,9 @@
 The partition is given: each record's teacher comes from a keyed hash of its stable record id
 (``teacher_assignment``), so it does not depend on the data or on the number of rows, each
 record sits in exactly one part, and adding, removing or replacing one record changes at most one
-teacher's vote: the sensitivity ``common.dp.pate`` accounts for. A teacher whose part is empty
+teacher's vote: the sensitivity ``dpda.dp.pate`` accounts for. A teacher whose part is empty
 always votes for class 0 (a data-independent vote). Vote counts never leave this module's caller
-except through ``common.dp.pate.noisy_argmax``.
+except through ``dpda.dp.pate.noisy_argmax``.
 """
 
 from __future__ import annotations

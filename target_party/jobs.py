@@ -4,7 +4,7 @@
 field named on error) starts a job in a background thread — one at a time, a second one while a
 job runs gets 409. ``GET /v1/jobs/{id}`` gives state, progress and results; ``GET
 /v1/jobs/{id}/report`` the HTML report with its plots. The admin API also serves the target's
-own ledger, audit log and metrics (``common.admin``).
+own ledger, audit log and metrics (``dpda.service.admin``).
 
 A job spends the target's budget and sends the source what the target discloses about its data
 (the projection basis and column means), so the API is guarded:
@@ -16,16 +16,16 @@ A job spends the target's budget and sends the source what the target discloses 
   bits, and its path is printed. ``POST /v1/jobs`` and every job artefact (``GET /v1/jobs``,
   a job, its report) need it; the other read-only GETs (ledger, audit, metrics) stay open on
   loopback — they change nothing, Prometheus and local operators read them, and the
-  Host/Origin checks of ``common.admin`` keep browser pages (CSRF, DNS rebinding) out.
+  Host/Origin checks of ``dpda.service.admin`` keep browser pages (CSRF, DNS rebinding) out.
   Configure ``token_file`` (at least 128 bits) to close reads as well.
-* **Host, Origin, JSON only, 64 KiB bodies**: ``common.admin`` (403, 403, 415, 413).
+* **Host, Origin, JSON only, 64 KiB bodies**: ``dpda.service.admin`` (403, 403, 415, 413).
 * **Allow-list of overridable fields** (``OVERRIDABLE``): privacy and algorithm parameters only.
   What names the data — ``dataset``, ``data_kind``, ``data_path``, ``domain`` — comes from the
   config file alone (400 naming the field): a request could otherwise point the daemon at any
   readable file and send its statistics to the source.
 * **Bounds** on the fields that size allocations (``synthetic_rows``, ``projection_dim``,
-  ``batch_size``, ``steps``, ``pate_queries``, ``pate_teachers``: ``common.config.TargetJob``),
-  finite numbers only (400 naming the field).
+  ``batch_size``, ``steps``, ``pate_queries``, ``pate_teachers``:
+  ``dpda.service.config.TargetJob``), finite numbers only (400 naming the field).
 """
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ class JobRunner:
                 self.busy = False
 
     def router(self) -> APIRouter:
-        """The jobs API, added to the admin API (``common.admin`` checks Host, Origin, JSON,
+        """The jobs API, added to the admin API (``dpda.service.admin`` checks Host, Origin, JSON,
         size and the token first). ``POST /v1/jobs`` validates its body itself, against the
         allow-list and ``TargetJob``: 400 naming every field that is wrong."""
         r = APIRouter(tags=["jobs"])

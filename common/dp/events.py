@@ -254,7 +254,7 @@ class RevealedSampledGaussianDpEvent(dp_event.DpEvent):
     Per step Rényi DP of order α: ε_α = log(1 − p + p · exp(α(α − 1)/(2σ²))) / (α − 1).
 
     T steps are ``SelfComposedDpEvent(RevealedSampledGaussianDpEvent(σ, p), T)``;
-    ``common.dp.accounting.epsilon_of`` accounts it under both PLD and RDP.
+    ``dpda.dp.accounting.epsilon_of`` accounts it under both PLD and RDP.
     """
 
     noise_multiplier: float = attr.field(validator=_check_noise_multiplier)
@@ -267,7 +267,7 @@ class ExponentialMechanismDpEvent(dp_event.DpEvent):
     for a utility of sensitivity Δ (report-noisy-max with Gumbel noise is the same sampler).
 
     It is ε-DP and has bounded range ε, hence ε²/8-zCDP (Cesar & Rogers 2021).
-    ``common.dp.accounting`` accounts it under PLD as the worst case of *any* ε-DP mechanism
+    ``dpda.dp.accounting`` accounts it under PLD as the worst case of *any* ε-DP mechanism
     (``from_privacy_parameters(ε, 0)``: valid, not tight for bounded range) and under RDP as
     ``min(ε, α·ε²/8)`` per order α (both bounds hold, so their minimum does).
     """

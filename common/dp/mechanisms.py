@@ -1,7 +1,7 @@
 """Noise samplers and sensitivities: the only place where privacy noise is drawn.
 
 Every sampler takes ``rng: np.random.Generator``. Production code builds it with
-``common.rng.secure_rng()`` (seeded from ``secrets``); tests pass ``np.random.default_rng(0)``.
+``dpda.dp.rng.secure_rng()`` (seeded from ``secrets``); tests pass ``np.random.default_rng(0)``.
 The global ``np.random`` state is never used.
 
 Neighbouring relations and units (DESIGN.md §2)

@@ -12,7 +12,7 @@ solve the plan is checked: non-finite entries or a plan whose mass is far from 1
 ``SolverFailed``; marginal violation above ``tol`` is reported as ``converged=False``. POT's
 warnings become data (``OTResult.warnings``), never silent.
 
-Two engines solve the same problems. ``engine="fast"`` (the default) is ``common.ot.fast``: the
+Two engines solve the same problems. ``engine="fast"`` (the default) is ``dpda.ot.fast``: the
 same Sinkhorn and conditional-gradient iterations as POT, in float32, in place, warm-started
 across outer steps, with an ``O(qm)`` line search (``dpda bench speed`` measures it against POT).
 ``engine="pot"`` calls ``ot.sinkhorn`` and ``ot.optim.gcg`` with the group-lasso term written as
