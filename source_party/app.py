@@ -20,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from dpda.data.loaders import Domain, load_domain
 from dpda.data.preprocessing import check_representation
 from dpda.data.synthetic import two_domains
-from dpda.dp.ledger import Budget, PrivacyLedger, check_delta
+from dpda.dp.ledger import Budget, PrivacyLedger, check_delta, default_delta
 from dpda.dp.rng import public_rng, secure_rng, testing_streams
 from dpda.errors import ConfigError
 from dpda.pb import dpda_pb2_grpc as pb_grpc
@@ -42,7 +42,7 @@ log = logging.getLogger("dpda.source")
 def dataset_delta(ds: SourceDataset, domain: Domain) -> float:
     """The dataset's δ: configured, or 1/(10·ns) (well below 1/ns, as the policy asks)."""
     if ds.delta is None:
-        return 1.0 / (10.0 * domain.x.shape[0])
+        return default_delta(domain.x.shape[0])
     check_delta(ds.delta, domain.x.shape[0], f"datasets.{ds.name}.delta", f"dataset {ds.name!r}")
     return ds.delta
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from dpda.dp.events import event_from_json
 from dpda.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
-from dpda.errors import LedgerCorrupt
+from dpda.errors import LedgerBehind
 from dpda.protocol import BatchRelease
 from dpda.service import signing
 from dpda.service.config import Peer
@@ -71,7 +71,7 @@ class LedgerDesk:
             return len(entries)
         if 0 <= ledger_length <= len(entries) and ledger_head == head_hash(entries[:ledger_length]):
             return ledger_length
-        raise LedgerCorrupt("ledger heads differ: sync the ledger first")
+        raise LedgerBehind("ledger heads differ: sync the ledger first")
 
     def with_catch_up(
         self, dataset: str, signed: SignedRelease, known: int
@@ -91,7 +91,7 @@ class LedgerDesk:
         for e in self.ledger.store.entries(dataset):
             if e.peer == name and e.payload_sha256 and not e.target_sig:
                 if e.request_id not in call:
-                    raise LedgerCorrupt("countersign the earlier releases first: sync the ledger")
+                    raise LedgerBehind("countersign the earlier releases first: sync the ledger")
 
     def uncountersigned(self, dataset: str, name: str) -> list[int]:
         """The peer's entries we hold without both signatures: sent and not yet countersigned,

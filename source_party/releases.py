@@ -336,17 +336,6 @@ class SourceReleaser(PateAnswers):
     def resident(self, session_id: str) -> bool:
         return session_id in self._sessions
 
-    def restore_session(
-        self,
-        session_id: str,
-        terms: SessionTerms,
-        projection: np.ndarray,
-        disclosure: TargetDisclosure,
-    ) -> SessionInfo:
-        """Rebuild a session after a restart from its stored terms, projection and disclosure
-        (the same policy checks and floors apply)."""
-        return self.install(self.prepare(terms, disclosure, projection), session_id)
-
     def release(
         self,
         session_id: str,

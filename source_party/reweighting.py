@@ -216,9 +216,3 @@ def draw(s: ReweightingSession, count: int) -> np.ndarray:
         s.opt.advance(o)
         out.append(o)
     return np.asarray(out, dtype="<f8" if s.terms.method == "noisy-md" else "<i8")
-
-
-def replay(s: ReweightingSession, outputs: np.ndarray) -> None:
-    """Advance with outputs released before (a stored block): no data read, no noise drawn."""
-    for o in outputs:
-        s.opt.advance(o)

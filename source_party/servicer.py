@@ -13,24 +13,11 @@ from dpda.errors import DpdaError, public_message
 from dpda.pb import dpda_pb2 as pb
 from dpda.pb import dpda_pb2_grpc as pb_grpc
 from dpda.service import serde
+from dpda.service.status import abort_with
 from dpda.service.tls import peer_fingerprint
 from dpda.source_party.handlers import SourceHandlers
 
 log = logging.getLogger("dpda.source")
-
-STATUS = {
-    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
-    "POLICY_REFUSED": grpc.StatusCode.INVALID_ARGUMENT,
-    "TERMS_INVALID": grpc.StatusCode.INVALID_ARGUMENT,
-    "BUDGET_EXCEEDED": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "LEDGER_CORRUPT": grpc.StatusCode.FAILED_PRECONDITION,
-    "PEER_MISBEHAVED": grpc.StatusCode.PERMISSION_DENIED,
-    "CONFIG_INVALID": grpc.StatusCode.FAILED_PRECONDITION,
-    "SOLVER_FAILED": grpc.StatusCode.INTERNAL,
-    "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
-    "OVERLOADED": grpc.StatusCode.UNAVAILABLE,
-    "INTERNAL": grpc.StatusCode.INTERNAL,
-}
 
 
 def _abort(
@@ -42,7 +29,7 @@ def _abort(
         log.exception("internal error")
     else:
         log.warning("refused: %s (%s)", code, exc)
-    context.abort(STATUS[code], f"{code}: {message}")
+    abort_with(context, exc)
 
 
 def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -25,7 +25,7 @@ from dpda.dp.events import MetricSpec
 from dpda.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
 from dpda.dp.pate import answers_event
 from dpda.dp.sinkhorn_synthetic import points_per_class
-from dpda.errors import ConfigError, InvalidInput, LedgerCorrupt, PeerMisbehaved
+from dpda.errors import ConfigError, InvalidInput, LedgerBehind, PeerMisbehaved
 from dpda.pb import dpda_pb2 as pb
 from dpda.planner import ReleasePlan, plan_batches
 from dpda.protocol import (
@@ -315,9 +315,7 @@ class GrpcReleaseSource:
         released meanwhile), sync the ledger — verifying what arrives — and try once more."""
         try:
             return fn(*args)
-        except LedgerCorrupt as exc:
-            if "LEDGER_CORRUPT" not in str(exc):
-                raise
+        except LedgerBehind:
             self.sync_ledger()
             return fn(*args)
 

@@ -18,7 +18,7 @@ from dp_accounting import dp_event
 from dpda.data.preprocessing import Scaling
 from dpda.data.tables import Table
 from dpda.dp.events import event_from_json
-from dpda.dp.ledger import Budget, LedgerEntry, PrivacyLedger, check_delta, spend_of
+from dpda.dp.ledger import Budget, LedgerEntry, PrivacyLedger, check_delta, default_delta, spend_of
 from dpda.dp.rng import secure_rng
 from dpda.dp.target_disclosure import (
     NATURAL_CLIP,
@@ -43,7 +43,7 @@ OWN_ROWS = "own-rows"  # the target's own ledger dataset: what it disclosed abou
 def own_delta(cfg: TargetConfig, n_rows: int) -> float:
     """The δ of the target's own disclosures: ``[privacy] delta``, or 1/(10·nt)."""
     if cfg.privacy.delta is None:
-        return 1.0 / (10.0 * n_rows)
+        return default_delta(n_rows)
     check_delta(cfg.privacy.delta, n_rows, "privacy.delta", "the target's table")
     return cfg.privacy.delta
 

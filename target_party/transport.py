@@ -26,7 +26,7 @@ log = logging.getLogger("dpda.target")
 def translate(exc: grpc.RpcError) -> DpdaError:
     """The package's error for a refusal by the source: the class it raised
     (``dpda.service.status``)."""
-    return from_rpc_error(exc)
+    return from_rpc_error(exc, "source")
 
 
 class Retrying:

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from dpda.dp.ledger import default_delta
 from dpda.dp.mechanisms import AGGREGATE_RELEASES, PrivacyUnit
 from dpda.service.output import add_json_option, write_json
 
@@ -125,7 +126,7 @@ def paper_pair(
 
     def terms_for(dataset: str, ns: int) -> SessionTerms:
         # δ: the paper's 1/(1.2·ns) under its protocol, the default policy's 1/(10·ns) otherwise
-        delta = 1 / (1.2 * ns) if protocol == "dpda-paper" else 1 / (10 * ns)
+        delta = 1 / (1.2 * ns) if protocol == "dpda-paper" else default_delta(ns)
         common: dict[str, Any] = {"dataset": dataset, "epsilon": eps, "delta": delta}
         if unit == "record":
             return SessionTerms.model_validate(
@@ -177,7 +178,7 @@ def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) 
 
     ds = dataset_of(src)
     s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
-    terms = SessionTerms(dataset=f"{ds}:{src}", epsilon=epsilon, delta=1 / (10 * s.x.shape[0]))
+    terms = SessionTerms(dataset=f"{ds}:{src}", epsilon=epsilon, delta=default_delta(s.x.shape[0]))
     t0 = time.perf_counter()
     out = simulate(
         s, t, terms, DEFAULT_REPRESENTATION[ds], AdaptConfig(seed=seed), seed,

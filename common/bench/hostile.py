@@ -89,7 +89,6 @@ class Tally:
 HOSTILE_BIG_BYTES = 4 * 1024 * 1024
 # --------------------------------------------------------------------------------- flood
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
-HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
 
 
 def flood_process(

@@ -205,18 +205,16 @@ def honest_client(workdir: Path, i: int, peer: Peer, dep: Any, address: str, rec
 
 def patiently(rec: Recorder, src: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """Run one honest operation; while the source says the ledger must be synced first (the
-    head moved, or a release of this peer awaits its countersignature: both are
-    FAILED_PRECONDITION, LEDGER_CORRUPT with one public message), sync and ask again."""
-    from dpda.errors import LedgerCorrupt
+    head moved, or a release of this peer awaits its countersignature: ``LedgerBehind``),
+    sync and ask again. A verification failure (``LedgerCorrupt``) is never retried."""
+    from dpda.errors import LedgerBehind
 
     t0 = time.monotonic()
     attempt = 0
     while True:
         try:
             return fn(*args)
-        except LedgerCorrupt as exc:
-            if not str(exc).startswith("source refused: LEDGER_CORRUPT"):
-                raise  # a local verification failure: never retried
+        except LedgerBehind:
             if time.monotonic() - t0 > OP_PATIENCE_S:
                 raise
             attempt += 1

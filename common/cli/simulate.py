@@ -8,6 +8,7 @@ import math
 from enum import Enum
 from typing import Any, Literal, get_args, get_origin
 
+from dpda.dp.ledger import default_delta
 from dpda.service.output import write_json
 
 
@@ -77,7 +78,7 @@ def _simulate_public_source(
     from dpda.dp.ledger import check_delta
     from dpda.simulation import simulate_public_source
 
-    delta = args.delta if args.delta is not None else 1.0 / (10.0 * tgt.domain.x.shape[0])
+    delta = args.delta if args.delta is not None else default_delta(tgt.domain.x.shape[0])
     check_delta(delta, tgt.domain.x.shape[0], "--delta", "the target (its rows are private here)")
     out = simulate_public_source(src, tgt.domain, rep, scaling, args.epsilon, delta, args.seed)
     pred = out.pop("predictions_array")
@@ -114,7 +115,7 @@ def _simulate_once(
     from dpda.simulation import METHODS, simulate
     from dpda.target_party.view import AdaptConfig, resolve_scaling
 
-    delta = args.delta if args.delta is not None else 1.0 / (10.0 * src.x.shape[0])
+    delta = args.delta if args.delta is not None else default_delta(src.x.shape[0])
     check_delta(delta, src.x.shape[0], "--delta", "the source")
     label = "source" if args.source_file else f"{args.dataset}:{args.source}"
     terms = terms_from_args(args, label, delta)

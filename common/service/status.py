@@ -61,8 +61,8 @@ def abort_with(context: grpc.ServicerContext, exc: BaseException) -> None:
     context.abort(STATUS[code], details_of(code, message))
 
 
-def from_rpc_error(exc: Any) -> DpdaError:
-    """The package's error for a peer's refusal, the same class the peer raised."""
+def from_rpc_error(exc: Any, who: str = "peer") -> DpdaError:
+    """The package's error for a refusal by ``who``, the same class it raised."""
     status = exc.code() if hasattr(exc, "code") else None
     detail = exc.details() if hasattr(exc, "details") else ""
     code = (detail or "").split(":", 1)[0].strip()
@@ -70,6 +70,6 @@ def from_rpc_error(exc: Any) -> DpdaError:
     if cls is None:
         fallback = _BY_STATUS.get(status) if status is not None else None
         if fallback is None:
-            return DpdaError(f"peer error: {status}")
+            return DpdaError(f"{who} error: {status}")
         cls = fallback
-    return cls(f"peer refused: {detail}", public=True)
+    return cls(f"{who} refused: {detail}", public=True)

@@ -313,7 +313,7 @@ def test_target_resyncs_when_another_session_released_meanwhile(tmp_path) -> Non
         ca.settle()  # its charge check and countersignature finish in the background
         # the entry a lacked came with its release (catch_up): no refusal, no extra round trip
         refused = rs.metrics.registry.get_sample_value(
-            "dpda_refusals_total", {"code": "LEDGER_CORRUPT"}
+            "dpda_refusals_total", {"code": "LEDGER_BEHIND"}
         )
         assert not refused
         source_rows = [e.to_json() for e in rs.handlers.ledger.store.entries("synthetic")]

@@ -60,6 +60,9 @@ def test_a_lagging_peer_is_told_to_sync_not_that_the_ledger_is_corrupt() -> None
     back = from_rpc_error(_Refusal(ctx.status, ctx.details))
     assert isinstance(back, errors.LedgerBehind) and not isinstance(back, errors.LedgerCorrupt)
     assert "sync" in str(back) and "verification failed" not in str(back)
+    assert str(from_rpc_error(_Refusal(ctx.status, ctx.details), "source")).startswith(
+        "source refused: LEDGER_BEHIND"
+    )
 
 
 def test_a_status_without_a_code_falls_back_to_its_broadest_class() -> None:

@@ -5,6 +5,7 @@ order. The check reads every import statement (top level or inside a function) w
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -234,3 +235,24 @@ def test_the_typing_link_tree_is_complete() -> None:
     for name in have:
         link = tree / name
         assert link.is_symlink() and link.resolve().exists(), name
+
+
+# commit ids and issue or seed numbers: history, which lives in git and in test names
+HISTORY = re.compile(
+    r"9ac3bc1|ec1cf18|issue [0-9]+|seed 00[0-9]"
+    r"|\b(?:on|at|since|before|after|commit) [0-9a-f]{7,40}\b"
+)
+
+
+def test_the_package_says_what_is_not_how_it_came_to_be() -> None:
+    """No commit id, issue or seed number in the package's code, help or docstrings (the
+    generated protobuf code included: its comments come from proto/)."""
+    for story in ("(on 3f2a9c1 it failed)", "see issue 12", "seed 001's setting"):
+        assert HISTORY.search(story), story  # the check sees what it looks for
+    found = []
+    for folder in FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py*")):
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                if HISTORY.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)
