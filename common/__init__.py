@@ -12,9 +12,18 @@ out by layer (see docs/architecture.md).
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpda.version import __version__
+
+if TYPE_CHECKING:  # what readers, type checkers and editors follow (go to definition)
+    from dpda.data.tables import read_table
+    from dpda.estimator import DPDAClassifier
+    from dpda.simulation import simulate
+    from dpda.skada_adapter import DPDASkadaEstimator
+    from dpda.target_party.training import load_model
+    from dpda.target_party.view import AdaptConfig
+    from dpda.terms import SessionTerms
 
 _PUBLIC = {
     "DPDAClassifier": "dpda.estimator",
@@ -37,7 +46,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:  # imported on first use: `import dpda` stays fast
+def __getattr__(name: str) -> Any:  # at run time, imported on first use: `import dpda` stays fast
     if name in _PUBLIC:
         return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'dpda' has no attribute {name!r}")
