@@ -56,7 +56,7 @@ from dpda.service import serde, signing
 from dpda.service.config import SourceLimits, load_source
 from dpda.service.tls import channel_credentials, init_party
 from dpda.source_party.app import run_server
-from dpda.source_party.servicer import STATUS
+from dpda.service.status import STATUS
 from dpda.terms import SessionTerms
 
 from .fuzz_requests import METHODS, SERVICE, Generator, Live

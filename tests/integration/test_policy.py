@@ -8,7 +8,7 @@ from dpda import errors
 from dpda.pb import dpda_pb2
 from dpda.pb import dpda_pb2_grpc as pb_grpc
 from dpda.service.auth import POLICY, SERVICE, allowed
-from dpda.source_party.servicer import STATUS
+from dpda.service.status import STATUS
 
 
 def test_policy_names_every_generated_method() -> None:
