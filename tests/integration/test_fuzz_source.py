@@ -54,9 +54,9 @@ from dpda.pb import dpda_pb2_grpc as pb_grpc
 from dpda.public_source_terms import ReweightingTerms
 from dpda.service import serde, signing
 from dpda.service.config import SourceLimits, load_source
+from dpda.service.status import STATUS
 from dpda.service.tls import channel_credentials, init_party
 from dpda.source_party.app import run_server
-from dpda.service.status import STATUS
 from dpda.terms import SessionTerms
 
 from .fuzz_requests import METHODS, SERVICE, Generator, Live
