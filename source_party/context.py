@@ -38,6 +38,15 @@ class SourceContext:
     # public-source sessions: in memory; after a restart the peer opens a new one (the
     # charges already made stay in the ledger and keep counting)
     reweighting: dict[str, RW.ReweightingSession] = field(default_factory=dict)
+    # one draw at a time per session, for the draws made outside ``lock`` (the learned cost)
+    _serial: dict[str, threading.Lock] = field(default_factory=dict)
+    _serial_guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def serial(self, session_id: str) -> threading.Lock:
+        """The session's own lock: a draw made outside ``lock`` holds it, so a repeated
+        request of the same session waits for the first draw instead of drawing again."""
+        with self._serial_guard:
+            return self._serial.setdefault(session_id, threading.Lock())
 
     @property
     def lock(self) -> threading.RLock:

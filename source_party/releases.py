@@ -348,6 +348,18 @@ class SourceReleaser(PateAnswers):
         The session's own budget (``terms.epsilon``) is always a cap, besides the dataset's and
         any ``extra_caps`` (per-peer caps of the daemon).
         """
+        entry = self.charge(session_id, index, peer, extra_caps)
+        return self.draw(session_id, index, entry)
+
+    def charge(
+        self,
+        session_id: str,
+        index: int,
+        peer: str = "in-process",
+        extra_caps: Sequence[tuple[str, float, Sequence[Any]]] = (),
+    ) -> LedgerEntry:
+        """Charge batch ``index`` of a session (``release``'s first half): the entry, durable,
+        before anything is drawn."""
         terms, info = self.session(session_id)
         if not (0 <= index < info.plan.releases):
             raise InvalidInput("batch index out of range")
@@ -373,10 +385,22 @@ class SourceReleaser(PateAnswers):
             },
             extra_caps=[("session", terms.epsilon, prior), *extra_caps],
         )
-        return self.draw(session_id, index, entry)
+        return entry
 
     def draw(self, session_id: str, index: int, entry: LedgerEntry) -> BatchRelease:
-        """Sample and add noise for an entry that is already durably in the ledger."""
+        """Sample and add noise for an entry that is already durably in the ledger, and record
+        the payload's hash in it."""
+        rel = self.draw_payload(session_id, index, entry)
+        self.record_payload(entry.seq, rel)
+        return rel
+
+    def record_payload(self, seq: int, rel: BatchRelease) -> None:
+        """The payload's hash into its ledger entry (before the entry is signed)."""
+        self.ledger.store.update_signatures(self.dataset, seq, rel.sha256(), "", "")
+
+    def draw_payload(self, session_id: str, index: int, entry: LedgerEntry) -> BatchRelease:
+        """The release of a charged entry, drawn; nothing written (a caller that draws outside
+        the ledger's lock records the hash under it, ``record_payload``)."""
         terms, info = self.session(session_id)
         x = self.features(session_id)
         spec = info.plan.release_spec(terms, index)
@@ -385,7 +409,6 @@ class SourceReleaser(PateAnswers):
             rel = draw_metric(x, y, terms, spec, info, index, entry, rng)
         else:
             rel = draw_rows(x, y, terms, spec, info, index, entry, rng)
-        self.ledger.store.update_signatures(self.dataset, entry.seq, rel.sha256(), "", "")
         return rel
 
     def close_session(self, session_id: str) -> None:

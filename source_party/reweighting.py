@@ -15,7 +15,8 @@ What the guarantee rests on, and where each comes from (DESIGN.md §2a):
 * ``R``: the largest norm among the public rows it actually received (checked finite and ≤
   ``MAX_SOURCE_NORM``);
 * ``n``: its own row count; ``μ``: from the terms, used as received (Δ∞ grows with it);
-* ε₀ / σ: ``terms.plan_reweighting`` from ε, δ and the step count, recomputed by the peer;
+* ε₀ / σ: ``public_source_terms.plan_reweighting`` from ε, δ and the step count, recomputed by
+  the peer;
 * the iterate q (and w for single-stage) is advanced by the holder itself from the public rows
   and its own released outputs (``discrepancy.Reweighter``), never read from the peer.
 """

@@ -59,17 +59,28 @@ class BatchKind:
 
     def redraw(self, entry: LedgerEntry) -> Charged[BatchRelease]:
         # the entry is durable, its payload never stored: it never left; drawn now, uncharged
-        return Charged(entry.seq, lambda: self.releaser.draw(self.session_id, self.index, entry))
+        return Charged(entry.seq, lambda: self._draw(entry))
 
     def charge(self, entries: list[LedgerEntry]) -> Charged[BatchRelease]:
         ds = self.releaser.dataset
         name = self.ctx.name(self.peer)
         self.ctx.desk.require_countersigned(ds, name, self.call)
         caps = [self.ctx.desk.peer_cap(self.peer, ds)]
-        rel = self.releaser.release(self.session_id, self.index, peer=name, extra_caps=caps)
-        return Charged(rel.ledger_seq, lambda: rel)
+        entry = self.releaser.charge(self.session_id, self.index, peer=name, extra_caps=caps)
+        if self.draw_unlocked:  # drawn by ``replay_or_charge`` once the lock is released
+            return Charged(entry.seq, lambda: self._draw(entry))
+        rel = self._draw(entry)  # under the lock, with the charge
+        return Charged(entry.seq, lambda: rel)
+
+    def _draw(self, entry: LedgerEntry) -> BatchRelease:
+        # drawn outside the lock, the payload's hash goes into the entry with the store
+        if self.draw_unlocked:
+            return self.releaser.draw_payload(self.session_id, self.index, entry)
+        return self.releaser.draw(self.session_id, self.index, entry)
 
     def store(self, seq: int, payload: BatchRelease) -> None:
+        if self.draw_unlocked:
+            self.releaser.record_payload(seq, payload)
         rid = f"{self.session_id}/{self.index}"
         self.ctx.store.put_batch(self.releaser.dataset, payload, rid)
 
@@ -82,8 +93,12 @@ def release_one(
     index: int,
     call: set[str],
 ) -> SignedRelease:
-    """One batch, replayed or charged (under the lock)."""
-    kind = BatchKind(ctx, peer, releaser, session_id, index, call)
+    """One batch, replayed or charged (under the lock); the learned cost is charged under it
+    and trained outside it (``release_batches`` holds the session's own lock)."""
+    _, info = releaser.session(session_id)
+    kind = BatchKind(
+        ctx, peer, releaser, session_id, index, call, draw_unlocked=info.plan.is_metric(index)
+    )
     out = replay_or_charge(ctx.desk, releaser.dataset, f"{session_id}/{index}", kind)
     return SignedRelease(out.payload, out.entry)
 
@@ -111,10 +126,20 @@ def release_batches(
         known = ctx.desk.known_prefix(releaser.dataset, ledger_head, ledger_length)
     call = {f"{session_id}/{i}" for i in range(start, start + count)}
     for index in range(start, start + count):
-        with ctx.lock:  # charge, draw and store atomically; send outside the lock
-            signed = one(peer, releaser, session_id, index, call)
-            signed, known = ctx.desk.with_catch_up(releaser.dataset, signed, known)
-            crash_point("source.release.signed")
+        if info.plan.is_metric(index):
+            # the learned cost trains for seconds, sized by the peer's terms: charged and
+            # stored under the lock, trained outside it, one draw of the session at a time
+            # and under the peer's CPU budget
+            with ctx.serial(session_id), ctx.cpu.spend(peer):
+                signed = one(peer, releaser, session_id, index, call)
+            with ctx.lock:
+                signed, known = ctx.desk.with_catch_up(releaser.dataset, signed, known)
+                crash_point("source.release.signed")
+        else:
+            with ctx.lock:  # charge, draw and store atomically; send outside the lock
+                signed = one(peer, releaser, session_id, index, call)
+                signed, known = ctx.desk.with_catch_up(releaser.dataset, signed, known)
+                crash_point("source.release.signed")
         yield signed
     # the last one is on its way (gRPC asks for more once it has sent it): the session's
     # next release is composed while the target fits this one

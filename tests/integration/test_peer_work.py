@@ -199,3 +199,63 @@ def test_pate_past_the_peers_cpu_budget_is_refused_uncharged(tmp_path) -> None:
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
             assert e.value.details().startswith("OVERLOADED")
             assert rs.handlers.ledger.store.entries() == before
+
+
+def test_the_learned_cost_trains_outside_the_global_lock(tmp_path, monkeypatch) -> None:
+    """The learned ground cost's release trains W for as long as the peer's terms make it
+    (seconds): it is charged and stored under the global lock and trained outside it, so the
+    lock is free and a ledger read completes while the training is held."""
+    import dpda.source_party.batch_draws as draws
+    from dpda.planner import ReleasePlan
+
+    dep = synthetic_deployment(tmp_path, metric=True)
+    entered, go = threading.Event(), threading.Event()
+    real = draws.train_metric
+
+    def held(*args: Any, **kw: Any) -> Any:
+        entered.set()
+        go.wait(TIMEOUT)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(draws, "train_metric", held)
+    with run_server(load_source(dep.source_config)) as rs:
+        k = dep.target_keys
+        creds = channel_credentials(k.cert, k.key, k.ca)
+        with grpc.secure_channel(f"127.0.0.1:{rs.port}", creds) as ch:
+            stub = SignedStub(pb_grpc.SourceServiceStub(ch), dep)
+
+            def head() -> str:
+                return head_hash(rs.handlers.ledger.store.entries("synthetic"))
+
+            opened = stub.OpenSession(
+                pb.OpenSessionRequest(
+                    terms_json=_terms(cost="metric", metric_dim=4, metric_steps=5)
+                ),
+                timeout=TIMEOUT,
+            )
+            index = ReleasePlan.model_validate_json(opened.plan_json).steps  # the metric's
+            got: dict[str, Any] = {}
+
+            def metric() -> None:
+                req = pb.ReleaseBatchesRequest(
+                    session_id=opened.session_id, start=index, count=1, ledger_head=head()
+                )
+                got["metric"] = list(stub.ReleaseBatches(req, timeout=TIMEOUT))
+
+            th = threading.Thread(target=metric)
+            th.start()
+            try:
+                assert entered.wait(TIMEOUT)  # W is being trained now
+                free = rs.handlers.lock.acquire(blocking=False)
+                if free:
+                    rs.handlers.lock.release()
+                ledger = stub.GetLedger(pb.GetLedgerRequest(dataset="synthetic"), timeout=TIMEOUT)
+                read_while_held = not go.is_set()
+            finally:
+                go.set()
+                th.join(TIMEOUT)
+        entries = rs.handlers.ledger.store.entries("synthetic")
+    assert free, "the global lock was held while the learned cost trained"
+    assert read_while_held and len(ledger.entries_json) == 1  # the metric's charge, durable
+    assert len(got.get("metric", [])) == 1
+    assert [e.params["spec"].get("kind") for e in entries] == ["metric"]  # charged once
