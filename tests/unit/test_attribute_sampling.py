@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import dp_accounting
 import numpy as np
@@ -290,15 +289,11 @@ def test_calibration_rdp_and_refusals() -> None:
         max_revealed_steps(1.0, 0.1, 1.0, 1.5)
 
 
-# ---------------------------------------------------------------- (g) speed
-def test_one_thousand_steps_is_fast() -> None:
+# ------------------------------------------------ (g) a thousand steps (speed: dpda bench)
+def test_one_thousand_steps_compose_to_the_exact_epsilon() -> None:
     event = revealed(1.0, 0.01, 1000)
-    epsilon_of([event], 1e-5, "pld", LEDGER_PLD_INTERVAL)  # warm imports / caches
-    start = time.perf_counter()
     eps = epsilon_of([event], 1e-5, "pld", LEDGER_PLD_INTERVAL)
-    elapsed = time.perf_counter() - start
     assert eps == pytest.approx(exact_epsilon(1.0, 0.01, 1000, 1e-5), rel=1e-3)
-    assert elapsed < 1.0, f"epsilon_of took {elapsed:.3f}s"
 
 
 @pytest.mark.slow
