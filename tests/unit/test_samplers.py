@@ -210,6 +210,8 @@ def test_no_overflow_or_saturation_at_floor() -> None:
     assert int(np.sum(x > 0)) > 0 and int(np.sum(x < 0)) > 0
 
 
+# ----------------------------------------------------------------------------- gaussian floor
+@pytest.mark.parametrize("std", [float("nan"), float("inf"), -1.0, 1e-300, MIN_GAUSSIAN_STD / 2])
 def test_gaussian_refuses_bad_std(std: float) -> None:
     g = np.random.default_rng(0)
     before = str(g.bit_generator.state)
