@@ -149,3 +149,19 @@ def test_reverse_deployment_example_configs_validate() -> None:
     assert holder.datasets[0].labeled is False and holder.datasets[0].policy.allow_reweighting
     assert driver.job.setting == "public-source" and driver.job.dataset == holder.datasets[0].name
     assert driver.job.delta == holder.datasets[0].delta
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1e-300", "1e308", "-0.5", "1.5"])
+@pytest.mark.parametrize("key", ["refine", "transport_step"])
+def test_the_adaptation_steps_out_of_range_are_refused_naming_the_key(
+    tmp_path, key: str, value: str
+) -> None:
+    text = (
+        (DEPLOY / "target.example.toml")
+        .read_text()
+        .replace("[job]\n", f"[job]\n{key} = {value}\n", 1)
+    )
+    p = tmp_path / "t.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=rf"job\.{key}"):
+        load_target(p)
