@@ -67,16 +67,16 @@ class Rows:
         return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def blocks(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
-        """``(i, j, label)`` blocks of ``[lo, hi)``, also split where the label changes (rows
-        sorted by label, as a release's are, split only at the few class boundaries)."""
+        """``(i, j, label)`` blocks of ``[lo, hi)``, also split wherever the label changes, so
+        every block has one label (rows sorted by label, as the solver keeps them, split only at
+        the few class boundaries)."""
         out = []
         for i in range(lo, hi, self.rows):
             j = min(i + self.rows, hi)
-            first, last = int(self.labels[i]), int(self.labels[j - 1])
-            if first == last:
-                out.append((i, j, first))
-                continue
             cuts = np.flatnonzero(np.diff(self.labels[i:j])) + i + 1
+            if cuts.size == 0:
+                out.append((i, j, int(self.labels[i])))
+                continue
             edges = [i, *cuts.tolist(), j]
             out.extend(
                 (s, e, int(self.labels[s])) for s, e in zip(edges[:-1], edges[1:], strict=True)

@@ -261,10 +261,17 @@ def group_lasso(
     from threadpoolctl import threadpool_limits
 
     n, m = cost.shape
-    c: np.ndarray = np.ascontiguousarray(cost, dtype=dtype)
     yd = np.asarray(y)
     q = yd.shape[1]
     labels = yd.argmax(axis=1).astype(np.int64)
+    # rows are solved sorted by label (each block of rows then has one label); rows given in
+    # another order are sorted here and the plan's rows put back in the caller's order
+    order = np.argsort(labels, kind="stable") if np.any(np.diff(labels) < 0) else None
+    if order is None:
+        c: np.ndarray = np.ascontiguousarray(cost, dtype=dtype)
+    else:
+        c = np.take(np.asarray(cost), order, axis=0).astype(dtype, copy=False)
+        labels, a = labels[order], np.asarray(a)[order]
     threads = solver_threads() if threads is None else max(1, threads)
     layout = _blocked.rows_for(n, m, threads, labels)
     traffic = Traffic()
@@ -331,13 +338,19 @@ def group_lasso(
         if pool is not None:
             pool.shutdown()
     marginal = max(float(np.abs(done.rows - a).sum()), float(np.abs(done.cols - b).sum()))
+    rows = done.rows
+    if order is not None:
+        back = np.argsort(order)
+        g, rows = g[back], rows[back]
+        if start_state is not None:
+            start_state = SinkhornState(start_state.alpha[back], start_state.beta)
     return g, SolveInfo(
         outer=outer,
         inner=inner,
         marginal_error=marginal,
         traffic=traffic,
         start_state=start_state,
-        rows=done.rows,
+        rows=rows,
         cols=done.cols,
         cost=done.cost,
         class_mass=done.class_mass,

@@ -83,3 +83,26 @@ def test_inner_tolerance_keeps_the_plan_and_its_convergence(rng: np.random.Gener
     assert loose.converged and loose.marginal_error < 1e-3
     assert loose.passes < tight.passes
     assert _mass_moved(loose.plan, tight.plan.astype(np.float64)) < 2e-3
+
+
+def test_rows_in_any_label_order_are_solved_as_the_same_problem(
+    rng: np.random.Generator,
+) -> None:
+    """Rows whose labels are not sorted (a USPS source, a random subset) get the plan of the
+    same rows sorted, row for row, and the solver's class masses and row sums are those of the
+    plan it returns; POT's solver, which takes rows in any order, agrees."""
+    xt = rng.normal(size=(60, 4))
+    c, ys = _batch(rng, xt, n=50)
+    shuffle = rng.permutation(50)
+    mixed = sinkhorn_group_lasso(uniform(50), uniform(60), c[shuffle], ys[shuffle], 0.05, 0.5)
+    ordered = sinkhorn_group_lasso(uniform(50), uniform(60), c, ys, 0.05, 0.5)
+    # the same plan up to the order of float32 sums (rows of a class are summed in another order)
+    assert np.allclose(mixed.plan, ordered.plan[shuffle], rtol=1e-4, atol=1e-9)
+    plan = mixed.plan.astype(np.float64)
+    assert mixed.class_mass is not None and mixed.rows is not None
+    assert np.allclose(mixed.class_mass, one_hot(ys[shuffle]).T @ plan, atol=1e-8)
+    assert np.allclose(mixed.rows, plan.sum(axis=1), atol=1e-8)
+    pot = sinkhorn_group_lasso(
+        uniform(50), uniform(60), c[shuffle], ys[shuffle], 0.05, 0.5, engine="pot"
+    )
+    assert _mass_moved(mixed.plan, pot.plan) < 1e-3
