@@ -17,7 +17,7 @@ from dpda.dp.sinkhorn_synthetic import SinkhornSyntheticParams, synthetic_labels
 from dpda.ot.costs import dpot_cost, label_mask
 from dpda.ot.fast import SinkhornState
 from dpda.ot.mapping import barycentric_map
-from dpda.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
+from dpda.ot.solvers import OTResult, one_hot, sinkhorn_group_lasso, uniform
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo
 from dpda.target_party.compute import Compute, split_rows
 from dpda.target_party.training import accuracy, fit_predict
@@ -124,29 +124,42 @@ def fit_points(
         outer_iter=cfg.outer_iter,
         inner_iter=cfg.inner_iter,
         inner_tol=cfg.inner_tol,
+        stop_thr=cfg.outer_tol,
         start=start,
     )
     plan = res.plan
     mass = float(a.sum())
     out = res.start_state
     return BatchFit(
-        mapped=barycentric_map(plan, view.x),
+        mapped=barycentric_map(plan, view.x, res.rows),
         labels=ys,
         # W̃ = ⟨γ, C̃⟩ from the solver's own ⟨γ, C/scale⟩ (no further pass over the plan)
         w_tilde=cost.scale * res.transport_cost - cost.bias * mass,
         converged=res.converged,
-        class_mass=one_hot(ys, n_classes).astype(plan.dtype).T @ plan,
-        back_mapped=barycentric_map(plan.T, pts),
+        class_mass=_class_mass(res, ys, n_classes),
+        back_mapped=barycentric_map(plan.T, pts, res.cols),
         points=pts,
         weights=a,
         kernel_builds=res.kernel_builds,
         passes=res.passes,
-        # + the cost's normalization (its maximum, then the division) and the three products
-        bytes_read=res.bytes_read + 2 * cost.normalized.nbytes + 3 * plan.nbytes,
+        # + the cost's normalization (its maximum, then the division) and the products with
+        # the plan: the two maps, and Yᵀγ where the solver did not sum it
+        bytes_read=res.bytes_read
+        + 2 * cost.normalized.nbytes
+        + (2 + (res.class_mass is None)) * plan.nbytes,
         pass_bytes=res.passes * plan.nbytes,
         seconds=time.perf_counter() - t0,
         warm=None if out is None else out.beta * cost.scale,
     )
+
+
+def _class_mass(res: OTResult, ys: np.ndarray, n_classes: int) -> np.ndarray:
+    """``Yᵀγ (n_classes, m)``: the solver's own sums when it made them, else one product."""
+    if res.class_mass is None:
+        return one_hot(ys, n_classes).astype(res.plan.dtype).T @ res.plan
+    out = np.zeros((n_classes, res.class_mass.shape[1]))
+    out[: res.class_mass.shape[0]] = res.class_mass
+    return out
 
 
 def aggregate_points(

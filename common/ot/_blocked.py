@@ -152,6 +152,13 @@ def build_kernel(
     return r
 
 
+def _gemv(dtype: np.dtype) -> Callable[..., np.ndarray]:
+    from scipy.linalg import blas
+
+    fn: Callable[..., np.ndarray] = blas.sgemv if dtype == np.float32 else blas.dgemv
+    return fn
+
+
 def sweep(
     k: np.ndarray,
     a: np.ndarray,
@@ -163,18 +170,18 @@ def sweep(
 ) -> np.ndarray:
     """One pass: ``u = a / Kv`` (into ``u``), then return ``Kᵀu``."""
     tiny = np.finfo(k.dtype).tiny
+    gemv = _gemv(k.dtype)
 
     def part(lo: int, hi: int) -> np.ndarray:
         acc = np.zeros(k.shape[1], dtype=k.dtype)
-        buf = np.empty(k.shape[1], dtype=k.dtype)
         for i in range(lo, hi, layout.rows):
             j = min(i + layout.rows, hi)
-            kb = k[i:j]
-            kv = kb @ v
+            kt = k[i:j].T  # Fortran order: BLAS reads the block in place
+            kv = gemv(1.0, kt, v, trans=1)
             np.maximum(kv, tiny, out=kv)
             np.divide(a[i:j], kv, out=u[i:j])
-            np.matmul(u[i:j], kb, out=buf)
-            acc += buf
+            # acc += Kᵀu accumulated by BLAS itself (no temporary of m entries per block)
+            acc = gemv(1.0, kt, u[i:j], beta=1.0, y=acc, overwrite_y=1)
         return acc
 
     parts = _run(pool, layout.spans(), part)
@@ -203,6 +210,7 @@ def direction(
         sq_b = np.zeros((n_classes, m))
         sq_d = np.zeros((n_classes, m))
         tmp = np.empty((layout.rows, m), dtype=k.dtype)
+        col = np.empty(m, dtype=k.dtype)  # a block's column sums, added into float64
         for i, j, lab in layout.blocks(lo, hi):
             kb, gb, t = k[i:j], g[i:j], tmp[: j - i]
             kb *= u[i:j, None]
@@ -210,9 +218,11 @@ def direction(
             kb -= gb
             c_d += float(np.dot(c[i:j].reshape(-1), kb.reshape(-1)))
             np.multiply(gb, kb, out=t)
-            sq_b[lab] += t.sum(axis=0)
+            np.add.reduce(t, axis=0, out=col)
+            sq_b[lab] += col
             np.multiply(kb, kb, out=t)
-            sq_d[lab] += t.sum(axis=0)
+            np.add.reduce(t, axis=0, out=col)
+            sq_d[lab] += col
         return c_d, sq_b, sq_d
 
     parts = _run(pool, layout.spans(), part)

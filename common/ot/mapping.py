@@ -5,14 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 
-def barycentric_map(plan: np.ndarray, xt: np.ndarray) -> np.ndarray:
-    """``X̂s = diag(γ1)⁻¹ γ Xt``; ``plan (n, m)``, ``xt (m, d)`` → ``(n, d)``.
+def barycentric_map(plan: np.ndarray, xt: np.ndarray, mass: np.ndarray | None = None) -> np.ndarray:
+    """``X̂s = diag(γ1)⁻¹ γ Xt``; ``plan (n, m)``, ``xt (m, d)`` → ``(n, d)``; ``mass``: the
+    plan's row sums ``γ1`` when the caller has them (no pass over the plan to sum it).
 
     Rows of the plan with (numerically) no mass are mapped to the target mean rather than to 0.
     A float32 plan is multiplied in float32 (casting the ``m × d`` features, not the ``n × m``
     plan); the result is float64 either way.
     """
-    row = plan.sum(axis=1, keepdims=True, dtype=np.float64)
+    if mass is None:
+        row = plan.sum(axis=1, keepdims=True, dtype=np.float64)
+    else:
+        row = np.asarray(mass, dtype=np.float64).reshape(-1, 1)
     if plan.dtype == np.float32:
         mapped = (plan @ xt.astype(np.float32)).astype(np.float64)
     else:

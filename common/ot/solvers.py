@@ -54,6 +54,12 @@ class OTResult:
     # the dual potentials of the first entropic solve: ``start`` for the next problem with the
     # same target rows and marginal (None from the POT engine or a start at a·bᵀ)
     start_state: fast.SinkhornState | None = None
+    # ``Yᵀγ (q, m)`` per label ``0 … max(labels)``, summed by the fast engine's last pass over
+    # the plan (None from the POT engine)
+    class_mass: np.ndarray | None = None
+    # ``γ1 (n,)`` and ``γᵀ1 (m,)`` in float64, summed by the solver (None where it did not)
+    rows: np.ndarray | None = None
+    cols: np.ndarray | None = None
 
 
 def uniform(n: int) -> np.ndarray:
@@ -118,6 +124,9 @@ def _finish(
         passes=traffic.passes,
         bytes_read=traffic.bytes_read,
         start_state=info.start_state if info is not None else None,
+        class_mass=info.class_mass if info is not None else None,
+        rows=rows,
+        cols=cols,
     )
 
 

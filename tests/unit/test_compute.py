@@ -73,7 +73,14 @@ def _plan(pts, ys, a, xt_proj, cfg):
     cost = dpot_cost(pts, xt_proj, 0.1, None)
     b = uniform(xt_proj.shape[0])
     res = sinkhorn_group_lasso(
-        a, b, cost.normalized, ys, cfg.reg_e, cfg.reg_g, inner_tol=cfg.inner_tol
+        a,
+        b,
+        cost.normalized,
+        ys,
+        cfg.reg_e,
+        cfg.reg_g,
+        inner_tol=cfg.inner_tol,
+        stop_thr=cfg.outer_tol,
     )
     return res.plan.astype(np.float64)
 
