@@ -312,9 +312,10 @@ def terms_error(exc: ValidationError) -> str:
 
 
 def synthetic_params(terms: SessionTerms) -> SinkhornSyntheticParams:
-    """The sinkhorn-synthetic knobs of a session (public: both parties read them)."""
+    """The sinkhorn-synthetic knobs of a session (public: both parties read them); a field named
+    like a term (``synthetic_points``) is that term."""
     return SinkhornSyntheticParams(
-        points_per_class=terms.synthetic_points,
+        synthetic_points=terms.synthetic_points,
         rows_per_point=terms.synthetic_rows_per_point,
         steps=terms.sinkhorn_steps,
         reg=terms.sinkhorn_reg,
@@ -325,12 +326,13 @@ def synthetic_params(terms: SessionTerms) -> SinkhornSyntheticParams:
 
 
 def metric_params(terms: SessionTerms) -> MetricParams:
-    """The metric knobs of a session (public: both parties read them)."""
+    """The metric knobs of a session (public: both parties read them); a field named like a term
+    (``metric_clip``) is that term."""
     return MetricParams(
         dim=terms.metric_rows,
         pairs_per_record=terms.metric_pairs,
         margin=terms.metric_margin,
-        gradient_clip=terms.metric_clip,
+        metric_clip=terms.metric_clip,
         steps=terms.metric_steps,
         learning_rate=terms.metric_learning_rate,
     )
