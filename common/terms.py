@@ -10,6 +10,7 @@ setting's terms are ``dpda.public_source_terms``.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -56,6 +57,9 @@ SOURCE_SPACE_RELEASES = ("prototypes", "class-gaussians")
 
 # a minibatch is one release of up to this many rows (the target's job API bounds it too)
 MAX_BATCH_SIZE = 100_000
+# the ε a rehearsal (``dpda simulate``, ``DPDAClassifier``) asks for when none is given; the
+# terms themselves have no default ε: a session always states its own
+DEFAULT_EPSILON = 8.0
 
 
 class SessionTerms(BaseModel):
@@ -298,6 +302,19 @@ class SessionTerms(BaseModel):
             f"clipped to norm {self.clip_norm:.4g} in the "
             + ("source's own per-row space" if self.source_space else "projection space")
         )
+
+
+def term_default(name: str) -> Any:
+    """The default ``SessionTerms`` declares for the term ``name`` (an enum's value), for every
+    other surface that offers the term; ``None`` for a term whose default follows the unit and
+    the release."""
+    if name in _RELEASE_DEPENDENT:
+        return None
+    field = SessionTerms.model_fields[name]
+    if field.is_required():
+        raise ValueError(f"{name}: every session states it; the terms declare no default")
+    default = field.get_default(call_default_factory=True)
+    return default.value if isinstance(default, Enum) else default
 
 
 def terms_error(exc: ValidationError) -> str:

@@ -43,7 +43,7 @@ from dpda.target_party.own_rows import (
 from dpda.target_party.pipeline import run_dpda
 from dpda.target_party.report import figures_of, render
 from dpda.target_party.training import model_pipeline, save_model
-from dpda.target_party.view import AdaptConfig, resolve_scaling, target_view
+from dpda.target_party.view import adapt_config, resolve_scaling, target_view
 from dpda.terms import SessionTerms
 
 log = logging.getLogger("dpda.target")
@@ -188,16 +188,7 @@ def run_job(
         disclosure=own[0] if own else None,
         terms=terms,
     )
-    acfg = AdaptConfig(
-        reg_e=cfg.job.reg_e,
-        reg_g=cfg.job.reg_g,
-        classifier=cfg.job.classifier,
-        seed=seed,
-        select=cfg.job.select,
-        transport_step=cfg.job.transport_step,
-        refine=cfg.job.refine,
-        keep=cfg.job.keep,
-    )
+    acfg = adapt_config(cfg.job, seed)
     # before the source is asked anything: PATE's queries fit the target's own budget
     key = job_key(cfg, table, terms)
     rq = row_queries(

@@ -81,6 +81,23 @@ class AdaptConfig:
             raise ConfigError(f"keep: {self.keep!r} is not dpda or better")
 
 
+# the knobs of AdaptConfig a job's [job] table, ``dpda simulate``'s flags and the estimator's
+# parameters offer, each by the same name
+ADAPT_KNOBS = ("reg_e", "reg_g", "classifier", "select", "transport_step", "refine", "keep")
+
+
+def adapt_default(name: str) -> Any:
+    """The default ``AdaptConfig`` declares for ``name``."""
+    return AdaptConfig.__dataclass_fields__[name].default
+
+
+def adapt_config(settings: object, seed: int) -> AdaptConfig:
+    """The AdaptConfig of a job's settings (a [job] table, parsed flags, an estimator): each knob
+    of ``ADAPT_KNOBS`` that ``settings`` has, by its name; AdaptConfig's defaults for the rest."""
+    knobs = {name: getattr(settings, name) for name in ADAPT_KNOBS if hasattr(settings, name)}
+    return AdaptConfig(seed=seed, **knobs)
+
+
 @dataclass(frozen=True)
 class RowQueries:
     """What PATE may send about the target's rows: its ``[privacy] row_queries``.

@@ -113,22 +113,13 @@ def _simulate_once(
     from dpda.dp.ledger import check_delta
     from dpda.service.progress import Progress
     from dpda.simulation import METHODS, simulate
-    from dpda.target_party.view import AdaptConfig, resolve_scaling
+    from dpda.target_party.view import adapt_config, resolve_scaling
 
     delta = args.delta if args.delta is not None else default_delta(src.x.shape[0])
     check_delta(delta, src.x.shape[0], "--delta", "the source")
     label = "source" if args.source_file else f"{args.dataset}:{args.source}"
     terms = terms_from_args(args, label, delta)
-    cfg = AdaptConfig(
-        reg_e=args.reg_e,
-        reg_g=args.reg_g,
-        classifier=args.classifier,
-        seed=seed if seed is not None else 0,
-        select=args.select,
-        transport_step=args.transport_step,
-        refine=args.refine,
-        keep=args.keep,
-    )
+    cfg = adapt_config(args, seed if seed is not None else 0)
     methods = METHODS if args.method == "all" else (args.method,)
     out = simulate(
         src,
@@ -340,8 +331,14 @@ def _term_flag(p: argparse.ArgumentParser, name: str) -> None:
 
 def add_terms_args(p: argparse.ArgumentParser) -> None:
     from dpda.service.config import TargetJob
+    from dpda.terms import DEFAULT_EPSILON
 
-    p.add_argument("--epsilon", type=float, default=8.0, help="privacy budget ε (default 8)")
+    p.add_argument(
+        "--epsilon",
+        type=float,
+        default=DEFAULT_EPSILON,
+        help=f"privacy budget ε (default {DEFAULT_EPSILON:g})",
+    )
     p.add_argument(
         "--delta",
         type=float,
@@ -365,8 +362,9 @@ def add_terms_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--classifier",
         choices=get_args(job["classifier"].annotation),
-        default="1nn",
-        help="the classifier trained on the adapted source rows (default 1nn)",
+        default=job["classifier"].default,
+        help="the classifier trained on the adapted source rows (default "
+        f"{job['classifier'].default})",
     )
     p.add_argument(
         "--select",
