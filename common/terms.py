@@ -46,7 +46,7 @@ RELEASE_DEFAULTS: dict[str, dict[str, Any]] = {
     "prototypes": {"histogram_share": AGGREGATE_HISTOGRAM_SHARE, "calibration": "exact"},
     "class-gaussians": {"histogram_share": AGGREGATE_HISTOGRAM_SHARE, "calibration": "exact"},
 }
-_RELEASE_DEPENDENT = ("release", "histogram_share", "calibration", "projection", "projection_dim")
+RELEASE_DEPENDENT = ("release", "histogram_share", "calibration", "projection", "projection_dim")
 # ℓ of the target's own OT space for a source-space release: its noise is spread evenly over
 # every direction of the source's space, so fewer directions keep less of it (20 against 50:
 # +0.9 points on the 12 Office-Caltech pairs at ε = 8, docs/results.md)
@@ -201,7 +201,7 @@ class SessionTerms(BaseModel):
         mechanism the ledger charges (RELEASE_DEFAULTS)."""
         if not isinstance(data, dict):
             return data
-        data = {k: v for k, v in data.items() if not (k in _RELEASE_DEPENDENT and v is None)}
+        data = {k: v for k, v in data.items() if not (k in RELEASE_DEPENDENT and v is None)}
         if "release" not in data:
             attribute = str(data.get("privacy_unit", PrivacyUnit.RECORD)) == "attribute"
             data["release"] = "rows" if attribute else "prototypes"
@@ -308,7 +308,7 @@ def term_default(name: str) -> Any:
     """The default ``SessionTerms`` declares for the term ``name`` (an enum's value), for every
     other surface that offers the term; ``None`` for a term whose default follows the unit and
     the release."""
-    if name in _RELEASE_DEPENDENT:
+    if name in RELEASE_DEPENDENT:
         return None
     field = SessionTerms.model_fields[name]
     if field.is_required():

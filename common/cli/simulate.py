@@ -266,10 +266,6 @@ TERM_FLAGS = (
     "sinkhorn_debias", "sinkhorn_learning_rate", "cost", "metric_share", "metric_dim",
     "metric_pairs", "metric_margin", "metric_clip", "metric_steps", "metric_learning_rate",
 )  # fmt: skip
-# flags without a default of their own: SessionTerms fills them in from the unit and the release
-RELEASE_DEPENDENT_FLAGS = (
-    "release", "histogram_share", "calibration", "projection", "projection_dim",
-)  # fmt: skip
 TERM_HELP = {
     "privacy_unit": "record (whole records, labels included) or attribute (opt-in: one feature "
     "value only; labels and membership are NOT protected)",
@@ -305,7 +301,7 @@ def terms_from_args(args: argparse.Namespace, dataset: str, delta: float) -> Any
 def _term_flag(p: argparse.ArgumentParser, name: str) -> None:
     """``--name`` for one session term, declared by SessionTerms: its type, default (``release``:
     none, the unit decides) and the choices of a Literal."""
-    from dpda.terms import SessionTerms
+    from dpda.terms import SessionTerms, term_default
 
     field = SessionTerms.model_fields[name]
     annotation = field.annotation
@@ -315,9 +311,7 @@ def _term_flag(p: argparse.ArgumentParser, name: str) -> None:
         choices = get_args(annotation)
     else:
         choices = None
-    default = None if name in RELEASE_DEPENDENT_FLAGS else field.default
-    if isinstance(default, Enum):
-        default = default.value
+    default = term_default(name)
     kind: Any = None if choices else field.annotation  # int or float
     text = TERM_HELP.get(name) or field.description or name.replace("_", " ")
     p.add_argument(
