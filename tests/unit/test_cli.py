@@ -54,7 +54,7 @@ def test_session_parameters_have_one_declaration() -> None:
 
     from dpda.cli.simulate import TERM_FLAGS, add_terms_args
     from dpda.service.config import TERMS_OF_JOB, TargetJob
-    from dpda.target_party.view import AdaptConfig
+    from dpda.target_party.view import ADAPT_KNOBS, AdaptConfig
     from dpda.terms import PATE_SHARE, RELEASE_DEPENDENT, SessionTerms
 
     parser = __import__("argparse").ArgumentParser()
@@ -70,7 +70,7 @@ def test_session_parameters_have_one_declaration() -> None:
         assert job[name].metadata == terms[name].metadata, f"{name}: constraints differ"
     assert set(TERMS_OF_JOB) - {"dataset", "epsilon", "delta"} == set(TERM_FLAGS)
     adapt = {f.name: f.default for f in dataclasses.fields(AdaptConfig)}
-    for name in ("reg_e", "reg_g", "classifier"):
+    for name in ADAPT_KNOBS:
         assert flags[name].default == job[name].default == adapt[name], name
     assert flags["pate_share"].default == job["pate_share"].default == PATE_SHARE
     assert flags["pate_queries"].default == job["pate_queries"].default
