@@ -288,12 +288,11 @@ def terms_from_args(args: argparse.Namespace, dataset: str, delta: float) -> Any
     from pydantic import ValidationError
 
     from dpda.errors import ConfigError
-    from dpda.terms import SessionTerms, terms_error
+    from dpda.service.config import terms_of
+    from dpda.terms import terms_error
 
-    data = {"dataset": dataset, "epsilon": args.epsilon, "delta": delta}
-    data |= {name: getattr(args, name) for name in TERM_FLAGS}
-    try:
-        return SessionTerms.model_validate(data)
+    try:  # the flags name the terms as a [job] table does: the same builder
+        return terms_of(argparse.Namespace(**{**vars(args), "dataset": dataset, "delta": delta}))
     except ValidationError as exc:
         raise ConfigError(terms_error(exc)) from None
 

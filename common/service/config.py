@@ -338,7 +338,7 @@ class TargetJob(_Strict):
     def terms(self) -> SessionTerms:
         """The session terms of this job: every term it sets (``TERMS_OF_JOB``), SessionTerms'
         defaults for the rest, then its method's channels (``method_terms``)."""
-        base = SessionTerms.model_validate({name: getattr(self, name) for name in TERMS_OF_JOB})
+        base = terms_of(self)
         if self.method == "dpda":
             return base
         return method_terms(base, self.method, self.pate_queries, self.pate_share)
@@ -356,6 +356,12 @@ TERMS_OF_JOB = tuple(
     for name in TargetJob.model_fields
     if name in SessionTerms.model_fields and name != "pate_queries"
 )
+
+
+def terms_of(settings: object) -> SessionTerms:
+    """The session terms ``settings`` set, each term of ``TERMS_OF_JOB`` read by its name (a
+    [job] table, ``dpda simulate``'s parsed flags); SessionTerms' defaults for the rest."""
+    return SessionTerms.model_validate({name: getattr(settings, name) for name in TERMS_OF_JOB})
 
 
 class ComputeConfig(_Strict):
