@@ -7,7 +7,8 @@ real deployment keeps the source's rows on the source's machine; this estimator 
 protects nothing by itself — it tells what a job would charge and how well it would do.
 
 Parameters are stored verbatim (``clone``, ``get_params`` and grid search work); every
-derived value is computed in ``fit``.
+derived value is computed in ``fit``. Their defaults are the session terms' (``term_default``)
+and the target job's (``TargetJob``, ``adapt_default``), read from those declarations.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import check_representation, default_attribute_bound
 from dpda.dp.ledger import check_delta, default_delta
+from dpda.service.config import TargetJob
 from dpda.simulation import simulate
 from dpda.target_party.training import model_pipeline
-from dpda.target_party.view import AdaptConfig, resolve_scaling
-from dpda.terms import SessionTerms
+from dpda.target_party.view import adapt_config, adapt_default, resolve_scaling
+from dpda.terms import DEFAULT_EPSILON, SessionTerms, term_default
 
 
 class DPDAClassifier(ClassifierMixin, BaseEstimator):
@@ -45,18 +47,18 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(
         self,
-        epsilon: float = 8.0,
+        epsilon: float = DEFAULT_EPSILON,
         delta: float | None = None,
-        privacy_unit: str = "record",
-        projection_dim: int | None = None,
-        release: str | None = None,
-        batch_size: int = 0,
-        representation: str = "raw",
-        scaling: str = "auto",
-        reg_e: float = 0.02,
-        reg_g: float = 0.5,
-        classifier: str = "1nn",
-        select: str = "circular",
+        privacy_unit: str = term_default("privacy_unit"),
+        projection_dim: int | None = term_default("projection_dim"),
+        release: str | None = term_default("release"),
+        batch_size: int = term_default("batch_size"),
+        representation: str = TargetJob.model_fields["representation"].default,
+        scaling: str = TargetJob.model_fields["scaling"].default,
+        reg_e: float = adapt_default("reg_e"),
+        reg_g: float = adapt_default("reg_g"),
+        classifier: str = adapt_default("classifier"),
+        select: str = adapt_default("select"),
         attribute_bound: float | None = None,
         random_state: int | None = None,
     ) -> None:
@@ -96,13 +98,7 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
                 "batch_size": self.batch_size,
             }
         )
-        cfg = AdaptConfig(
-            reg_e=self.reg_e,
-            reg_g=self.reg_g,
-            classifier=self.classifier,
-            seed=self.random_state if self.random_state is not None else 0,
-            select=self.select,
-        )
+        cfg = adapt_config(self, self.random_state if self.random_state is not None else 0)
         source = Domain("source", X, y_enc.astype(np.int64), len(self.classes_))
         target = Domain("target", xt, None, 0)
         bound = self.attribute_bound

@@ -10,6 +10,7 @@ setting's terms are ``dpda.public_source_terms``.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -45,7 +46,7 @@ RELEASE_DEFAULTS: dict[str, dict[str, Any]] = {
     "prototypes": {"histogram_share": AGGREGATE_HISTOGRAM_SHARE, "calibration": "exact"},
     "class-gaussians": {"histogram_share": AGGREGATE_HISTOGRAM_SHARE, "calibration": "exact"},
 }
-_RELEASE_DEPENDENT = ("release", "histogram_share", "calibration", "projection", "projection_dim")
+RELEASE_DEPENDENT = ("release", "histogram_share", "calibration", "projection", "projection_dim")
 # ℓ of the target's own OT space for a source-space release: its noise is spread evenly over
 # every direction of the source's space, so fewer directions keep less of it (20 against 50:
 # +0.9 points on the 12 Office-Caltech pairs at ε = 8, docs/results.md)
@@ -56,6 +57,9 @@ SOURCE_SPACE_RELEASES = ("prototypes", "class-gaussians")
 
 # a minibatch is one release of up to this many rows (the target's job API bounds it too)
 MAX_BATCH_SIZE = 100_000
+# the ε a rehearsal (``dpda simulate``, ``DPDAClassifier``) asks for when none is given; the
+# terms themselves have no default ε: a session always states its own
+DEFAULT_EPSILON = 8.0
 
 
 class SessionTerms(BaseModel):
@@ -197,7 +201,7 @@ class SessionTerms(BaseModel):
         mechanism the ledger charges (RELEASE_DEFAULTS)."""
         if not isinstance(data, dict):
             return data
-        data = {k: v for k, v in data.items() if not (k in _RELEASE_DEPENDENT and v is None)}
+        data = {k: v for k, v in data.items() if not (k in RELEASE_DEPENDENT and v is None)}
         if "release" not in data:
             attribute = str(data.get("privacy_unit", PrivacyUnit.RECORD)) == "attribute"
             data["release"] = "rows" if attribute else "prototypes"
@@ -300,6 +304,19 @@ class SessionTerms(BaseModel):
         )
 
 
+def term_default(name: str) -> Any:
+    """The default ``SessionTerms`` declares for the term ``name`` (an enum's value), for every
+    other surface that offers the term; ``None`` for a term whose default follows the unit and
+    the release."""
+    if name in RELEASE_DEPENDENT:
+        return None
+    field = SessionTerms.model_fields[name]
+    if field.is_required():
+        raise ValueError(f"{name}: every session states it; the terms declare no default")
+    default = field.get_default(call_default_factory=True)
+    return default.value if isinstance(default, Enum) else default
+
+
 def terms_error(exc: ValidationError) -> str:
     """``field: rule`` for the first validation error, without the input value (public text)."""
     err = exc.errors()[0]
@@ -312,9 +329,10 @@ def terms_error(exc: ValidationError) -> str:
 
 
 def synthetic_params(terms: SessionTerms) -> SinkhornSyntheticParams:
-    """The sinkhorn-synthetic knobs of a session (public: both parties read them)."""
+    """The sinkhorn-synthetic knobs of a session (public: both parties read them); a field named
+    like a term (``synthetic_points``) is that term."""
     return SinkhornSyntheticParams(
-        points_per_class=terms.synthetic_points,
+        synthetic_points=terms.synthetic_points,
         rows_per_point=terms.synthetic_rows_per_point,
         steps=terms.sinkhorn_steps,
         reg=terms.sinkhorn_reg,
@@ -325,12 +343,13 @@ def synthetic_params(terms: SessionTerms) -> SinkhornSyntheticParams:
 
 
 def metric_params(terms: SessionTerms) -> MetricParams:
-    """The metric knobs of a session (public: both parties read them)."""
+    """The metric knobs of a session (public: both parties read them); a field named like a term
+    (``metric_clip``) is that term."""
     return MetricParams(
         dim=terms.metric_rows,
         pairs_per_record=terms.metric_pairs,
         margin=terms.metric_margin,
-        gradient_clip=terms.metric_clip,
+        metric_clip=terms.metric_clip,
         steps=terms.metric_steps,
         learning_rate=terms.metric_learning_rate,
     )

@@ -43,8 +43,7 @@ from dpda.target_party.own_rows import (
 from dpda.target_party.pipeline import run_dpda
 from dpda.target_party.report import figures_of, render
 from dpda.target_party.training import model_pipeline, save_model
-from dpda.target_party.view import AdaptConfig, resolve_scaling, target_view
-from dpda.terms import SessionTerms
+from dpda.target_party.view import adapt_config, resolve_scaling, target_view
 
 log = logging.getLogger("dpda.target")
 
@@ -67,28 +66,6 @@ def load_target_data(cfg: TargetConfig) -> Table:
     return Table.of(d)
 
 
-# the session terms a target job sets ([job] in its config); the rest keep SessionTerms' defaults
-_TERMS_FROM_JOB = (
-    "dataset", "epsilon", "delta", "privacy_unit", "neighbouring", "projection",
-    "projection_dim", "batch_size", "steps", "noise_multiplier", "histogram_noise_ratio",
-    "max_steps", "histogram_share", "calibration", "clip_norm", "release", "pate_teachers",
-    "pate_aggregator", "pate_space", "synthetic_points",
-    "synthetic_rows_per_point", "sinkhorn_steps", "sinkhorn_reg",
-    "sinkhorn_debias", "sinkhorn_learning_rate", "cost", "metric_share", "metric_dim",
-    "metric_pairs", "metric_margin", "metric_clip", "metric_steps", "metric_learning_rate",
-)  # fmt: skip
-
-
-def job_terms(cfg: TargetConfig) -> SessionTerms:
-    from dpda.terms import method_terms
-
-    j = cfg.job
-    base = SessionTerms.model_validate({name: getattr(j, name) for name in _TERMS_FROM_JOB})
-    if j.method == "dpda":
-        return base
-    return method_terms(base, j.method, j.pate_queries, j.pate_share)
-
-
 def with_source_delta(cfg: TargetConfig) -> TargetConfig:
     """``cfg`` with ``job.delta`` set: as configured, or the δ the source publishes for the
     dataset (``DescribeDataset``), which a session's terms must use."""
@@ -105,7 +82,7 @@ def with_source_delta(cfg: TargetConfig) -> TargetConfig:
 
 
 def _with_delta(cfg: TargetConfig, delta: float) -> TargetConfig:
-    return cfg.model_copy(update={"job": cfg.job.model_copy(update={"delta": delta})})
+    return cfg.model_copy(update={"job": cfg.job.with_changes(delta=delta)})
 
 
 def job_delta(cfg: TargetConfig) -> float:
@@ -178,7 +155,7 @@ def run_job(
     ledger, audit = open_state(cfg)
     table = load_target_data(cfg)
     check_representation(table.x, cfg.job.representation, "job.representation")
-    terms = job_terms(cfg)
+    terms = cfg.job.terms()
     check_row_queries(cfg, terms)
     own = own_disclosure(cfg, table, terms, ledger)
     view = target_view(
@@ -188,16 +165,7 @@ def run_job(
         disclosure=own[0] if own else None,
         terms=terms,
     )
-    acfg = AdaptConfig(
-        reg_e=cfg.job.reg_e,
-        reg_g=cfg.job.reg_g,
-        classifier=cfg.job.classifier,
-        seed=seed,
-        select=cfg.job.select,
-        transport_step=cfg.job.transport_step,
-        refine=cfg.job.refine,
-        keep=cfg.job.keep,
-    )
+    acfg = adapt_config(cfg.job, seed)
     # before the source is asked anything: PATE's queries fit the target's own budget
     key = job_key(cfg, table, terms)
     rq = row_queries(

@@ -65,9 +65,9 @@ def _pate_labels(s: JobSession, idx: np.ndarray, rq: RowQueries, seed: int) -> n
         sent = rq.protect(sid, np.ascontiguousarray(space[idx]), float(s.terms.clip_norm))
         return ask_teachers(s.source, sid, np.ascontiguousarray(sent))
     if rq.mode == "synthetic":
-        from dpda.dp.target_disclosure import synthetic_points
+        from dpda.dp.target_disclosure import synthetic_queries
 
-        pts = synthetic_points(_query_variances(s, rq), idx.size, np.random.default_rng([seed, 7]))
+        pts = synthetic_queries(_query_variances(s, rq), idx.size, np.random.default_rng([seed, 7]))
         if rq.record is not None:
             pts = rq.record(sid, pts)
         answers = ask_teachers(s.source, sid, np.ascontiguousarray(pts))

@@ -182,7 +182,7 @@ def aggregate_points(
         if synthetic is None:
             raise ValueError("sinkhorn-synthetic points need the session's parameters")
         labels = synthetic_labels(
-            rel.noisy_counts, synthetic.points_per_class, synthetic.rows_per_point
+            rel.noisy_counts, synthetic.synthetic_points, synthetic.rows_per_point
         )
         share = counts.clip(1.0)[labels]
         share = share / np.bincount(labels, minlength=n_classes)[labels]

@@ -218,7 +218,7 @@ class JobRunner:
         if refused is not None:
             return 400, {"error": refused}
         try:
-            job_cfg = TargetJob.model_validate({**self.cfg.job.model_dump(), **overrides})
+            job_cfg = self.cfg.job.with_changes(**overrides)
         except ValidationError as exc:  # every problem, each naming its field
             errors = [
                 {
@@ -248,7 +248,7 @@ class JobRunner:
         try:
             # every output in the job's own folder, named by its id; never the config's
             # predictions path, which another job (the CLI's) writes too
-            own = cfg.model_copy(update={"job": cfg.job.model_copy(update={"predictions": None})})
+            own = cfg.model_copy(update={"job": cfg.job.with_changes(predictions=None)})
             job.results, job.figures = run_job(own, progress, job_id=job.id)
             job.state = "done"
             self.metrics.epsilon.labels(cfg.job.dataset, "source").set(job.results["epsilon_spent"])

@@ -19,12 +19,7 @@ from dpda.errors import ConfigError, PeerMisbehaved
 from dpda.planner import ReleasePlan, plan_batches
 from dpda.policy import PrivacyPolicy
 from dpda.service.config import TargetConfig
-from dpda.target_party.app import (
-    job_terms,
-    load_target_data,
-    open_state,
-    with_source_delta,
-)
+from dpda.target_party.app import load_target_data, open_state, with_source_delta
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.own_rows import own_plan
 from dpda.target_party.view import AdaptConfig, resolve_scaling, session_terms, target_view
@@ -34,7 +29,7 @@ from dpda.terms import SessionTerms
 def plan_job(cfg: TargetConfig) -> dict[str, Any]:
     """σ, the job's charge and what remains on both sides, before and after the job."""
     cfg = with_source_delta(cfg)
-    terms = job_terms(cfg)
+    terms = cfg.job.terms()
     if terms.projection == "jl":
         raise ConfigError(
             "job.projection: 'jl' is drawn by the source when the session opens, so its plan is "

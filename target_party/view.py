@@ -16,15 +16,24 @@ from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling, per_row
 from dpda.dp.target_disclosure import Disclosure
 from dpda.errors import ConfigError
+from dpda.service.config import TargetJob
 from dpda.terms import SessionTerms
 
 log = logging.getLogger("dpda.target")
 
 
+def _job_default(name: str) -> Any:
+    """The default the target's [job] table declares for the knob ``name``."""
+    return TargetJob.model_fields[name].default
+
+
 @dataclass(frozen=True)
 class AdaptConfig:
-    reg_e: float = 0.02  # entropic strength on the max-normalized cost
-    reg_g: float = 0.5  # group-lasso strength
+    """How a job adapts. The knobs a [job] table offers (``ADAPT_KNOBS``) take its defaults,
+    declared once by ``TargetJob``."""
+
+    reg_e: float = _job_default("reg_e")  # entropic strength on the max-normalized cost
+    reg_g: float = _job_default("reg_g")  # group-lasso strength
     outer_iter: int = 10
     inner_iter: int = 200
     # L1 marginal error at which each inner Sinkhorn solve stops: a quarter of the plan's own
@@ -41,7 +50,7 @@ class AdaptConfig:
     # the plan). Always the first fit, so the fits stay independent of one another and of the
     # number of workers (on a cluster they still run side by side)
     warm_batches: bool = True
-    classifier: str = "1nn"
+    classifier: str = _job_default("classifier")
     seed: int = 0
     # DPDA+PATE: which target rows to ask the teachers about, and what to send for each
     # (defaults measured on the 12 Office-Caltech pairs; see the README)
@@ -60,21 +69,21 @@ class AdaptConfig:
     # budget): "circular" scores each pair of dpda.target_party.selection.GRID by how well the
     # target's pseudo-labels predict the source's own (noisy) points back; "none" keeps
     # reg_e / reg_g. Skipped, and said, above SELECT_MAX_CELLS plan entries per solve round.
-    select: str = "circular"
+    select: str = _job_default("select")
     # aggregate releases: each class point's training image is this far along the way from the
     # point itself (in the target's space) to its barycentric image under the plan; 1 is the
     # barycentric map alone. Halfway, the noisy class means keep what they know of the classes
     # while the plan moves them onto the target's mass (dpda bench accuracy: docs/results.md)
-    transport_step: float = 0.5
+    transport_step: float = _job_default("transport_step")
     # aggregate releases: then each class point moves this far towards the mean of the target
     # rows it labels (one self-labelling step on the target's own rows, post-processing; 0:
     # none). Halfway, a point keeps what the release knows of its class while the target's
     # own clusters pull it onto them (dpda bench accuracy --protocol defaults: docs/results.md)
-    refine: float = 0.5
+    refine: float = _job_default("refine")
     # which model the job keeps: "dpda" (the adapted one), or "better": the one the label-free
     # estimate (``adaptation_estimate``) scores higher, DPDA or the same release used without
     # adaptation (both post-processing of the same release: no budget)
-    keep: str = "better"
+    keep: str = _job_default("keep")
 
     def __post_init__(self) -> None:
         """The two knobs the job's config, the CLI and the estimator pass through unchecked."""
@@ -84,6 +93,23 @@ class AdaptConfig:
             raise ConfigError(f"refine: {self.refine!r} is not in [0, 1]")
         if self.keep not in ("dpda", "better"):
             raise ConfigError(f"keep: {self.keep!r} is not dpda or better")
+
+
+# the knobs of AdaptConfig a job's [job] table, ``dpda simulate``'s flags and the estimator's
+# parameters offer, each by the same name
+ADAPT_KNOBS = ("reg_e", "reg_g", "classifier", "select", "transport_step", "refine", "keep")
+
+
+def adapt_default(name: str) -> Any:
+    """The default ``AdaptConfig`` declares for ``name``."""
+    return AdaptConfig.__dataclass_fields__[name].default
+
+
+def adapt_config(settings: object, seed: int) -> AdaptConfig:
+    """The AdaptConfig of a job's settings (a [job] table, parsed flags, an estimator): each knob
+    of ``ADAPT_KNOBS`` that ``settings`` has, by its name; AdaptConfig's defaults for the rest."""
+    knobs = {name: getattr(settings, name) for name in ADAPT_KNOBS if hasattr(settings, name)}
+    return AdaptConfig(seed=seed, **knobs)
 
 
 @dataclass(frozen=True)

@@ -113,22 +113,13 @@ def _simulate_once(
     from dpda.dp.ledger import check_delta
     from dpda.service.progress import Progress
     from dpda.simulation import METHODS, simulate
-    from dpda.target_party.view import AdaptConfig, resolve_scaling
+    from dpda.target_party.view import adapt_config, resolve_scaling
 
     delta = args.delta if args.delta is not None else default_delta(src.x.shape[0])
     check_delta(delta, src.x.shape[0], "--delta", "the source")
     label = "source" if args.source_file else f"{args.dataset}:{args.source}"
     terms = terms_from_args(args, label, delta)
-    cfg = AdaptConfig(
-        reg_e=args.reg_e,
-        reg_g=args.reg_g,
-        classifier=args.classifier,
-        seed=seed if seed is not None else 0,
-        select=args.select,
-        transport_step=args.transport_step,
-        refine=args.refine,
-        keep=args.keep,
-    )
+    cfg = adapt_config(args, seed if seed is not None else 0)
     methods = METHODS if args.method == "all" else (args.method,)
     out = simulate(
         src,
@@ -275,10 +266,6 @@ TERM_FLAGS = (
     "sinkhorn_debias", "sinkhorn_learning_rate", "cost", "metric_share", "metric_dim",
     "metric_pairs", "metric_margin", "metric_clip", "metric_steps", "metric_learning_rate",
 )  # fmt: skip
-# flags without a default of their own: SessionTerms fills them in from the unit and the release
-RELEASE_DEPENDENT_FLAGS = (
-    "release", "histogram_share", "calibration", "projection", "projection_dim",
-)  # fmt: skip
 TERM_HELP = {
     "privacy_unit": "record (whole records, labels included) or attribute (opt-in: one feature "
     "value only; labels and membership are NOT protected)",
@@ -301,12 +288,11 @@ def terms_from_args(args: argparse.Namespace, dataset: str, delta: float) -> Any
     from pydantic import ValidationError
 
     from dpda.errors import ConfigError
-    from dpda.terms import SessionTerms, terms_error
+    from dpda.service.config import terms_of
+    from dpda.terms import terms_error
 
-    data = {"dataset": dataset, "epsilon": args.epsilon, "delta": delta}
-    data |= {name: getattr(args, name) for name in TERM_FLAGS}
-    try:
-        return SessionTerms.model_validate(data)
+    try:  # the flags name the terms as a [job] table does: the same builder
+        return terms_of(argparse.Namespace(**{**vars(args), "dataset": dataset, "delta": delta}))
     except ValidationError as exc:
         raise ConfigError(terms_error(exc)) from None
 
@@ -314,7 +300,7 @@ def terms_from_args(args: argparse.Namespace, dataset: str, delta: float) -> Any
 def _term_flag(p: argparse.ArgumentParser, name: str) -> None:
     """``--name`` for one session term, declared by SessionTerms: its type, default (``release``:
     none, the unit decides) and the choices of a Literal."""
-    from dpda.terms import SessionTerms
+    from dpda.terms import SessionTerms, term_default
 
     field = SessionTerms.model_fields[name]
     annotation = field.annotation
@@ -324,9 +310,7 @@ def _term_flag(p: argparse.ArgumentParser, name: str) -> None:
         choices = get_args(annotation)
     else:
         choices = None
-    default = None if name in RELEASE_DEPENDENT_FLAGS else field.default
-    if isinstance(default, Enum):
-        default = default.value
+    default = term_default(name)
     kind: Any = None if choices else field.annotation  # int or float
     text = TERM_HELP.get(name) or field.description or name.replace("_", " ")
     p.add_argument(
@@ -340,8 +324,14 @@ def _term_flag(p: argparse.ArgumentParser, name: str) -> None:
 
 def add_terms_args(p: argparse.ArgumentParser) -> None:
     from dpda.service.config import TargetJob
+    from dpda.terms import DEFAULT_EPSILON
 
-    p.add_argument("--epsilon", type=float, default=8.0, help="privacy budget ε (default 8)")
+    p.add_argument(
+        "--epsilon",
+        type=float,
+        default=DEFAULT_EPSILON,
+        help=f"privacy budget ε (default {DEFAULT_EPSILON:g})",
+    )
     p.add_argument(
         "--delta",
         type=float,
@@ -365,8 +355,9 @@ def add_terms_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--classifier",
         choices=get_args(job["classifier"].annotation),
-        default="1nn",
-        help="the classifier trained on the adapted source rows (default 1nn)",
+        default=job["classifier"].default,
+        help="the classifier trained on the adapted source rows (default "
+        f"{job['classifier'].default})",
     )
     p.add_argument(
         "--select",

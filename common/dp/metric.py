@@ -69,14 +69,14 @@ class MetricParams:
     dim: int  # d′: rows of W
     pairs_per_record: int  # m: the cap on the pairs one record joins
     margin: float  # μ, in units of the clip norm C
-    gradient_clip: float  # G: per-pair gradient clip (Frobenius)
+    metric_clip: float  # G: per-pair gradient clip (Frobenius), the term of the same name
     steps: int  # T full-batch noisy steps
     learning_rate: float  # η
 
 
-def replace_one_sensitivity(pairs_per_record: int, gradient_clip: float) -> float:
+def replace_one_sensitivity(pairs_per_record: int, metric_clip: float) -> float:
     """Frobenius sensitivity of the clipped gradient sum when one record is replaced: ``2mG``."""
-    return 2.0 * pairs_per_record * gradient_clip
+    return 2.0 * pairs_per_record * metric_clip
 
 
 def pair_graph(n: int, pairs_per_record: int, seed: int = PAIR_GRAPH_SEED) -> np.ndarray:
@@ -118,7 +118,7 @@ def clipped_gradient_sum(
     pairs: np.ndarray,
     similar: np.ndarray,
     margin: float,
-    gradient_clip: float,
+    metric_clip: float,
 ) -> np.ndarray:
     """``Σ_p clip_G(∇_W ℓ_p)`` (``d′ × ℓ``) without forming the ``P × d′ × ℓ`` stack: each
     gradient is ``c_p·(W Δ_p) Δ_pᵀ``, of Frobenius norm ``|c_p|·‖WΔ_p‖·‖Δ_p‖`` (rank one), so its
@@ -134,7 +134,7 @@ def clipped_gradient_sum(
     coef = np.where(similar, 2.0, 0.0)
     coef = np.where(inside, -2.0 * (margin - dist) / np.maximum(dist, 1e-12), coef)
     norm = np.abs(coef) * dist * dn
-    s = coef * np.minimum(1.0, gradient_clip / np.maximum(norm, 1e-300))
+    s = coef * np.minimum(1.0, metric_clip / np.maximum(norm, 1e-300))
     # Σ s_p (WΔ_p) Δ_pᵀ from the very WΔ whose norm was clipped (not W·(Δᵀ diag(s) Δ), where the
     # rounding of a huge s_p on a WΔ_p of ~0 is multiplied by W and escapes the clip)
     return np.asarray((wd * s[:, None]).T @ delta)
@@ -180,12 +180,12 @@ def train_metric(
     pairs = pair_graph(n, p.pairs_per_record)
     similar = labels[pairs[:, 0]] == labels[pairs[:, 1]]
     n_pairs = max(int(pairs.shape[0]), 1)  # public: the graph depends on n and m only
-    std = noise_multiplier * replace_one_sensitivity(p.pairs_per_record, p.gradient_clip)
+    std = noise_multiplier * replace_one_sensitivity(p.pairs_per_record, p.metric_clip)
     w = initial_metric(p.dim, ell)
     avg = np.zeros_like(w)
     kept = 0
     for t in range(p.steps):
-        g = clipped_gradient_sum(w, u, pairs, similar, p.margin, p.gradient_clip)
+        g = clipped_gradient_sum(w, u, pairs, similar, p.margin, p.metric_clip)
         if std > 0:
             g = g + draw(g.shape, std, rng)  # the only contact with private data
         w = w - p.learning_rate * g / n_pairs

@@ -77,7 +77,7 @@ _INIT_SCALE = 0.05
 class SinkhornSyntheticParams:
     """The public knobs of one run (all from the session terms)."""
 
-    points_per_class: int  # at most this many points per class
+    synthetic_points: int  # at most this many points per class, the term of the same name
     steps: int  # T noisy gradient steps
     reg: float  # λ on the cost ‖x − y‖²/(2C²)
     debias: float  # p in [0, 1]
@@ -191,7 +191,7 @@ def train_synthetic(
     draw = gaussian_noise if noise is None else noise
     p = params
     ell = x.shape[1]
-    sizes = points_per_class(noisy_counts, p.points_per_class, p.rows_per_point)
+    sizes = points_per_class(noisy_counts, p.synthetic_points, p.rows_per_point)
     classes = [int(k) for k in np.flatnonzero(sizes)]
     rows = [x[labels == k] for k in classes]
     n_hat = [max(float(noisy_counts[k]), 1.0) for k in classes]

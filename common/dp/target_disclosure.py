@@ -255,7 +255,7 @@ def query_noise_std(plan: RowQueryPlan, clip: float) -> float:
     return std
 
 
-def synthetic_points(variances: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
+def synthetic_queries(variances: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
     """The queries of ``row_queries = "synthetic"``: m draws of N(0, diag(variances)) in the
     projected coordinates (the rows are centred by the released scaling). Post-processing of
     released values; not noise for a guarantee, so the generator need not be the CSPRNG."""

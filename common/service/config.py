@@ -12,18 +12,25 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
 
 from dpda.dp.calibration import CalibrationMethod
 from dpda.dp.mechanisms import Neighbouring, PrivacyUnit, ReleaseKind
 from dpda.policy import PrivacyPolicy, TargetPrivacyPolicy
 from dpda.public_source_terms import ReweightingTerms
 from dpda.service.config_file import load
-from dpda.terms import MAX_BATCH_SIZE, PATE_SHARE, SessionTerms
+from dpda.terms import PATE_SHARE, RELEASE_DEPENDENT, SessionTerms, method_terms
 
 
-def _term(name: str, terms: type[BaseModel] = SessionTerms) -> Any:
-    """A [job] field that is a session term as the terms declare it (a copy of its field)."""
-    return copy.copy(terms.model_fields[name])
+def _term(name: str, terms: type[BaseModel] = SessionTerms, **changes: Any) -> Any:
+    """A [job] field that is a session term as the terms declare it (a copy of its field, with
+    ``changes``); a term whose default follows the unit and the release defaults to ``None``
+    (the terms then decide)."""
+    if terms is SessionTerms and name in RELEASE_DEPENDENT:
+        changes = {"default": None, **changes}
+    if not changes:
+        return copy.copy(terms.model_fields[name])
+    return FieldInfo.merge_field_infos(terms.model_fields[name], **changes)
 
 
 class _Strict(BaseModel):
@@ -213,7 +220,7 @@ class SourceConfig(_Strict):
 class TargetJob(_Strict):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    dataset: str = Field(min_length=1, max_length=128, description="the source's dataset name")
+    dataset: str = _term("dataset", description="the source's dataset name")
     data_kind: Literal["office-caltech", "mnist-usps", "table", "synthetic"]
     data_path: Path | None = None
     label_column: str | int | None = Field(
@@ -239,33 +246,26 @@ class TargetJob(_Strict):
     synthetic_rows: tuple[_Rows, _Rows] = Field(
         default=(600, 500), description="data_kind synthetic: (source rows, target rows)"
     )
-    epsilon: float = Field(gt=0, le=100)
-    delta: float | None = Field(
+    # the session terms a job sets, declared once by SessionTerms (default, bounds and help);
+    # None for a term the unit and the release decide (SessionTerms then fills it in)
+    epsilon: float = _term("epsilon")
+    delta: float | None = _term(
+        "delta",
         default=None,
-        gt=0,
-        lt=1,
         description="the source's δ for the dataset; default: the value the source publishes",
     )
-    privacy_unit: PrivacyUnit = PrivacyUnit.RECORD
-    neighbouring: Neighbouring = Neighbouring.REPLACE_ONE
-    # None: the release decides (source for prototypes and class-gaussians, else target-pca)
-    projection: Literal["source", "jl", "target-pca"] | None = None
-    # None: the release decides (SessionTerms: 20 for source-space releases, else 50)
-    projection_dim: int | None = Field(default=None, ge=1, le=4096)
-    batch_size: int = Field(default=0, ge=0, le=MAX_BATCH_SIZE)
-    steps: int = Field(default=0, ge=0, le=100_000)
-    noise_multiplier: float = Field(
-        default=1.1,
-        ge=0,
-        le=1e6,
-        description="minibatch σ/w; 0: the smallest σ whose steps spend ε",
-    )
-    histogram_noise_ratio: float = Field(default=2.0, gt=0, le=1e6)
-    max_steps: int = Field(default=64, ge=1, le=100_000)
-    # None: the release decides (SessionTerms.RELEASE_DEFAULTS)
-    histogram_share: float | None = Field(default=None, gt=0, lt=1)
-    calibration: CalibrationMethod | None = None
-    clip_norm: float = Field(default=1.0, gt=0, le=1e12)
+    privacy_unit: PrivacyUnit = _term("privacy_unit")
+    neighbouring: Neighbouring = _term("neighbouring")
+    projection: Literal["source", "jl", "target-pca"] | None = _term("projection")
+    projection_dim: int | None = _term("projection_dim")
+    batch_size: int = _term("batch_size")
+    steps: int = _term("steps")
+    noise_multiplier: float = _term("noise_multiplier")
+    histogram_noise_ratio: float = _term("histogram_noise_ratio")
+    max_steps: int = _term("max_steps")
+    histogram_share: float | None = _term("histogram_share")
+    calibration: CalibrationMethod | None = _term("calibration")
+    clip_norm: float = _term("clip_norm")
     reg_e: float = Field(default=0.02, gt=0)
     reg_g: float = Field(default=0.5, ge=0)
     classifier: Literal["1nn", "logistic", "mlp"] = "1nn"
@@ -293,10 +293,7 @@ class TargetJob(_Strict):
         "(post-processing); none: keep reg_e and reg_g",
     )
     method: Literal["dpda", "pate", "dpda+pate"] = "dpda"
-    release: ReleaseKind | None = Field(
-        default=None, description="default: prototypes (record unit), rows (attribute unit)"
-    )
-    # sinkhorn-synthetic: declared once, by SessionTerms (the same default, bounds and help)
+    release: ReleaseKind | None = _term("release")
     synthetic_points: int = _term("synthetic_points")
     synthetic_rows_per_point: int = _term("synthetic_rows_per_point")
     sinkhorn_steps: int = _term("sinkhorn_steps")
@@ -314,10 +311,11 @@ class TargetJob(_Strict):
     pate_share: float = Field(
         default=PATE_SHARE, gt=0, lt=1, description="dpda+pate: PATE's ε share"
     )
+    # the job's PATE queries: the terms' pate_queries when the method asks PATE (method_terms)
     pate_queries: int = Field(default=100, ge=1, le=100_000)
-    pate_teachers: int = Field(default=50, ge=1, le=10_000)
-    pate_aggregator: Literal["lnmax", "gnmax"] = "gnmax"
-    pate_space: Literal["projected", "raw"] = "projected"
+    pate_teachers: int = _term("pate_teachers")
+    pate_aggregator: Literal["lnmax", "gnmax"] = _term("pate_aggregator")
+    pate_space: Literal["projected", "raw"] = _term("pate_space")
     # the public-source deployment: this job's rows are public and labeled, the serving
     # daemon's rows private; the job drives a private reweighting of its own rows
     setting: Literal["private-source", "public-source"] = Field(
@@ -336,6 +334,34 @@ class TargetJob(_Strict):
     reweighting_dim: int = Field(
         default=20, ge=1, le=512, description="public-source: the shared space's dimension"
     )
+
+    def terms(self) -> SessionTerms:
+        """The session terms of this job: every term it sets (``TERMS_OF_JOB``), SessionTerms'
+        defaults for the rest, then its method's channels (``method_terms``)."""
+        base = terms_of(self)
+        if self.method == "dpda":
+            return base
+        return method_terms(base, self.method, self.pate_queries, self.pate_share)
+
+    def with_changes(self, **changes: Any) -> TargetJob:
+        """This job with ``changes``, validated as a [job] table is (every error names its
+        field): the one way a job is derived from another."""
+        return TargetJob.model_validate({**self.model_dump(), **changes})
+
+
+# the session terms a [job] table sets: its fields that SessionTerms declares, but pate_queries,
+# which reaches the terms through the job's method
+TERMS_OF_JOB = tuple(
+    name
+    for name in TargetJob.model_fields
+    if name in SessionTerms.model_fields and name != "pate_queries"
+)
+
+
+def terms_of(settings: object) -> SessionTerms:
+    """The session terms ``settings`` set, each term of ``TERMS_OF_JOB`` read by its name (a
+    [job] table, ``dpda simulate``'s parsed flags); SessionTerms' defaults for the rest."""
+    return SessionTerms.model_validate({name: getattr(settings, name) for name in TERMS_OF_JOB})
 
 
 class ComputeConfig(_Strict):

@@ -182,7 +182,7 @@ def test_a_resumed_session_with_another_scaling_is_refused_before_anything_is_as
         cfg = load_target(dep.target_config)
         assert (cfg.state_dir / "job.json").is_file()
         asked = len(rs.audit.records())
-        other = cfg.model_copy(update={"job": cfg.job.model_copy(update={"scaling": "uniform"})})
+        other = cfg.model_copy(update={"job": cfg.job.with_changes(scaling="uniform")})
         with pytest.raises(InvalidInput, match="opened with another scaling"):
             run(other, progress=False)
         assert len(rs.handlers.ledger.store.entries("synthetic")) == stop_at  # nothing charged

@@ -52,26 +52,25 @@ def test_session_parameters_have_one_declaration() -> None:
     config could not set noise_multiplier's companions)."""
     import dataclasses
 
-    from dpda.cli.simulate import RELEASE_DEPENDENT_FLAGS, TERM_FLAGS, add_terms_args
-    from dpda.service.config import TargetJob
-    from dpda.target_party.app import _TERMS_FROM_JOB
-    from dpda.target_party.view import AdaptConfig
-    from dpda.terms import PATE_SHARE, SessionTerms
+    from dpda.cli.simulate import TERM_FLAGS, add_terms_args
+    from dpda.service.config import TERMS_OF_JOB, TargetJob
+    from dpda.target_party.view import ADAPT_KNOBS, AdaptConfig
+    from dpda.terms import PATE_SHARE, RELEASE_DEPENDENT, SessionTerms
 
     parser = __import__("argparse").ArgumentParser()
     add_terms_args(parser)
     flags = {a.dest: a for a in parser._actions}
     terms, job = SessionTerms.model_fields, TargetJob.model_fields
     for name in TERM_FLAGS:
-        assert name in _TERMS_FROM_JOB, f"{name}: a flag the target's config cannot set"
-        if name in RELEASE_DEPENDENT_FLAGS:  # the unit / release decides (SessionTerms)
+        assert name in TERMS_OF_JOB, f"{name}: a flag the target's config cannot set"
+        if name in RELEASE_DEPENDENT:  # the unit / release decides (SessionTerms)
             assert flags[name].default is None and job[name].default is None
             continue
         assert flags[name].default == terms[name].default == job[name].default, name
         assert job[name].metadata == terms[name].metadata, f"{name}: constraints differ"
-    assert set(_TERMS_FROM_JOB) - {"dataset", "epsilon", "delta"} == set(TERM_FLAGS)
+    assert set(TERMS_OF_JOB) - {"dataset", "epsilon", "delta"} == set(TERM_FLAGS)
     adapt = {f.name: f.default for f in dataclasses.fields(AdaptConfig)}
-    for name in ("reg_e", "reg_g", "classifier"):
+    for name in ADAPT_KNOBS:
         assert flags[name].default == job[name].default == adapt[name], name
     assert flags["pate_share"].default == job["pate_share"].default == PATE_SHARE
     assert flags["pate_queries"].default == job["pate_queries"].default

@@ -165,3 +165,39 @@ def test_the_adaptation_steps_out_of_range_are_refused_naming_the_key(
     p.write_text(text)
     with pytest.raises(ConfigError, match=rf"job\.{key}"):
         load_target(p)
+
+
+def test_a_target_job_declares_its_terms_once_and_is_derived_one_way() -> None:
+    """The [job] table's session terms are SessionTerms' fields (default, bounds; None where the
+    unit and the release decide); a changed job is validated as a [job] table is; its terms come
+    from one method, the method's channels included."""
+    from pydantic import ValidationError
+
+    from dpda.service.config import TERMS_OF_JOB, TargetJob
+    from dpda.terms import RELEASE_DEPENDENT, SessionTerms, term_default
+
+    job, terms = TargetJob.model_fields, SessionTerms.model_fields
+    assert "pate_queries" not in TERMS_OF_JOB and len(TERMS_OF_JOB) >= 33
+    for name in TERMS_OF_JOB:
+        assert job[name].metadata == terms[name].metadata, name
+        if name in ("dataset", "epsilon"):
+            assert job[name].is_required() and terms[name].is_required()
+        elif name == "delta":  # default: the δ the source publishes
+            assert job[name].default is None
+        else:
+            default = job[name].default
+            assert getattr(default, "value", default) == term_default(name), name
+    assert all(job[name].default is None for name in RELEASE_DEPENDENT)
+
+    base = TargetJob.model_validate(
+        {"dataset": "d", "data_kind": "synthetic", "epsilon": 2.0, "delta": 1e-5}
+    )
+    assert base.terms() == SessionTerms(dataset="d", epsilon=2.0, delta=1e-5)
+    both = base.with_changes(method="dpda+pate", pate_queries=30, pate_share=0.25)
+    assert base.method == "dpda"  # a copy: the job it came from is unchanged
+    got = both.terms()
+    assert (got.pate_queries, got.pate_epsilon, got.dpda) == (30, 0.5, True)
+    with pytest.raises(ValidationError, match="metric_clip"):
+        base.with_changes(metric_clip=0.0)
+    with pytest.raises(ValidationError, match="no_such_field"):
+        base.with_changes(no_such_field=1)

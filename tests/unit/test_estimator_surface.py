@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 
 import numpy as np
@@ -42,3 +43,41 @@ def test_the_skada_estimator_takes_every_parameter_and_scores() -> None:
     score = pipe.score(t.x, t.labels(), sample_domain=target)
     assert score == pytest.approx(np.mean(pipe.predict(t.x, sample_domain=target) == t.labels()))
     assert pipe.predict_proba(t.x, sample_domain=target).shape == (80, 5)
+
+
+def test_the_estimators_defaults_are_the_declared_ones() -> None:
+    """Every parameter the estimators share with the session terms, the target's [job] table or
+    AdaptConfig defaults to that declaration's value (read from it here, never restated), so one
+    changed default changes every surface."""
+    import dataclasses
+
+    from dpda.service.config import TargetJob
+    from dpda.target_party.view import AdaptConfig
+    from dpda.terms import DEFAULT_EPSILON, SessionTerms, term_default
+
+    adapt = {f.name: f.default for f in dataclasses.fields(AdaptConfig)}
+    job = TargetJob.model_fields
+    estimators = [dpda.DPDAClassifier]
+    if importlib.util.find_spec("skada") is not None:
+        estimators.append(dpda.DPDASkadaEstimator)
+    for cls in estimators:
+        checked = set()
+        for name, param in inspect.signature(cls).parameters.items():
+            if name == "epsilon":  # the terms require ε: the rehearsal's own default
+                expected = DEFAULT_EPSILON
+            elif name == "delta":  # 1/(10·n) of the source's rows, computed in fit
+                expected = None
+            elif name in SessionTerms.model_fields:
+                expected = term_default(name)
+            elif name in adapt:
+                expected = adapt[name]
+            elif name in job:
+                expected = job[name].default
+            else:
+                continue
+            assert param.default == expected, f"{cls.__name__}.{name}"
+            checked.add(name)
+        shared = (set(SessionTerms.model_fields) | set(adapt) | set(job)) & set(
+            inspect.signature(cls).parameters
+        )
+        assert checked == shared and len(checked) >= 11, sorted(shared - checked)

@@ -368,7 +368,7 @@ def test_the_pair_graph_is_laid_on_a_secret_shuffle_not_the_stored_order() -> No
     rng = np.random.default_rng(5)
     z = rng.normal(size=(60, 3)) * 0.3
     y = np.sort(rng.integers(0, 3, 60))
-    params = M.MetricParams(dim=2, pairs_per_record=2, margin=1.0, gradient_clip=1.0, steps=3,
+    params = M.MetricParams(dim=2, pairs_per_record=2, margin=1.0, metric_clip=1.0, steps=3,
                             learning_rate=1.0)  # fmt: skip
     a = M.train_metric(z, y, params, 1.0, 0.0, np.random.default_rng(1))
     b = M.train_metric(z, y, params, 1.0, 0.0, np.random.default_rng(2))
@@ -385,3 +385,19 @@ def test_a_metric_that_needs_more_memory_than_the_policy_allows_is_refused_uncha
     with pytest.raises(PolicyRefused, match="MiB"):
         rel.open_session(terms, _disclosure(6, 4))
     assert ledger.store.entries("d") == []
+
+
+def test_the_mechanism_records_name_the_clip_and_the_points_as_the_terms_do() -> None:
+    """One name per concept: the records' fields that are terms carry the terms' names."""
+    from dataclasses import fields
+
+    from dpda.dp.sinkhorn_synthetic import SinkhornSyntheticParams
+    from dpda.terms import synthetic_params
+
+    terms = _terms(metric_clip=2.5, synthetic_points=7)
+    assert metric_params(terms).metric_clip == 2.5
+    assert synthetic_params(terms).synthetic_points == 7
+    names = {f.name for f in fields(M.MetricParams)} | {
+        f.name for f in fields(SinkhornSyntheticParams)
+    }
+    assert not names & {"gradient_clip", "points_per_class"}

@@ -137,7 +137,7 @@ def test_row_queries_noise_is_the_plans_and_a_bad_clip_is_refused_before_any_dra
 
 def test_synthetic_points_follow_the_released_variances() -> None:
     v = np.array([4.0, 1.0, 0.0])
-    pts = T.synthetic_points(v, 20000, np.random.default_rng(0))
+    pts = T.synthetic_queries(v, 20000, np.random.default_rng(0))
     assert np.allclose(np.var(pts, axis=0), v, atol=0.1)
     d = T.disclose(
         two_domains()[1].x,
