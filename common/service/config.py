@@ -170,6 +170,13 @@ class SourceLimits(_Strict):
     reweight_bytes_per_peer: int = Field(
         default=512 * 2**20, ge=1, description="stored reweighting outputs of one peer (bytes)"
     )
+    reweight_outputs_max_age_s: float = Field(
+        default=86400.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="stored reweighting outputs older than this are deleted (their storage "
+        "freed); a retry of such a block is refused, never drawn or charged again",
+    )
     peer_cpu_window_s: float = Field(
         default=60.0, gt=0, description="the window of peer_cpu_seconds"
     )
