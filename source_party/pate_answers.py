@@ -78,7 +78,8 @@ class PateAnswers:
             )
 
         ens = self.teacher_cache.get(key, train)
-        self._ensembles[session_id] = ens
+        if session_id in self._sessions:  # not closed meanwhile
+            self._ensembles[session_id] = ens
         return ens
 
     prepare_teachers = _teachers
