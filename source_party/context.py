@@ -4,6 +4,8 @@ releasers, peers and limits, the background workers, and the sessions in use."""
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -35,6 +37,8 @@ class SourceContext:
     workers: Workers
     max_batches: int
     last_used: dict[str, float] = field(default_factory=dict)  # session → its last use
+    # wall-clock seconds: when stored outputs were stored, and their age (tests inject one)
+    clock: Callable[[], float] = time.time
     # public-source sessions: in memory; after a restart the peer opens a new one (the
     # charges already made stay in the ledger and keep counting)
     reweighting: dict[str, RW.ReweightingSession] = field(default_factory=dict)

@@ -70,7 +70,13 @@ class SourceHandlers:
         self.limits = limits or SourceLimits()
         self.lock = threading.RLock()  # one release at a time: the charge check must be atomic
         # the work a peer sizes (teachers, votes, hints): CPU seconds per peer and window
-        cpu = PeerCpuBudget(self.limits.peer_cpu_seconds, self.limits.peer_cpu_window_s)
+        lim = self.limits
+        cpu = PeerCpuBudget(
+            lim.peer_cpu_seconds,
+            lim.peer_cpu_window_s,
+            queue=lim.peer_work_queue,
+            wait_s=lim.peer_cpu_window_s,
+        )
         self.workers = Workers(self.limits, cpu)
         self.ctx = SourceContext(
             store=SourceStore(conn),

@@ -1,5 +1,6 @@
-"""The PATE family of a releaser's sessions: the teachers (trained on the session's features,
-on first use), the checks on a peer's queries, and the noisy arg-max of the teachers' votes,
+"""The PATE family of a releaser's sessions: the teachers (trained on the session's features on
+first use, and shared through a bounded cache with every session that would train the same
+ones), the checks on a peer's queries, and the noisy arg-max of the teachers' votes,
 charged before any noise is drawn."""
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpda.data.loaders import Domain
+from dpda.data.preprocessing import Scaling
 from dpda.dp.events import event_from_json
 from dpda.dp.ledger import LedgerEntry, PrivacyLedger
 from dpda.dp.pate import answers_event, noisy_argmax
 from dpda.errors import BudgetExceeded, InvalidInput
-from dpda.protocol import PateAnswer, SessionInfo, queries_digest
-from dpda.source_party.teachers import TeacherEnsemble, teacher_assignment
+from dpda.protocol import PateAnswer, SessionInfo, array_digest, queries_digest
+from dpda.source_party.teachers import TeacherCache, TeacherEnsemble, teacher_assignment
 from dpda.terms import SessionTerms
 
 
@@ -30,6 +32,7 @@ class PateAnswers:
     allow_raw_queries: bool
     insecure_seed: bool
     _noise: dict[str, np.random.Generator]  # session → its own noise stream
+    _sessions: dict[str, tuple[SessionTerms, SessionInfo, Scaling | None]]
 
     if TYPE_CHECKING:
 
@@ -38,43 +41,57 @@ class PateAnswers:
         def features(self, session_id: str) -> np.ndarray: ...
 
     def _init_pate(self) -> None:
-        self._ensembles: dict[str, TeacherEnsemble] = {}
-        self._ens_lock = threading.Lock()  # guards _ens_locks
-        self._ens_locks: dict[str, threading.Lock] = {}  # per session: its teachers' training
+        self._ensembles: dict[str, TeacherEnsemble] = {}  # session → its teachers
+        self.teacher_cache = TeacherCache()
+        self._partition_key: bytes | None = None
+        self._partition_lock = threading.Lock()
 
     def _close_pate(self, session_id: str) -> None:
         self._ensembles.pop(session_id, None)
-        with self._ens_lock:
-            self._ens_locks.pop(session_id, None)
 
     def _teachers(self, session_id: str) -> TeacherEnsemble:
-        """The session's teachers, trained on first use. The daemon calls this before it takes
-        its lock (``prepare_teachers``): training can take seconds and must not hold up other
-        sessions' releases."""
+        """The session's teachers: those of an earlier session with the same feature map and
+        teacher count (``teacher_cache``), or trained now. The daemon calls this before it
+        takes its lock (``prepare_teachers``): training can take seconds and must not hold up
+        other sessions' releases; sessions that need other teachers train concurrently."""
         terms, info = self.session(session_id)
-        # one session's training waits only for itself: a peer's 600 teachers must not hold
-        # up another session's teachers
-        with self._ens_lock:
-            lock = self._ens_locks.setdefault(session_id, threading.Lock())
-        with lock:
-            return self._ensemble(session_id, terms, info)
+        ens = self._ensembles.get(session_id)
+        if ens is not None:
+            return ens
+        projected = terms.pate_space == "projected"
+        scaling = self._sessions[session_id][2]
+        key = (
+            terms.pate_space,
+            terms.pate_teachers,
+            info.n_classes,
+            "" if scaling is None else array_digest(scaling.mean) + array_digest(scaling.std),
+            array_digest(info.projection) if projected else "",
+        )
+        parts_key = self._partition(session_id)
+
+        def train() -> TeacherEnsemble:
+            x = self.features(session_id)
+            feats = x @ info.projection if projected else x
+            parts = teacher_assignment(feats.shape[0], terms.pate_teachers, parts_key)
+            return TeacherEnsemble(
+                feats, self.domain.labels(), parts, terms.pate_teachers, info.n_classes
+            )
+
+        ens = self.teacher_cache.get(key, train)
+        if session_id in self._sessions:  # not closed meanwhile
+            self._ensembles[session_id] = ens
+        return ens
 
     prepare_teachers = _teachers
 
-    def _ensemble(self, session_id: str, terms: SessionTerms, info: SessionInfo) -> TeacherEnsemble:
-        ens = self._ensembles.get(session_id)
-        if ens is None:
-            x = self.features(session_id)
-            feats = x @ info.projection if terms.pate_space == "projected" else x
-            # the hash key comes from the session's noise stream: a CSPRNG in the daemon,
-            # reproducible under an insecure testing seed (so service = simulate)
-            key = self._noise[session_id].bytes(32)
-            parts = teacher_assignment(feats.shape[0], terms.pate_teachers, key)
-            ens = TeacherEnsemble(
-                feats, self.domain.labels(), parts, terms.pate_teachers, info.n_classes
-            )
-            self._ensembles[session_id] = ens
-        return ens
+    def _partition(self, session_id: str) -> bytes:
+        """The releaser's partition key (``teacher_assignment``), drawn once, at the first
+        teachers, from that session's noise stream: a CSPRNG in the daemon, independent of the
+        data; reproducible under an insecure testing seed (so service = simulate)."""
+        with self._partition_lock:
+            if self._partition_key is None:
+                self._partition_key = self._noise[session_id].bytes(32)
+            return self._partition_key
 
     def check_queries(self, session_id: str, queries: np.ndarray) -> None:
         terms, info = self.session(session_id)

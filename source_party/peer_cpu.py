@@ -5,6 +5,13 @@ request that finds its peer over budget is refused with ``Overloaded`` before an
 or noise. Honest peers' work is small against the budget; a peer that asks for as much as the
 terms allow runs out of it and waits, instead of taking the source's cores from the others.
 
+Each peer's heavy work also runs one request at a time (``spend`` takes the peer's own gate):
+a peer that sends many requests at once gets one share of the cores, the same as a peer that
+sends one, and each of its requests is checked against the budget only once its earlier work is
+counted (checked all at once, they would all pass before any was counted). At most ``queue`` of
+a peer's requests wait for its gate, for at most ``wait_s`` each; past either: ``Overloaded``.
+Other peers' work never waits for that gate.
+
 The clock is injected (``clock``: monotonic seconds), so tests do not wait for the window.
 """
 
@@ -26,13 +33,19 @@ class PeerCpuBudget:
         window_s: float,
         clock: Callable[[], float] = time.monotonic,
         cpu: Callable[[], float] = time.thread_time,
+        queue: int = 4,
+        wait_s: float = 60.0,
     ) -> None:
         self.seconds = seconds
         self.window_s = window_s
         self.clock = clock
         self.cpu = cpu
+        self.queue = queue
+        self.wait_s = wait_s
         self._lock = threading.Lock()
         self._used: dict[str, deque[tuple[float, float]]] = {}
+        self._gates: dict[str, threading.Lock] = {}  # peer → held while its work runs
+        self._waiting: dict[str, int] = {}  # peer → its requests waiting for the gate
 
     def used(self, peer: str) -> float:
         """CPU seconds ``peer`` used in the current window."""
@@ -58,12 +71,43 @@ class PeerCpuBudget:
         with self._lock:
             self._used.setdefault(peer, deque()).append((self.clock(), max(0.0, seconds)))
 
+    def waiting(self, peer: str) -> int:
+        """How many of ``peer``'s requests wait for its gate now."""
+        with self._lock:
+            return self._waiting.get(peer, 0)
+
     @contextmanager
-    def spend(self, peer: str) -> Iterator[None]:
-        """Check ``peer``'s budget, then count the CPU time of the block against it."""
-        self.check(peer)
-        t0 = self.cpu()
+    def spend(self, peer: str, wait: bool = True) -> Iterator[None]:
+        """Take ``peer``'s gate (waiting behind its earlier work; at once or ``Overloaded``
+        when not ``wait``), check its budget, then count the CPU time of the block against
+        it."""
+        self.check(peer)  # before queueing: a peer over budget does not take a place
+        gate = self._enter(peer, wait)
         try:
-            yield
+            self.check(peer)  # again: its earlier work is counted now
+            t0 = self.cpu()
+            try:
+                yield
+            finally:
+                self.add(peer, self.cpu() - t0)
         finally:
-            self.add(peer, self.cpu() - t0)
+            gate.release()
+
+    def _enter(self, peer: str, wait: bool) -> threading.Lock:
+        with self._lock:
+            gate = self._gates.setdefault(peer, threading.Lock())
+            if gate.acquire(blocking=False):
+                return gate
+            if not wait:
+                raise Overloaded("the peer's earlier work still runs")
+            if self._waiting.get(peer, 0) >= self.queue:
+                raise Overloaded(f"the peer has {self.queue} requests waiting for its work")
+            self._waiting[peer] = self._waiting.get(peer, 0) + 1
+        try:
+            got = gate.acquire(timeout=self.wait_s)
+        finally:
+            with self._lock:
+                self._waiting[peer] -= 1
+        if not got:
+            raise Overloaded("the peer's earlier work still runs")
+        return gate

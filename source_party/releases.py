@@ -398,6 +398,13 @@ class SourceReleaser(PateAnswers):
         """The payload's hash into its ledger entry (before the entry is signed)."""
         self.ledger.store.update_signatures(self.dataset, seq, rel.sha256(), "", "")
 
+    def draws_unlocked(self, session_id: str, index: int) -> bool:
+        """Whether release ``index`` is work the peer's terms size, drawn outside the daemon's
+        lock: the learned ground cost (trained for ``metric_steps``) and DP-Sinkhorn synthetic
+        points (trained for the terms' steps). Charged and stored under the lock all the same."""
+        terms, info = self.session(session_id)
+        return info.plan.is_metric(index) or terms.release == "sinkhorn-synthetic"
+
     def draw_payload(self, session_id: str, index: int, entry: LedgerEntry) -> BatchRelease:
         """The release of a charged entry, drawn; nothing written (a caller that draws outside
         the ledger's lock records the hash under it, ``record_payload``)."""

@@ -1,7 +1,9 @@
 """Bounds on the reweighting outputs the source stores (each block is kept so that a retry gets
 the same answer): per session and per peer, checked before a block is charged. A block that
 would not fit is refused (``PolicyRefused``, naming the limit) with nothing charged, drawn or
-stored; the limits are public numbers, never data.
+stored; the limits are public numbers, never data. Outputs older than
+``limits.reweight_outputs_max_age_s`` are deleted (``rpc_reweighting.Reweighting.expire``),
+which frees their share; a retry of an expired block is refused, never drawn or charged again.
 
 One step stores a noisy gradient over the caller's public rows (``noisy-md``: 8 bytes a row)
 or one vertex index (8 bytes).

@@ -93,12 +93,11 @@ def release_one(
     index: int,
     call: set[str],
 ) -> SignedRelease:
-    """One batch, replayed or charged (under the lock); the learned cost is charged under it
-    and trained outside it (``release_batches`` holds the session's own lock)."""
-    _, info = releaser.session(session_id)
-    kind = BatchKind(
-        ctx, peer, releaser, session_id, index, call, draw_unlocked=info.plan.is_metric(index)
-    )
+    """One batch, replayed or charged (under the lock); the learned cost and synthetic points
+    are charged under it and trained outside it (``SourceReleaser.draws_unlocked``;
+    ``release_batches`` holds the session's own lock)."""
+    unlocked = releaser.draws_unlocked(session_id, index)
+    kind = BatchKind(ctx, peer, releaser, session_id, index, call, draw_unlocked=unlocked)
     out = replay_or_charge(ctx.desk, releaser.dataset, f"{session_id}/{index}", kind)
     return SignedRelease(out.payload, out.entry)
 
@@ -126,10 +125,10 @@ def release_batches(
         known = ctx.desk.known_prefix(releaser.dataset, ledger_head, ledger_length)
     call = {f"{session_id}/{i}" for i in range(start, start + count)}
     for index in range(start, start + count):
-        if info.plan.is_metric(index):
-            # the learned cost trains for seconds, sized by the peer's terms: charged and
-            # stored under the lock, trained outside it, one draw of the session at a time
-            # and under the peer's CPU budget
+        if releaser.draws_unlocked(session_id, index):
+            # the learned cost and synthetic points train for seconds, sized by the peer's
+            # terms: charged and stored under the lock, trained outside it, one draw of the
+            # session at a time and under the peer's CPU budget
             with ctx.serial(session_id), ctx.cpu.spend(peer):
                 signed = one(peer, releaser, session_id, index, call)
             with ctx.lock:

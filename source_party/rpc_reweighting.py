@@ -48,8 +48,19 @@ class ReweightKind:
             raise InvalidInput("a replayed request id with altered content")
 
     def load(self, entry: LedgerEntry) -> np.ndarray | None:
-        blob = self.ctx.store.outputs(self.rs.dataset, entry.seq)
+        """The stored outputs; refused when they expired (``Reweighting.expire``): the block
+        was charged and sent, and is neither drawn nor charged again."""
+        store = self.ctx.store
+        blob = store.outputs(self.rs.dataset, entry.seq)
         if blob is None:
+            if store.outputs_expired(self.rs.dataset, entry.seq):
+                raise PolicyRefused(
+                    "these steps were charged and their outputs sent; the stored copy expired "
+                    f"after limits.reweight_outputs_max_age_s "
+                    f"({self.ctx.limits.reweight_outputs_max_age_s:g} s) and is not drawn or "
+                    "charged again",
+                    public=True,
+                )
             return None
         if self.rs.terms.method == "noisy-md":
             return np.frombuffer(blob, "<f8").reshape(self.count, self.rs.opt.x.shape[0])
@@ -118,7 +129,7 @@ class ReweightKind:
     def store(self, seq: int, payload: np.ndarray) -> None:
         blob = np.ascontiguousarray(payload).tobytes()
         ds = self.rs.dataset
-        self.ctx.store.put_outputs(ds, seq, self.request_id, blob)
+        self.ctx.store.put_outputs(ds, seq, self.request_id, blob, self.ctx.clock())
         self.ctx.desk.ledger.store.update_signatures(ds, seq, payload_digest(blob), "", "")
 
 
@@ -165,10 +176,17 @@ class Reweighting:
         plan_json = rs.plan.model_dump_json()
         return rs, plan_json, ctx.sign_plan(terms.model_dump_json(), plan_json)
 
+    def expire(self) -> int:
+        """Delete the stored outputs older than ``limits.reweight_outputs_max_age_s``, which
+        frees their share of the storage limits (under the lock); how many blocks."""
+        now = self.ctx.clock()
+        return self.ctx.store.expire_outputs(now - self.ctx.limits.reweight_outputs_max_age_s, now)
+
     def _limit(self, peer: str) -> None:
-        """Expire idle reweighting sessions, then refuse past ``sessions_per_peer`` (under the
-        lock)."""
+        """Expire idle reweighting sessions and old outputs, then refuse past
+        ``sessions_per_peer`` (under the lock)."""
         ctx = self.ctx
+        self.expire()
         now = time.monotonic()
         for sid, s in list(ctx.reweighting.items()):
             if now - s.last_used > ctx.limits.session_idle_s:
@@ -198,6 +216,8 @@ class Reweighting:
         RW.check_block(rs, releaser.policy.max_reweighting_work, start, count)
         with rs.lock:  # one block of a session at a time; the draw holds no global lock
             rs.last_used = time.monotonic()
+            with ctx.lock:
+                self.expire()
             kind = ReweightKind(ctx, peer, rs, start, count, ledger_head, ledger_length)
             out = replay_or_charge(ctx.desk, rs.dataset, kind.request_id, kind)
             return out.payload, out.entry, out.catch_up

@@ -6,7 +6,8 @@ second draw. Nothing here charges, signs or decides; the handlers call it under 
   enough to rebuild the session after a restart;
 * ``payloads`` — a batch release (its features and noisy counts);
 * ``pate_answers`` — a PATE answer's labels;
-* ``reweight_answers`` — a reweighting block's outputs.
+* ``reweight_answers`` — a reweighting block's outputs and when they were stored;
+* ``reweight_expired`` — the blocks whose outputs were deleted for their age (``expire_outputs``).
 
 The three payload tables are keyed by (dataset, ledger seq), with the request id unique.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +37,11 @@ CREATE TABLE IF NOT EXISTS pate_answers (
 );
 CREATE TABLE IF NOT EXISTS reweight_answers (
     dataset TEXT NOT NULL, seq INTEGER NOT NULL, request_id TEXT NOT NULL UNIQUE,
-    outputs BLOB NOT NULL, PRIMARY KEY (dataset, seq)
+    outputs BLOB NOT NULL, stored_at REAL, PRIMARY KEY (dataset, seq)
+);
+CREATE TABLE IF NOT EXISTS reweight_expired (
+    dataset TEXT NOT NULL, seq INTEGER NOT NULL, request_id TEXT NOT NULL,
+    expired_at REAL NOT NULL, PRIMARY KEY (dataset, seq)
 );
 CREATE TABLE IF NOT EXISTS payloads (
     dataset TEXT NOT NULL, seq INTEGER NOT NULL, request_id TEXT NOT NULL UNIQUE,
@@ -61,9 +67,18 @@ class StoredSession:
 class SourceStore:
     """The tables above on one connection (the daemon's; the caller serialises access)."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, now: float | None = None) -> None:
+        """``now``: wall-clock seconds that reweighting outputs stored without a time (by a
+        store without the column) count as stored at; the current time when None."""
         self.conn = conn
         self.conn.executescript(SCHEMA)
+        cols = {r[1] for r in conn.execute("PRAGMA table_info(reweight_answers)")}
+        if "stored_at" not in cols:
+            conn.execute("ALTER TABLE reweight_answers ADD COLUMN stored_at REAL")
+        conn.execute(
+            "UPDATE reweight_answers SET stored_at=? WHERE stored_at IS NULL",
+            (time.time() if now is None else now,),
+        )
 
     # -------------------------------------------------------------------------- sessions
     def add_session(
@@ -161,10 +176,33 @@ class SourceStore:
         ).fetchone()
         return None if row is None else bytes(row[0])
 
-    def put_outputs(self, dataset: str, seq: int, request_id: str, outputs: bytes) -> None:
+    def put_outputs(
+        self, dataset: str, seq: int, request_id: str, outputs: bytes, stored_at: float
+    ) -> None:
         self.conn.execute(
-            "INSERT INTO reweight_answers VALUES (?, ?, ?, ?)", (dataset, seq, request_id, outputs)
+            "INSERT INTO reweight_answers (dataset, seq, request_id, outputs, stored_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (dataset, seq, request_id, outputs, stored_at),
         )
+
+    def expire_outputs(self, before: float, now: float) -> int:
+        """Delete the reweighting outputs stored before ``before`` (wall-clock seconds),
+        remembering which blocks they were (``outputs_expired``); how many were deleted."""
+        # remembered first: a crash between the two leaves the outputs, found and sent again
+        self.conn.execute(
+            "INSERT OR REPLACE INTO reweight_expired SELECT dataset, seq, request_id, ? "
+            "FROM reweight_answers WHERE stored_at < ?",
+            (now, before),
+        )
+        cur = self.conn.execute("DELETE FROM reweight_answers WHERE stored_at < ?", (before,))
+        return int(cur.rowcount)
+
+    def outputs_expired(self, dataset: str, seq: int) -> bool:
+        """Whether the outputs of the reweighting block at ``seq`` were deleted for their age."""
+        row = self.conn.execute(
+            "SELECT 1 FROM reweight_expired WHERE dataset=? AND seq=?", (dataset, seq)
+        ).fetchone()
+        return row is not None
 
     def outputs(self, dataset: str, seq: int) -> bytes | None:
         """The stored outputs of the reweighting block at ``seq``, or None."""

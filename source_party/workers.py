@@ -125,7 +125,7 @@ class Workers:
         def run() -> None:
             try:
                 peer_caps = [caps()]
-                with self.cpu.spend(peer):
+                with self.cpu.spend(peer, wait=False):  # never behind the peer's work
                     releaser.warm_plan(terms, peer_caps, self.limits.plan_seconds)
             except Exception:  # only caches: OpenSession checks and reports for itself
                 log.debug("planning ahead for %s failed", name, exc_info=True)

@@ -171,11 +171,25 @@ class SourceLimits(_Strict):
         description="CPU seconds per peer and window for the work the peer sizes (PATE "
         "teachers and votes, planned-terms hints); past it: OVERLOADED",
     )
+    peer_work_queue: int = Field(
+        default=4,
+        ge=0,
+        le=1024,
+        description="a peer's heavy requests (those under peer_cpu_seconds) run one at a time; "
+        "this many more wait their turn, each at most peer_cpu_window_s; past it: OVERLOADED",
+    )
     reweight_bytes_per_session: int = Field(
         default=64 * 2**20, ge=1, description="stored reweighting outputs of one session (bytes)"
     )
     reweight_bytes_per_peer: int = Field(
         default=512 * 2**20, ge=1, description="stored reweighting outputs of one peer (bytes)"
+    )
+    reweight_outputs_max_age_s: float = Field(
+        default=86400.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="stored reweighting outputs older than this are deleted (their storage "
+        "freed); a retry of such a block is refused, never drawn or charged again",
     )
     peer_cpu_window_s: float = Field(
         default=60.0, gt=0, description="the window of peer_cpu_seconds"

@@ -259,3 +259,61 @@ def test_the_learned_cost_trains_outside_the_global_lock(tmp_path, monkeypatch) 
     assert read_while_held and len(ledger.entries_json) == 1  # the metric's charge, durable
     assert len(got.get("metric", [])) == 1
     assert [e.params["spec"].get("kind") for e in entries] == ["metric"]  # charged once
+
+
+def test_synthetic_points_are_drawn_outside_the_global_lock(tmp_path, monkeypatch) -> None:
+    """DP-Sinkhorn synthetic points train for as many steps as the peer's terms ask: the
+    release is charged and stored under the global lock and trained outside it, so the lock is
+    free and a ledger read completes while the training is held; it is charged once."""
+    import dpda.source_party.batch_draws as draws
+
+    dep = synthetic_deployment(tmp_path)
+    entered, go = threading.Event(), threading.Event()
+    real = draws.train_synthetic
+
+    def held(*args: Any, **kw: Any) -> Any:
+        entered.set()
+        go.wait(TIMEOUT)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(draws, "train_synthetic", held)
+    with run_server(load_source(dep.source_config)) as rs:
+        k = dep.target_keys
+        creds = channel_credentials(k.cert, k.key, k.ca)
+        with grpc.secure_channel(f"127.0.0.1:{rs.port}", creds) as ch:
+            stub = SignedStub(pb_grpc.SourceServiceStub(ch), dep)
+            terms = _terms(
+                release="sinkhorn-synthetic",
+                synthetic_points=2,
+                synthetic_rows_per_point=1,
+                sinkhorn_steps=4,
+            )
+            sid = stub.OpenSession(
+                pb.OpenSessionRequest(terms_json=terms), timeout=TIMEOUT
+            ).session_id
+            got: dict[str, Any] = {}
+
+            def synthetic() -> None:
+                entries = rs.handlers.ledger.store.entries("synthetic")
+                req = pb.ReleaseBatchesRequest(
+                    session_id=sid, start=0, count=1, ledger_head=head_hash(entries)
+                )
+                got["points"] = list(stub.ReleaseBatches(req, timeout=TIMEOUT))
+
+            th = threading.Thread(target=synthetic)
+            th.start()
+            try:
+                assert entered.wait(TIMEOUT)  # the points are being trained now
+                free = rs.handlers.lock.acquire(blocking=False)
+                if free:
+                    rs.handlers.lock.release()
+                ledger = stub.GetLedger(pb.GetLedgerRequest(dataset="synthetic"), timeout=TIMEOUT)
+                read_while_held = not go.is_set()
+            finally:
+                go.set()
+                th.join(TIMEOUT)
+        entries = rs.handlers.ledger.store.entries("synthetic")
+    assert free, "the global lock was held while the synthetic points trained"
+    assert read_while_held and len(ledger.entries_json) == 1  # the charge, durable
+    assert len(got.get("points", [])) == 1
+    assert len(entries) == 1 and entries[0].params["spec"]["features"]["steps"] == 4

@@ -319,3 +319,41 @@ def test_reweighting_outputs_past_the_storage_limit_are_refused_before_the_charg
         assert rs.handlers.ledger.store.entries("holder") == []
         (n,) = rs.handlers.conn.execute("SELECT COUNT(*) FROM reweight_answers").fetchone()
         assert n == 0
+
+
+def test_stored_reweighting_outputs_expire_and_a_replay_is_refused_uncharged(hostile) -> None:
+    """Stored outputs older than ``limits.reweight_outputs_max_age_s`` are deleted and free
+    their storage; a retry of such a block is refused naming the limit, with nothing charged
+    or drawn again. The clock is the context's (injected here)."""
+    from dpda.source_party import reweight_quota
+
+    peer, h = hostile
+    now = [1_000_000.0]
+    h.ctx.clock = lambda: now[0]
+    max_age = h.ctx.limits.reweight_outputs_max_age_s
+    sid = peer.open(_terms(), GOOD).session_id
+    first = peer.steps(sid, 0, 4)
+    now[0] += max_age / 2  # younger than the limit: kept, a replay gets it back
+    assert peer.steps(sid, 0, 4).vertices.data == first.vertices.data
+    assert reweight_quota.stored_bytes(h.conn, "holder", [0]) > 0
+    now[0] += max_age  # older now
+    entries = h.ledger.store.entries("holder")
+    with pytest.raises(grpc.RpcError) as err:
+        peer.steps(sid, 0, 4)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "reweight_outputs_max_age_s" in err.value.details()
+    assert h.ledger.store.entries("holder") == entries  # not charged, not drawn again
+    assert reweight_quota.stored_bytes(h.conn, "holder", [0]) == 0  # its storage freed
+    (n,) = h.conn.execute("SELECT COUNT(*) FROM reweight_answers").fetchone()
+    assert n == 0
+
+
+def test_the_outputs_age_limit_is_a_finite_positive_number() -> None:
+    from pydantic import ValidationError
+
+    from dpda.service.config import SourceLimits
+
+    assert SourceLimits().reweight_outputs_max_age_s == 86400.0
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValidationError, match="reweight_outputs_max_age_s"):
+            SourceLimits(reweight_outputs_max_age_s=bad)
