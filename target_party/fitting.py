@@ -5,6 +5,7 @@ trained on the images (``Fitted``). Everything here is post-processing: no budge
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -15,7 +16,7 @@ from dpda.dp.events import BatchSpec
 from dpda.dp.mechanisms import counts_to_labels
 from dpda.dp.sinkhorn_synthetic import SinkhornSyntheticParams, synthetic_labels
 from dpda.ot.costs import dpot_cost, label_mask
-from dpda.ot.fast import SinkhornState
+from dpda.ot.fast import SinkhornState, Workspace
 from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import OTResult, one_hot, sinkhorn_group_lasso, uniform
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo
@@ -83,6 +84,23 @@ class BatchFit:
     warm: np.ndarray | None = None
 
 
+_LOCAL = threading.local()
+
+
+def _workspace() -> Workspace:
+    """This thread's solver buffers, reused by its next fit (a batch's cost and plan are a few
+    hundred MB at VisDA scale; fresh ones cost their page faults every batch)."""
+    ws: Workspace | None = getattr(_LOCAL, "workspace", None)
+    if ws is None:
+        ws = _LOCAL.workspace = Workspace()
+    return ws
+
+
+def release_workspace() -> None:
+    """Drop this thread's solver buffers (a job calls it when its fits are done)."""
+    _LOCAL.workspace = None
+
+
 def fit_points(
     pts: np.ndarray,
     ys: np.ndarray,
@@ -102,15 +120,18 @@ def fit_points(
     sides mapped by W, then squared Euclidean; the noise bias becomes ``σ²‖W‖_F²``); the plan
     still maps the source onto the target's own rows. ``warm``: an earlier fit's ``warm`` onto
     the same target rows (the first Sinkhorn solve starts from it; the plan does not depend
-    on it beyond the solver's tolerance). A pure function of its arguments."""
+    on it beyond the solver's tolerance). A pure function of its arguments; the cost and the
+    plan live in this thread's workspace (``_workspace``) and do not outlive the call."""
     t0 = time.perf_counter()
+    ws = _workspace()
+    m = xt_proj.shape[0]
+    buf = ws.array("cost", (pts.shape[0], m), np.float32)
     mask = label_mask(ys, view.known) if np.any(view.known >= 0) else None
     if metric is None:
-        cost = dpot_cost(pts, xt_proj, noise_std, mask)
+        cost = dpot_cost(pts, xt_proj, noise_std, mask, out=buf)
     else:
         std = noise_std * float(np.linalg.norm(metric)) / np.sqrt(metric.shape[0])
-        cost = dpot_cost(pts @ metric.T, xt_proj @ metric.T, std, mask)
-    m = xt_proj.shape[0]
+        cost = dpot_cost(pts @ metric.T, xt_proj @ metric.T, std, mask, out=buf)
     start = None
     if warm is not None and warm.shape == (m,):
         start = SinkhornState(np.zeros(pts.shape[0]), warm / cost.scale)
@@ -126,12 +147,13 @@ def fit_points(
         inner_tol=cfg.inner_tol,
         stop_thr=cfg.outer_tol,
         start=start,
+        workspace=ws,
     )
     plan = res.plan
     mass = float(a.sum())
     out = res.start_state
     return BatchFit(
-        mapped=barycentric_map(plan, view.x, res.rows),
+        mapped=barycentric_map(plan, view.x32 if plan.dtype == np.float32 else view.x, res.rows),
         labels=ys,
         # W̃ = ⟨γ, C̃⟩ from the solver's own ⟨γ, C/scale⟩ (no further pass over the plan)
         w_tilde=cost.scale * res.transport_cost - cost.bias * mass,

@@ -21,7 +21,14 @@ from dpda.errors import ConfigError, PeerMisbehaved
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo, TargetDisclosure
 from dpda.target_party.arms import pate, without_adaptation
 from dpda.target_party.compute import Compute
-from dpda.target_party.fitting import Fitted, FitTraffic, JobSession, PendingFit, view_accuracy
+from dpda.target_party.fitting import (
+    Fitted,
+    FitTraffic,
+    JobSession,
+    PendingFit,
+    release_workspace,
+    view_accuracy,
+)
 from dpda.target_party.selection import select
 from dpda.target_party.view import AdaptConfig, RowQueries, TargetView, local_space, session_terms
 from dpda.terms import SessionTerms
@@ -164,22 +171,25 @@ def run_dpda(
         raise ConfigError("target_batch: target-side minibatches are not combined with PATE yet")
     timed = _TimedSource(source, spent)
     source, spent = timed, timed.spent
-    s = _open(source, view, terms, cfg, compute)
-    done = _release_all(s, spent, progress)
-    by_method: dict[str, float | None] = {}
-    selection: dict[str, Any] = {}
-    adaptation: dict[str, Any] = {}
-    if done.fits:
-        selection = select(s, done, view)  # may change s.cfg and done.fits
-        done.train(view, s.cfg)
-        by_method["dpda"] = view_accuracy(done.pred, view) if done.pred is not None else None
-        adaptation = without_adaptation(s, done, by_method)
-        done.spend.append(spent())  # before any PATE answer is charged
-    if s.info.plan.pate_queries > 0:
-        pate(s, done, by_method, row_queries or RowQueries())
-    source.close_session(s.info.session_id)
-    out = _result(s, done, by_method, spent(), selection)
-    return replace(out, source_seconds=timed.seconds, adaptation=adaptation)
+    try:
+        s = _open(source, view, terms, cfg, compute)
+        done = _release_all(s, spent, progress)
+        by_method: dict[str, float | None] = {}
+        selection: dict[str, Any] = {}
+        adaptation: dict[str, Any] = {}
+        if done.fits:
+            selection = select(s, done, view)  # may change s.cfg and done.fits
+            done.train(view, s.cfg)
+            by_method["dpda"] = view_accuracy(done.pred, view) if done.pred is not None else None
+            adaptation = without_adaptation(s, done, by_method)
+            done.spend.append(spent())  # before any PATE answer is charged
+        if s.info.plan.pate_queries > 0:
+            pate(s, done, by_method, row_queries or RowQueries())
+        source.close_session(s.info.session_id)
+        out = _result(s, done, by_method, spent(), selection)
+        return replace(out, source_seconds=timed.seconds, adaptation=adaptation)
+    finally:
+        release_workspace()  # this thread's solver buffers: the job's fits are done
 
 
 class _TimedSource:

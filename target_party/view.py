@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -147,6 +148,12 @@ class TargetView:
     # a source-space session's C: the target's rows are clipped to it as the source's are, so
     # the release, the OT space and the classifier (and the saved model) share one space
     clip_norm: float | None = None
+
+    @cached_property
+    def x32(self) -> np.ndarray:
+        """``x`` in float32, made once: what each fit's barycentric map multiplies its float32
+        plan with."""
+        return np.ascontiguousarray(self.x, dtype=np.float32)
 
     def rows(self) -> np.ndarray:
         """The target's rows in the per-row representation (before its column scaling)."""

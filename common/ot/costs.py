@@ -57,7 +57,11 @@ def label_mask(source_labels: np.ndarray, target_labels: np.ndarray) -> np.ndarr
 
 
 def dpot_cost(
-    z: np.ndarray, xt_proj: np.ndarray, noise_std: float = 0.0, mask: np.ndarray | None = None
+    z: np.ndarray,
+    xt_proj: np.ndarray,
+    noise_std: float = 0.0,
+    mask: np.ndarray | None = None,
+    out: np.ndarray | None = None,
 ) -> Cost:
     """Debiased, normalized cost between noisy source rows ``z (n, ℓ)`` and ``xt_proj (m, ℓ)``.
 
@@ -65,10 +69,11 @@ def dpot_cost(
     taken while it is in cache), from both sides centred on the target's mean (distances
     do not change; the expansion ``‖z‖² + ‖x‖² − 2z·x`` then loses little to float32); so an
     ``n × m`` cost costs ``4nm`` bytes, no ``n × m`` temporaries and three passes (the product,
-    the finish, the normalization).
+    the finish, the normalization). ``out``: a float32 ``(n, m)`` array to build it in.
     """
     n, m = z.shape[0], xt_proj.shape[0]
-    out = np.empty((n, m), dtype=np.float32)
+    if out is None or out.shape != (n, m) or out.dtype != np.float32:
+        out = np.empty((n, m), dtype=np.float32)
     mu = xt_proj.mean(axis=0) if m else 0.0
     zc = np.asarray(z - mu, dtype=np.float32)
     xc = np.asarray(xt_proj - mu, dtype=np.float32)

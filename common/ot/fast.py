@@ -46,6 +46,36 @@ _PRODUCT_BLOCK = 1 << 21  # elements per block of Yᵀ(x∘z): 8 MB of float32 t
 _ABS_STOP = 1e-9  # POT gcg's stopThr2
 
 
+class Workspace:
+    """Reusable ``n × m`` buffers for a sequence of solves of one shape (a job's minibatches).
+
+    A fresh buffer of a few hundred MB costs its page faults on first touch, often more than a
+    pass over it; a workspace hands the same buffers to the next solve instead. An array taken
+    from it is valid until the same name is taken again: the caller of a solve that uses a
+    workspace must be done with the plan (and a cost built in it) before the next solve. One
+    workspace per thread."""
+
+    HEADROOM = 1.1  # a new buffer holds this much more than asked (batch sizes vary)
+
+    def __init__(self) -> None:
+        self._flat: dict[str, np.ndarray] = {}
+
+    def array(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        """An uninitialised C-contiguous array ``name`` of ``shape`` and ``dtype``: a view of
+        the last buffer of that name when it is large enough, else of a new one (which
+        replaces it)."""
+        size = int(np.prod(shape))
+        flat = self._flat.get(name)
+        if flat is None or flat.dtype != np.dtype(dtype) or flat.size < size:
+            self._flat.pop(name, None)  # the old buffer goes before the new one is made
+            flat = np.empty(max(1, int(size * self.HEADROOM)), dtype=dtype)
+            self._flat[name] = flat
+        return flat[:size].reshape(shape)
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._flat.values())
+
+
 @dataclass
 class SinkhornState:
     """Dual potentials ``α (n,)``, ``β (m,)`` in cost units: plan ``exp((α_i+β_j−C_ij)/λ)``."""
@@ -244,6 +274,7 @@ def group_lasso(
     dtype: type = np.float32,
     start: SinkhornState | None = None,
     threads: int | None = None,
+    workspace: Workspace | None = None,
 ) -> tuple[np.ndarray, SolveInfo]:
     """``min ⟨γ,C⟩ + λe Σγlogγ + λg Σ_j Σ_c ‖γ(I_c,j)‖₂`` by conditional gradient.
 
@@ -253,7 +284,8 @@ def group_lasso(
     ``start``: dual potentials of an earlier problem with the same target rows and marginal
     (``SolveInfo.start_state`` of the previous minibatch), the warm start of the first entropic
     solve; only its ``beta`` is used. ``threads``: threads for the passes (default
-    ``solver_threads()``).
+    ``solver_threads()``). ``workspace``: where the kernel and the plan live (the returned plan
+    is then one of its buffers, valid until its next solve); default: new arrays.
 
     Two ``n × m`` buffers besides the cost: the kernel (then the direction ``Δ``) and the plan.
     Every pass is blocked (``dpda.ot._blocked``) and counted in ``SolveInfo.traffic``.
@@ -278,7 +310,8 @@ def group_lasso(
     a_d: np.ndarray = a.astype(dtype)
     b_d: np.ndarray = b.astype(dtype)
     inner: list[int] = []
-    k: np.ndarray = np.empty((n, m), dtype=dtype)
+    ws = Workspace() if workspace is None else workspace
+    k: np.ndarray = ws.array("first", (n, m), dtype)
     pool = ThreadPoolExecutor(layout.threads) if layout.threads > 1 else None
     limits = threadpool_limits(limits=1) if pool is not None else None
     try:
@@ -293,7 +326,7 @@ def group_lasso(
             start_state = state = _state(u, v, r, shift, reg_e)
             _blocked.plan(k, u, v, layout, pool, traffic)
             g = k
-            k = np.empty((n, m), dtype=dtype)
+            k = ws.array("second", (n, m), dtype)
         else:
             g = np.outer(a, b).astype(dtype)
             state = None

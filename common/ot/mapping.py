@@ -18,7 +18,7 @@ def barycentric_map(plan: np.ndarray, xt: np.ndarray, mass: np.ndarray | None = 
     else:
         row = np.asarray(mass, dtype=np.float64).reshape(-1, 1)
     if plan.dtype == np.float32:
-        mapped = (plan @ xt.astype(np.float32)).astype(np.float64)
+        mapped = (plan @ xt.astype(np.float32, copy=False)).astype(np.float64)
     else:
         mapped = plan @ xt
     empty = row[:, 0] <= 1e-300

@@ -106,3 +106,23 @@ def test_rows_in_any_label_order_are_solved_as_the_same_problem(
         uniform(50), uniform(60), c[shuffle], ys[shuffle], 0.05, 0.5, engine="pot"
     )
     assert _mass_moved(mixed.plan, pot.plan) < 1e-3
+
+
+def test_a_workspace_gives_the_plans_of_fresh_buffers(rng: np.random.Generator) -> None:
+    """Solves of different batch sizes through one workspace return the plans that fresh
+    buffers give, and a smaller batch reuses the larger one's buffers."""
+    xt = rng.normal(size=(40, 4))
+    big, ys_big = _batch(rng, xt, n=60)
+    small, ys_small = _batch(rng, xt, n=50)
+    ws = fast.Workspace()
+    first = sinkhorn_group_lasso(uniform(60), uniform(40), big, ys_big, 0.05, 0.5, workspace=ws)
+    kept = first.plan.copy()
+    held = ws.nbytes()
+    second = sinkhorn_group_lasso(
+        uniform(50), uniform(40), small, ys_small, 0.05, 0.5, workspace=ws
+    )
+    assert ws.nbytes() == held  # the 50-row solve fits in the 60-row buffers
+    alone = sinkhorn_group_lasso(uniform(50), uniform(40), small, ys_small, 0.05, 0.5)
+    again = sinkhorn_group_lasso(uniform(60), uniform(40), big, ys_big, 0.05, 0.5)
+    assert np.array_equal(second.plan, alone.plan)
+    assert np.array_equal(kept, again.plan)
