@@ -201,51 +201,43 @@ def test_pate_past_the_peers_cpu_budget_is_refused_uncharged(tmp_path) -> None:
             assert rs.handlers.ledger.store.entries() == before
 
 
-def test_the_learned_cost_trains_outside_the_global_lock(tmp_path, monkeypatch) -> None:
-    """The learned ground cost's release trains W for as long as the peer's terms make it
-    (seconds): it is charged and stored under the global lock and trained outside it, so the
-    lock is free and a ledger read completes while the training is held."""
+def _release_while_training_is_held(
+    tmp_path, monkeypatch, trainer: str, terms_json: str, index: Any, metric: bool = False
+) -> tuple[bool, bool, Any, list[Any], list[LedgerEntry]]:
+    """Open a session with ``terms_json``, ask for release ``index(opened)`` while
+    ``batch_draws.<trainer>`` is held, and look at the global lock and the ledger meanwhile:
+    (lock free, ledger read while held, that ledger, the releases sent, the entries after)."""
     import dpda.source_party.batch_draws as draws
-    from dpda.planner import ReleasePlan
 
-    dep = synthetic_deployment(tmp_path, metric=True)
+    dep = synthetic_deployment(tmp_path, metric=metric)
     entered, go = threading.Event(), threading.Event()
-    real = draws.train_metric
+    real = getattr(draws, trainer)
 
     def held(*args: Any, **kw: Any) -> Any:
         entered.set()
         go.wait(TIMEOUT)
         return real(*args, **kw)
 
-    monkeypatch.setattr(draws, "train_metric", held)
+    monkeypatch.setattr(draws, trainer, held)
     with run_server(load_source(dep.source_config)) as rs:
         k = dep.target_keys
         creds = channel_credentials(k.cert, k.key, k.ca)
         with grpc.secure_channel(f"127.0.0.1:{rs.port}", creds) as ch:
             stub = SignedStub(pb_grpc.SourceServiceStub(ch), dep)
+            opened = stub.OpenSession(pb.OpenSessionRequest(terms_json=terms_json), timeout=TIMEOUT)
+            got: list[Any] = []
 
-            def head() -> str:
-                return head_hash(rs.handlers.ledger.store.entries("synthetic"))
-
-            opened = stub.OpenSession(
-                pb.OpenSessionRequest(
-                    terms_json=_terms(cost="metric", metric_dim=4, metric_steps=5)
-                ),
-                timeout=TIMEOUT,
-            )
-            index = ReleasePlan.model_validate_json(opened.plan_json).steps  # the metric's
-            got: dict[str, Any] = {}
-
-            def metric() -> None:
+            def release() -> None:
+                head = head_hash(rs.handlers.ledger.store.entries("synthetic"))
                 req = pb.ReleaseBatchesRequest(
-                    session_id=opened.session_id, start=index, count=1, ledger_head=head()
+                    session_id=opened.session_id, start=index(opened), count=1, ledger_head=head
                 )
-                got["metric"] = list(stub.ReleaseBatches(req, timeout=TIMEOUT))
+                got.extend(stub.ReleaseBatches(req, timeout=TIMEOUT))
 
-            th = threading.Thread(target=metric)
+            th = threading.Thread(target=release)
             th.start()
             try:
-                assert entered.wait(TIMEOUT)  # W is being trained now
+                assert entered.wait(TIMEOUT)  # the release is being trained now
                 free = rs.handlers.lock.acquire(blocking=False)
                 if free:
                     rs.handlers.lock.release()
@@ -255,9 +247,26 @@ def test_the_learned_cost_trains_outside_the_global_lock(tmp_path, monkeypatch) 
                 go.set()
                 th.join(TIMEOUT)
         entries = rs.handlers.ledger.store.entries("synthetic")
+    return free, read_while_held, ledger, got, entries
+
+
+def test_the_learned_cost_trains_outside_the_global_lock(tmp_path, monkeypatch) -> None:
+    """The learned ground cost's release trains W for as long as the peer's terms make it
+    (seconds): it is charged and stored under the global lock and trained outside it, so the
+    lock is free and a ledger read completes while the training is held."""
+    from dpda.planner import ReleasePlan
+
+    free, read_while_held, ledger, got, entries = _release_while_training_is_held(
+        tmp_path,
+        monkeypatch,
+        "train_metric",
+        _terms(cost="metric", metric_dim=4, metric_steps=5),
+        lambda opened: ReleasePlan.model_validate_json(opened.plan_json).steps,  # the metric's
+        metric=True,
+    )
     assert free, "the global lock was held while the learned cost trained"
     assert read_while_held and len(ledger.entries_json) == 1  # the metric's charge, durable
-    assert len(got.get("metric", [])) == 1
+    assert len(got) == 1
     assert [e.params["spec"].get("kind") for e in entries] == ["metric"]  # charged once
 
 
@@ -265,55 +274,16 @@ def test_synthetic_points_are_drawn_outside_the_global_lock(tmp_path, monkeypatc
     """DP-Sinkhorn synthetic points train for as many steps as the peer's terms ask: the
     release is charged and stored under the global lock and trained outside it, so the lock is
     free and a ledger read completes while the training is held; it is charged once."""
-    import dpda.source_party.batch_draws as draws
-
-    dep = synthetic_deployment(tmp_path)
-    entered, go = threading.Event(), threading.Event()
-    real = draws.train_synthetic
-
-    def held(*args: Any, **kw: Any) -> Any:
-        entered.set()
-        go.wait(TIMEOUT)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(draws, "train_synthetic", held)
-    with run_server(load_source(dep.source_config)) as rs:
-        k = dep.target_keys
-        creds = channel_credentials(k.cert, k.key, k.ca)
-        with grpc.secure_channel(f"127.0.0.1:{rs.port}", creds) as ch:
-            stub = SignedStub(pb_grpc.SourceServiceStub(ch), dep)
-            terms = _terms(
-                release="sinkhorn-synthetic",
-                synthetic_points=2,
-                synthetic_rows_per_point=1,
-                sinkhorn_steps=4,
-            )
-            sid = stub.OpenSession(
-                pb.OpenSessionRequest(terms_json=terms), timeout=TIMEOUT
-            ).session_id
-            got: dict[str, Any] = {}
-
-            def synthetic() -> None:
-                entries = rs.handlers.ledger.store.entries("synthetic")
-                req = pb.ReleaseBatchesRequest(
-                    session_id=sid, start=0, count=1, ledger_head=head_hash(entries)
-                )
-                got["points"] = list(stub.ReleaseBatches(req, timeout=TIMEOUT))
-
-            th = threading.Thread(target=synthetic)
-            th.start()
-            try:
-                assert entered.wait(TIMEOUT)  # the points are being trained now
-                free = rs.handlers.lock.acquire(blocking=False)
-                if free:
-                    rs.handlers.lock.release()
-                ledger = stub.GetLedger(pb.GetLedgerRequest(dataset="synthetic"), timeout=TIMEOUT)
-                read_while_held = not go.is_set()
-            finally:
-                go.set()
-                th.join(TIMEOUT)
-        entries = rs.handlers.ledger.store.entries("synthetic")
+    terms = _terms(
+        release="sinkhorn-synthetic",
+        synthetic_points=2,
+        synthetic_rows_per_point=1,
+        sinkhorn_steps=4,
+    )
+    free, read_while_held, ledger, got, entries = _release_while_training_is_held(
+        tmp_path, monkeypatch, "train_synthetic", terms, lambda opened: 0
+    )
     assert free, "the global lock was held while the synthetic points trained"
     assert read_while_held and len(ledger.entries_json) == 1  # the charge, durable
-    assert len(got.get("points", [])) == 1
+    assert len(got) == 1
     assert len(entries) == 1 and entries[0].params["spec"]["features"]["steps"] == 4
