@@ -41,10 +41,11 @@ class AdaptConfig:
     # tolerance (1e-3), so the plan still converges (measured on a 1,000 × 50,000 batch: the
     # same plan as at 1e-6 to within 1e-4 of its mass, in 40% of the passes)
     inner_tol: float = 2.5e-4
-    # relative change of the group-lasso objective at which the outer loop stops (the plan's
-    # own convergence; ``outer_iter`` stays the cap). Past it each further step moves the
-    # objective by well under a tenth of a percent while costing a kernel build, a direction
-    # pass and a Sinkhorn solve (dpda bench speed --visda: docs/results.md)
+    # relative change of the group-lasso objective at which the outer loop stops, once the
+    # step before it changed it by less than ten times that (the plan's own convergence;
+    # ``outer_iter`` stays the cap). Past it each further step moves the objective by well
+    # under a tenth of a percent while costing a kernel build, a direction pass and a
+    # Sinkhorn solve (dpda bench speed --visda: docs/results.md)
     outer_tol: float = 1e-3
     # warm-start each minibatch's first Sinkhorn solve from the target-side potentials of the
     # session's first fit (same target rows, same marginal; only when every target row is in

@@ -44,6 +44,7 @@ _EPS_NORM = 1e-12
 _CHUNK = 1 << 17  # elements per BLAS dot in dot64: a few hundred KB
 _PRODUCT_BLOCK = 1 << 21  # elements per block of Yᵀ(x∘z): 8 MB of float32 temporaries
 _ABS_STOP = 1e-9  # POT gcg's stopThr2
+_SETTLE = 10.0  # the outer loop stops when its last two changes are below stop_thr·(10, 1)
 
 
 class Workspace:
@@ -280,7 +281,8 @@ def group_lasso(
 
     ``y (n, q)`` one-hot labels. ``warm_start`` starts from the entropic plan of ``C`` (every
     iterate then keeps the zeros of masked entries); otherwise from ``a·bᵀ`` as POT does.
-    ``stop_thr`` is the relative objective change that ends the outer loop (POT's ``stopThr``).
+    ``stop_thr`` is the relative objective change that ends the outer loop (POT's ``stopThr``),
+    once the step before it changed the objective by less than ``_SETTLE`` times that too.
     ``start``: dual potentials of an earlier problem with the same target rows and marginal
     (``SolveInfo.start_state`` of the previous minibatch), the warm start of the first entropic
     solve; only its ``beta`` is used. ``threads``: threads for the passes (default
@@ -335,6 +337,7 @@ def group_lasso(
         traffic.bytes_read += 2 * g.nbytes
         loss = c_g + reg_g * float(np.sqrt(sq).sum())
         pending: float | None = None  # a step G += αΔ not yet applied (Δ is in k)
+        last_change = np.inf  # the previous outer step's relative change of the objective
         outer = 0
         while outer < outer_iter:
             outer += 1
@@ -359,8 +362,14 @@ def group_lasso(
             c_g = c_g + alpha * c_d
             pending = alpha
             old, loss = loss, float(new_loss)
-            if abs(loss - old) < stop_thr * abs(loss) or abs(loss - old) < _ABS_STOP:
+            change = abs(loss - old) / max(abs(loss), 1e-300)
+            # settled: this step's change is below stop_thr and the one before it below ten
+            # times that (after a long step the line search often takes a short one, whose
+            # small change is not convergence: the next step moves the objective again)
+            settled = change < stop_thr and last_change < _SETTLE * stop_thr
+            if settled or abs(loss - old) < _ABS_STOP:
                 break
+            last_change = change
         if pending is not None:
             _blocked.step(g, k, pending, layout, pool, traffic)
         del k

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -126,3 +128,34 @@ def test_a_workspace_gives_the_plans_of_fresh_buffers(rng: np.random.Generator) 
     again = sinkhorn_group_lasso(uniform(60), uniform(40), big, ys_big, 0.05, 0.5)
     assert np.array_equal(second.plan, alone.plan)
     assert np.array_equal(kept, again.plan)
+
+
+def test_the_outer_loop_stops_when_the_objective_settles_not_after_a_short_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After its first long step the line search often takes a short one whose small change
+    is followed by a large one: the loop stops only when a change is below ``stop_thr`` and the
+    one before it below ten times that."""
+    from dpda.data.synthetic import two_domains
+
+    changes: list[float] = []
+    search = fast._line_search
+
+    def recorded(loss: float, *args: Any) -> tuple[float, float]:
+        alpha, new = search(loss, *args)
+        changes.append(abs(loss - new) / abs(new))
+        return alpha, new
+
+    monkeypatch.setattr(fast, "_line_search", recorded)
+    src, tgt = two_domains(500, 500, seed=0)
+    order = np.argsort(src.y, kind="stable")
+    cost = dpot_cost(src.x[order], tgt.x).normalized
+    tol = 6e-3
+    _, info = fast.group_lasso(
+        uniform(500), uniform(500), cost, one_hot(src.y[order]), 0.02, 0.5, stop_thr=tol
+    )
+    assert changes[1] < tol < changes[2]  # a short step's small change, then a large one
+    assert info.outer == len(changes) > 2 and info.outer < 10
+    assert changes[-1] < tol and changes[-2] < 10 * tol
+    earlier = zip(changes[:-2], changes[1:-1], strict=True)
+    assert all(not (c < tol and p < 10 * tol) for p, c in earlier)  # no earlier stop
