@@ -88,13 +88,15 @@ def pate(s: JobSession, done: Fitted, by_method: dict[str, float | None], rq: Ro
         idx = select_rows(mass, n_q, cfg.pate_select, cfg.seed)
     else:
         idx = np.random.default_rng(cfg.seed).choice(view.x.shape[0], n_q, replace=False)
+    backs = [f.back_mapped for f in fits if f.back_mapped is not None]
     if (
         fits
+        and len(backs) == len(fits)
         and rq.mode == "exact"
         and cfg.pate_query == "backmapped"
         and terms.pate_space == "projected"
     ):
-        queries = (np.sum([f.back_mapped for f in fits], axis=0) / len(fits))[idx]
+        queries = (np.sum(backs, axis=0) / len(backs))[idx]
         labels = ask_teachers(s.source, s.info.session_id, np.ascontiguousarray(queries))
     else:
         labels = _pate_labels(s, idx, rq, cfg.seed)

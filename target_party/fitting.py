@@ -69,7 +69,9 @@ class BatchFit:
     w_tilde: float
     converged: bool
     class_mass: np.ndarray  # (q, m): mass each class sends to each target row
-    back_mapped: np.ndarray  # (m, ℓ): each target row's image among the noisy source rows
+    # (m, ℓ): each target row's image among the noisy source rows; only a session with PATE
+    # queries asks for it (None otherwise)
+    back_mapped: np.ndarray | None
     points: np.ndarray  # (n, ℓ) the source points transported (noisy rows, prototypes, …)
     weights: np.ndarray  # (n,) their masses
     # what the fit read (the solver's passes plus the cost's normalization and the three
@@ -112,6 +114,7 @@ def fit_points(
     n_classes: int,
     metric: np.ndarray | None = None,
     warm: np.ndarray | None = None,
+    back_map: bool = True,
 ) -> BatchFit:
     """Labeled source points (noisy rows, prototypes or synthetic points) with weights ``a``
     → debiased cost → entropic + group-lasso OT → images in the target's own space.
@@ -159,7 +162,7 @@ def fit_points(
         w_tilde=cost.scale * res.transport_cost - cost.bias * mass,
         converged=res.converged,
         class_mass=_class_mass(res, ys, n_classes),
-        back_mapped=barycentric_map(plan.T, pts, res.cols),
+        back_mapped=barycentric_map(plan.T, pts, res.cols) if back_map else None,
         points=pts,
         weights=a,
         kernel_builds=res.kernel_builds,
@@ -168,7 +171,7 @@ def fit_points(
         # the plan: the two maps, and Yᵀγ where the solver did not sum it
         bytes_read=res.bytes_read
         + 2 * cost.normalized.nbytes
-        + (2 + (res.class_mass is None)) * plan.nbytes,
+        + (1 + back_map + (res.class_mass is None)) * plan.nbytes,
         pass_bytes=res.passes * plan.nbytes,
         seconds=time.perf_counter() - t0,
         warm=None if out is None else out.beta * cost.scale,
@@ -304,6 +307,7 @@ class JobSession:
                 rows,
                 self.metric,
                 warm,
+                self.terms.pate_queries > 0,  # the back-maps serve PATE's queries only
             )
             for i, j in spans
         ]
@@ -365,16 +369,17 @@ def fit_piece(
     rows: np.ndarray | None,
     metric: np.ndarray | None = None,
     warm: np.ndarray | None = None,
+    back_map: bool = True,
 ) -> BatchFit:
     """One task: ``fit_points`` onto the target's rows (``rows``: a subset of them), in the
     learned metric's space when there is one, warm-started from an earlier fit onto all of
-    them (``warm``). A pure function of its arguments: the same result on any worker, in any
-    order."""
+    them (``warm``); ``back_map``: also each target row's image among the points (PATE's
+    queries). A pure function of its arguments: the same result on any worker, in any order."""
     start = warm if rows is None else None
     if rows is not None:
         view = TargetView(view.x[rows], view.scaling, None, view.known[rows])
         xt_proj = xt_proj[rows]
-    fit = fit_points(pts, ys, a, noise_std, xt_proj, view, cfg, n_classes, metric, start)
+    fit = fit_points(pts, ys, a, noise_std, xt_proj, view, cfg, n_classes, metric, start, back_map)
     return fit if rows is None else replace(fit, warm=None)
 
 
@@ -393,14 +398,18 @@ def combine(pieces: list[BatchFit], shares: list[float], weights: np.ndarray) ->
         return pieces[0]
     col = [s * f.class_mass.sum(axis=0) for f, s in zip(pieces, shares, strict=True)]
     total = np.maximum(np.sum(col, axis=0), 1e-300)[:, None]
-    back = sum(c[:, None] * f.back_mapped for c, f in zip(col, pieces, strict=True)) / total
+    back = None
+    if all(f.back_mapped is not None for f in pieces):
+        back = np.asarray(
+            sum(c[:, None] * f.back_mapped for c, f in zip(col, pieces, strict=True)) / total
+        )
     return BatchFit(
         mapped=np.vstack([f.mapped for f in pieces]),
         labels=np.concatenate([f.labels for f in pieces]),
         w_tilde=float(sum(s * f.w_tilde for f, s in zip(pieces, shares, strict=True))),
         converged=all(f.converged for f in pieces),
         class_mass=np.sum([s * f.class_mass for f, s in zip(pieces, shares, strict=True)], axis=0),
-        back_mapped=np.asarray(back),
+        back_mapped=back,
         points=np.vstack([f.points for f in pieces]),
         weights=weights,
         kernel_builds=sum(f.kernel_builds for f in pieces),

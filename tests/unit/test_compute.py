@@ -111,3 +111,18 @@ def test_combine_puts_the_pieces_of_a_release_back_together(rng):
     assert np.allclose(whole.back_mapped, barycentric_map(stacked.T, pts), atol=1e-5)
     # one piece is returned as it is
     assert combine(pieces[:1], [1.0], a[:25]) is pieces[0]
+
+
+def test_a_session_without_pate_queries_makes_no_back_maps(rng):
+    """The back-maps serve PATE's queries only: a fit asked without them has none, and a
+    release put back together from such pieces has none; its images are the same."""
+    n, m = 40, 30
+    xt = rng.normal(size=(m, 6))
+    view = TargetView(xt, Scaling.of(xt, "zscore"), None, np.full(m, -1))
+    pts, ys, a = rng.normal(size=(n, 3)), np.arange(n) % 3, np.full(n, 1.0 / n)
+    cfg = AdaptConfig()
+    with_back = fit_piece(pts, ys, a, 0.1, xt[:, :3], view, cfg, 3, None)
+    without = fit_piece(pts, ys, a, 0.1, xt[:, :3], view, cfg, 3, None, back_map=False)
+    assert with_back.back_mapped is not None and without.back_mapped is None
+    assert np.array_equal(with_back.mapped, without.mapped)
+    assert combine([without, without], [0.5, 0.5], a).back_mapped is None
