@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import replace
 
@@ -243,7 +244,7 @@ class _Recording(Compute):
 
     def submit(self, fn, *args):
         if fn is fit_piece:
-            self.warm.append(args[-1])
+            self.warm.append(inspect.signature(fit_piece).bind(*args).arguments.get("warm"))
         return super().submit(fn, *args)
 
 
