@@ -213,6 +213,8 @@ def run_job(
         "output_dir": str(outdir),
         **res.summary(terms),
         "epsilon_budget": terms.epsilon,  # what this job's session may spend
+        # the source's cap on its dataset over every job and peer, as it published it
+        "epsilon_dataset_cap": float(source.facts.dataset_epsilon_cap) if source.facts else None,
         "epsilon_job": spend_of([event_from_json(e.dp_event) for e in mine], terms.delta),
         "epsilon_dataset_total": res.epsilon_spent,
         "job_seconds": job_seconds,

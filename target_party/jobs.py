@@ -2,22 +2,24 @@
 
 ``POST /v1/jobs`` (JSON body: overrides of the config's ``[job]`` fields, validated with the
 field named on error) starts a job in a background thread — one at a time, a second one while a
-job runs gets 409. ``GET /v1/jobs/{id}`` gives state, progress and results; ``GET
-/v1/jobs/{id}/report`` the HTML report with its plots. The admin API also serves the target's
+job runs gets 409. ``GET /v1/jobs`` lists this daemon's jobs and every finished one in
+``state_dir/jobs/`` (a ``dpda target run`` into the same state dir too), and each one listed
+answers at ``GET /v1/jobs/{id}`` (state, progress, results) and ``GET /v1/jobs/{id}/report``
+(the HTML report with its plots; for a job that failed or has not finished, an HTML page that
+says so and why). The admin API also serves the target's
 own ledger, audit log and metrics (``dpda.service.admin``).
 
 A job spends the target's budget and sends the source what the target discloses about its data
 (the projection basis and column means), so the API is guarded:
 
-* **Token by default.** With ``[admin] token_file`` configured, every request needs
-  ``Authorization: Bearer <token>``. Without one, ``serve`` uses ``state_dir/admin_token``:
-  generated at the first start (32 random bytes, created 0600 with ``O_EXCL``), reused on later
-  starts only if it is a regular file owned by this user with no group or other permission
-  bits, and its path is printed. ``POST /v1/jobs`` and every job artefact (``GET /v1/jobs``,
-  a job, its report) need it; the other read-only GETs (ledger, audit, metrics) stay open on
-  loopback — they change nothing, Prometheus and local operators read them, and the
-  Host/Origin checks of ``dpda.service.admin`` keep browser pages (CSRF, DNS rebinding) out.
-  Configure ``token_file`` (at least 128 bits) to close reads as well.
+* **Token always.** With ``[admin] token_file`` configured, that token; without one, ``serve``
+  uses ``state_dir/admin_token``: generated at the first start (32 random bytes, created 0600
+  with ``O_EXCL``), reused on later starts only if it is a regular file owned by this user with
+  no group or other permission bits, and its path is printed. Every request needs
+  ``Authorization: Bearer <token>`` — ``POST /v1/jobs``, every job artefact (``GET /v1/jobs``, a
+  job, its report: they describe the target's rows), the ledger, audit log and metrics — except
+  ``/healthz``, ``/readyz`` and the API's description (``/openapi.json``, ``/docs``,
+  ``/redoc``), which hold no data (``dpda.service.admin.PUBLIC_PATHS``).
 * **Host, Origin, JSON only, 64 KiB bodies**: ``dpda.service.admin`` (403, 403, 415, 413).
 * **Allow-list of overridable fields** (``OVERRIDABLE``): privacy and algorithm parameters only.
   What names the data — ``dataset``, ``data_kind``, ``data_path``, ``domain`` — comes from the
@@ -30,6 +32,7 @@ A job spends the target's budget and sends the source what the target discloses 
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import os
@@ -56,7 +59,7 @@ from dpda.service.config import TargetConfig, TargetJob
 from dpda.service.keyfiles import check_trusted, write_private
 from dpda.service.metrics import Metrics
 from dpda.service.tokens import check_token, read_token
-from dpda.target_party.app import open_state, past_jobs, run_job
+from dpda.target_party.app import JOBS_DIR, open_state, past_jobs, run_job
 from dpda.target_party.own_rows import OWN_ROWS
 from dpda.target_party.report import render
 
@@ -93,7 +96,6 @@ OVERRIDABLE = frozenset(
     }
 )
 TOKEN_FILE = "admin_token"
-JOB_PATHS = ("/v1/jobs",)  # reads under these need the token even with open reads
 
 
 # the body of POST /v1/jobs as the OpenAPI schema shows it: the overridable fields of TargetJob,
@@ -108,7 +110,23 @@ _Overrides = create_model(
     __config__=ConfigDict(extra="forbid"),
     **{n: _optional(n) for n in sorted(OVERRIDABLE)},
 )
-OVERRIDES_SCHEMA = _Overrides.model_json_schema()
+
+
+def _inlined(schema: Any, defs: dict[str, Any]) -> Any:
+    """``schema`` with every ``{"$ref": "#/$defs/X"}`` replaced by ``X`` itself: pydantic's
+    local references mean nothing inside the OpenAPI document, whose viewers then fail."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            return _inlined(defs[ref.removeprefix("#/$defs/")], defs)
+        return {k: _inlined(v, defs) for k, v in schema.items() if k != "$defs"}
+    if isinstance(schema, list):
+        return [_inlined(v, defs) for v in schema]
+    return schema
+
+
+_raw = _Overrides.model_json_schema()
+OVERRIDES_SCHEMA = _inlined(_raw, _raw.get("$defs", {}))
 
 
 class JobStarted(BaseModel):
@@ -312,13 +330,21 @@ class JobRunner:
             summary="the job's HTML report with its plots",
             responses={
                 404: {"model": Refusal, "description": "no such job"},
-                409: {"model": Refusal, "description": "the job is not done"},
+                409: {
+                    "content": {"text/html": {}},
+                    "description": "the job failed or is not done: a page that says which and why",
+                },
             },
         )
         def report(job_id: str) -> HTMLResponse:
             job = self._job(job_id)
-            if job.state != "done" or job.results is None or job.figures is None:
-                raise HTTPException(409, f"the job is {job.state}; the report comes when done")
+            if job.state != "done" or job.results is None:
+                return HTMLResponse(not_done_page(job), status_code=409)
+            if job.figures is None:  # a job found on disk: the page its run wrote
+                page = self._outdir(job_id) / "report.html"
+                if page.is_file():
+                    return HTMLResponse(page.read_text(encoding="utf-8"))
+                return HTMLResponse(render(job.results, {}))
             return HTMLResponse(render(job.results, job.figures))
 
         return r
@@ -334,10 +360,44 @@ class JobRunner:
         return done + [j.view() for j in self.jobs.values()]
 
     def _job(self, job_id: str) -> Job:
+        """This daemon's job ``job_id``, else the finished one on disk (404 when neither)."""
         job = self.jobs.get(job_id)
-        if job is None:
+        if job is not None:
+            return job
+        path = self._outdir(job_id) / "results.json"
+        try:
+            results = json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise HTTPException(404, "no such job") from None
+        return Job(job_id, {}, state="done", results=results)
+
+    def _outdir(self, job_id: str) -> Path:
+        if not job_id or not all(c.isalnum() or c in "-_" for c in job_id):
             raise HTTPException(404, "no such job")
-        return job
+        return self.cfg.state_dir / JOBS_DIR / job_id
+
+
+def not_done_page(job: Job) -> str:
+    """The report's place for a job without one: its state and, when it failed, why."""
+    state = html.escape(job.state)
+    if job.state == "failed":
+        why = html.escape(job.error or "no reason was recorded")
+        body = (
+            f"<p><b>The job failed</b>; it has no report.</p><p>Why: <code>{why}</code></p>"
+            "<p>Every charge it made is in the ledger (<code>dpda ledger show STATE_DIR</code>);"
+            " the daemon's log has the details.</p>"
+        )
+    else:
+        body = (
+            f"<p>The job is <b>{state}</b>: {job.done} of {job.total or '?'} releases done. "
+            "Its report comes when it is done; reload this page then.</p>"
+        )
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>dpda job "
+        f"{html.escape(job.id)}: {state}</title><style>body{{font-family:sans-serif;"
+        "margin:24px;max-width:1100px}</style></head>"
+        f"<body><h1>dpda job {html.escape(job.id)}: {state}</h1>{body}</body></html>"
+    )
 
 
 def serve(cfg: TargetConfig) -> int:
@@ -356,11 +416,8 @@ def serve(cfg: TargetConfig) -> int:
         lambda: True,
         token,
         routers=[runner.router()],
-        # a configured token_file guards everything; the default token guards what changes state
-        # and every job artefact (results, report, plots: they describe the target's rows)
-        open_reads=cfg.admin.token_file is None,
+        # every request but health, readiness and the API's description needs the token
         allowed_hosts=cfg.admin.allowed_hosts,
-        guarded_reads=JOB_PATHS,
     )
     host, port = cfg.admin.listen.rsplit(":", 1)
     server = AdminServer(app, host.strip("[]"), int(port))

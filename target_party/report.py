@@ -197,6 +197,17 @@ def bar_chart(
     return "".join(parts) + "</svg>"
 
 
+LEGEND_STEP, LEGEND_ROW = 54, 14  # px between swatches, and between the legend's rows
+LEGEND_PER_ROW = (W - 60 - 16) // LEGEND_STEP  # every swatch and its label inside the plot
+
+
+def legend_swatch(i: int) -> tuple[int, int]:
+    """(x, y) of the top left of the ``i``-th class's swatch in a scatter's legend: rows of
+    ``LEGEND_PER_ROW`` from the plot's top left, so that every class is shown in full."""
+    row, col = divmod(i, LEGEND_PER_ROW)
+    return 60 + col * LEGEND_STEP, 43 + row * LEGEND_ROW
+
+
 def scatter(
     target: np.ndarray,
     t_lab: np.ndarray,
@@ -229,21 +240,39 @@ def scatter(
                     f'stroke="{color}" stroke-width="1.5"/>'
                 )
     parts.append(f'<text x="60" y="37" font-size="11">{html.escape(legend)}</text>')
-    classes = sorted({int(c) for lab in (t_lab, m_lab) if lab is not None for c in np.unique(lab)})[
-        : len(PALETTE)
-    ]
+    classes = sorted({int(c) for lab in (t_lab, m_lab) if lab is not None for c in np.unique(lab)})
     for i, c in enumerate(classes):  # one swatch per class, in the plot's colours
-        x = 60 + i * 54
+        x, y = legend_swatch(i)
         parts.append(
-            f'<rect x="{x}" y="43" width="10" height="10" fill="{PALETTE[c % len(PALETTE)]}"/>'
-            f'<text x="{x + 13}" y="52" font-size="10">class {c}</text>'
+            f'<rect x="{x}" y="{y}" width="10" height="10" fill="{PALETTE[c % len(PALETTE)]}"/>'
+            f'<text x="{x + 13}" y="{y + 9}" font-size="10">class {c}</text>'
         )
     _xticks(parts, float(lo[0]), float(hi[0]), PAD + 6, W - 16)
     _yticks(parts, float(lo[1]), float(hi[1]), H - PAD - 6, 30)
     return "".join(parts) + "</svg>"
 
 
-_SHOWN_APART = {"predictions_sha256", "caveat", "accuracy", "adaptation", "baselines", "spread"}
+_SHOWN_APART = {
+    "predictions_sha256",
+    "caveat",
+    "accuracy",
+    "adaptation",
+    "baselines",
+    "spread",
+    "selection",
+}
+RUNNING_TOTAL = "ε spent on the source's dataset in all (its running total, every job)"
+# keys whose bare name misleads: the ε of one job beside the dataset's running total
+LABELS = {
+    "epsilon_job": "ε this job",
+    "epsilon_spent": RUNNING_TOTAL,
+    "epsilon_dataset_total": RUNNING_TOTAL,
+    "epsilon_budget": "ε this job may spend",
+    "epsilon_dataset_cap": "ε cap of the source's dataset (over every job)",
+    "target_epsilon_spent": "ε this job, the target's own rows",
+    "target_epsilon_total": "ε spent on the target's own rows in all (every job)",
+    "target_epsilon_cap": "ε cap of the target's own rows (over every job)",
+}
 
 
 def render(summary: dict[str, Any], figures: dict[str, Any]) -> str:
@@ -303,6 +332,8 @@ def render(summary: dict[str, Any], figures: dict[str, Any]) -> str:
         for name in ("adaptation", "baselines", "spread")
         if isinstance(summary.get(name), dict)
     )
+    if isinstance(summary.get("selection"), dict):
+        blocks += selection_table(summary["selection"])
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>dpda job report</title>"
         "<style>body{font-family:sans-serif;margin:24px;max-width:1100px}"
@@ -335,7 +366,7 @@ def _who(summary: dict[str, Any]) -> str:
 
 
 def _label(key: str) -> str:
-    return key.replace("_", " ")
+    return LABELS.get(key, key.replace("_", " "))
 
 
 def _accuracy(acc: Any) -> str:
@@ -354,10 +385,14 @@ def _privacy(s: dict[str, Any]) -> str:
     job = s.get("epsilon_job", s.get("epsilon_spent"))
     total = s.get("epsilon_dataset_total", s.get("epsilon_spent"))
     budget = s.get("epsilon_budget")
+    cap = s.get("epsilon_dataset_cap")
+    terms = [f"cap ε {fmt(cap)} over every job"] if cap is not None else []
+    if budget is not None:
+        terms.append(f"this job may spend ε {fmt(budget)}")
     src = (
         f"<tr><th>the source's records (δ = {fmt(s.get('delta'))})</th>"
         f"<td class='n'>{fmt(job)}</td><td class='n'>{fmt(total)}</td>"
-        f"<td>{'this job may spend ε ' + fmt(budget) if budget is not None else '—'}</td></tr>"
+        f"<td>{'; '.join(terms) or '—'}</td></tr>"
     )
     t_job = s.get("target_epsilon_spent")
     if s.get("target_disclosures") == "none":
@@ -380,8 +415,35 @@ def _privacy(s: dict[str, Any]) -> str:
             f"<td>{'cap ε ' + fmt(cap) + ' over every job' if cap is not None else '—'}</td></tr>"
         )
     return (
-        "<h2>Privacy</h2><table><tr><th></th><th>ε this job</th><th>ε in all, after it</th>"
+        "<h2>Privacy</h2><table><tr><th></th><th>ε this job</th>"
+        "<th>ε in all, every job (the running total after this one)</th>"
         f"<th>the budget that applies</th></tr>{src}{tgt}</table>"
+    )
+
+
+def selection_table(sel: dict[str, Any]) -> str:
+    """The model choice: how it chose, and each candidate (λe, λg) with its label-free score
+    (and its accuracy where the target has labels) in a row, the chosen one marked."""
+    head = f"<p><b>method</b> {html.escape(fmt(sel.get('method')))}"
+    head += "".join(
+        f" · <b>{k}</b> {html.escape(fmt(sel[k]))}" for k in ("reg_e", "reg_g", "score") if k in sel
+    )
+    head += "</p>"
+    cands = [c for c in sel.get("candidates") or [] if isinstance(c, dict)]
+    if not cands:
+        return f"<h2>Selection</h2>{head}"
+    cols = [k for k in ("reg_e", "reg_g", "score", "accuracy") if any(k in c for c in cands)]
+    rows = "".join(
+        "<tr>"
+        + "".join(f"<td class='n'>{html.escape(fmt(c.get(k)))}</td>" for k in cols)
+        + f"<td>{'chosen' if (c.get('reg_e'), c.get('reg_g')) == chosen else ''}</td></tr>"
+        for chosen in [(sel.get("reg_e"), sel.get("reg_g"))]
+        for c in cands
+    )
+    names = {"reg_e": "λe (reg_e)", "reg_g": "λg (reg_g)", "score": "score (label-free)"}
+    header = "".join(f"<th>{html.escape(names.get(k, k))}</th>" for k in cols)
+    return (
+        f"<h2>Selection</h2>{head}<table class='selection'><tr>{header}<th></th></tr>{rows}</table>"
     )
 
 

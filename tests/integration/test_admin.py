@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import urllib.error
 import urllib.request
@@ -95,12 +96,14 @@ def test_bearer_token_is_checked(tmp_path) -> None:
     from dpda.service.metrics import Metrics
 
     app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, token="s3cret")
-    assert app.handle({"path": "/healthz", "headers": []})[0] == 401
+    assert app.handle({"path": "/v1/ledger", "headers": []})[0] == 401
     bad = [(b"authorization", b"Bearer nope")]
-    assert app.handle({"path": "/healthz", "headers": bad})[0] == 401
+    assert app.handle({"path": "/v1/ledger", "headers": bad})[0] == 401
     good = [(b"authorization", b"Bearer s3cret")]
-    assert app.handle({"path": "/healthz", "headers": good})[0] == 200
-    assert app.handle({"path": "/healthz", "method": "POST", "headers": good})[0] == 405
+    assert app.handle({"path": "/v1/ledger", "headers": good})[0] == 200
+    assert app.handle({"path": "/v1/ledger", "method": "POST", "headers": good})[0] == 405
+    # a public path is public to reads only
+    assert app.handle({"path": "/healthz", "method": "POST", "headers": []})[0] == 401
 
 
 def _scope(
@@ -154,13 +157,34 @@ def test_state_changing_requests_need_a_token() -> None:
     bare = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, routers=[route])
     assert bare.handle(_scope())[0] == 200
     assert bare.handle(_scope("POST", "/v1/jobs"))[0] == 401
-    # the target's default token: reads open, POST needs it
-    app = AdminApp(
-        Metrics(), lambda ds: [], lambda: [], lambda: True, "t0k", [route], open_reads=True
-    )
-    assert app.handle(_scope())[0] == 200
+    # with a token: POST needs it
+    app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, "t0k", [route])
     assert app.handle(_scope("POST", "/v1/jobs"))[0] == 401
     assert app.handle(_scope("POST", "/v1/jobs", authorization="Bearer t0k"))[0] == 202
+
+
+def test_with_a_token_every_read_of_data_needs_it_and_only_the_public_paths_are_open() -> None:
+    """The rule docs/operations.md states: health, readiness and the API's description are open;
+    the ledger, its totals, the audit log, the metrics and the jobs need the token."""
+    from fastapi import APIRouter
+
+    from dpda.service.admin import PUBLIC_PATHS, AdminApp
+    from dpda.service.metrics import Metrics
+
+    route = APIRouter()
+    route.add_api_route("/v1/jobs", lambda: [], methods=["GET"])
+    app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, "t0k", [route])
+    for path in ("/metrics", "/v1/ledger", "/v1/ledger/totals", "/v1/audit", "/v1/jobs"):
+        code, _, body = app.handle(_scope(path=path))
+        assert code == 401 and b"bearer token" in body, path
+        assert app.handle(_scope(path=path, authorization="Bearer t0k"))[0] == 200, path
+    assert PUBLIC_PATHS == {"/healthz", "/readyz", "/openapi.json", "/docs", "/redoc"}
+    for path in (*PUBLIC_PATHS, "/docs/assets/swagger-ui-bundle.js"):
+        assert app.handle(_scope(path=path))[0] == 200, path
+    # the assets are an allow-list of files, not a folder: anything else is behind the token
+    assert app.handle(_scope(path="/docs/assets/../../etc/passwd"))[0] == 401
+    code, _, _ = app.handle(_scope(path="/docs/assets/index.html", authorization="Bearer t0k"))
+    assert code == 404
 
 
 def test_queries_are_decoded_and_every_error_is_returned() -> None:
@@ -190,28 +214,39 @@ def test_the_openapi_schema_covers_every_route() -> None:
     code, _, body = app.handle({"path": "/openapi.json", "headers": []})
     spec = json.loads(body)
     routes = {getattr(r, "path", "") for r in app.api.routes} - {"", "/openapi.json"}
-    routes -= {"/docs", "/redoc"}  # the schema's HTML pages, not in it
+    routes -= {"/docs", "/redoc", "/docs/assets/{name}"}  # the schema's HTML pages, not in it
     routes |= {r.path for r in runner.router().routes if hasattr(r, "path")}
     assert code == 200 and routes == set(spec["paths"])
     assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/report", "/metrics"} <= routes
     body_schema = spec["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
     assert set(body_schema["schema"]["properties"]) == set(OVERRIDABLE)
+    # every reference resolves inside the document (a viewer fails on pydantic's "#/$defs/…")
+    refs = re.findall(r'"\$ref": "([^"]+)"', json.dumps(spec))
+    assert refs and all(r.startswith("#/components/schemas/") for r in refs), set(refs)
+    assert all(r.rsplit("/", 1)[1] in spec["components"]["schemas"] for r in refs)
     assert spec["paths"]["/v1/ledger"]["get"]["parameters"][0]["name"] == "dataset"
     assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
 
 
-def test_docs_and_redoc_are_served_behind_the_token() -> None:
+def test_docs_and_redoc_are_served_from_the_daemons_own_assets() -> None:
+    """Offline: the pages name only this server's paths (no CDN), and the script they load is
+    served by the daemon from the installed package."""
+    import re
+
     from dpda.service.admin import AdminApp
     from dpda.service.metrics import Metrics
 
-    app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, "t0k", open_reads=True)
+    app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, "t0k")
     for path in ("/docs", "/redoc"):
-        assert app.handle(_scope(path=path))[0] == 401  # open reads do not open them
-        code, ctype, body = app.handle(_scope(path=path, authorization="Bearer t0k"))
+        code, ctype, body = app.handle(_scope(path=path))
         assert code == 200 and ctype.startswith("text/html") and b"/openapi.json" in body
-    bare = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True)
-    code, _, body = bare.handle(_scope(path="/docs"))
-    assert code == 401 and b"no admin token" in body
+        page = body.decode()
+        assert not re.search(r"https?://", page), re.findall(r"https?://[^'\" ]+", page)
+        for src in re.findall(r"(?:src|href)=\"(/[^\"]+)\"", page):
+            code, ctype, asset = app.handle(_scope(path=src))
+            assert code == 200 and len(asset) > 100, src
+    code, ctype, js = app.handle(_scope(path="/docs/assets/swagger-ui-bundle.js"))
+    assert ctype.startswith("text/javascript") and b"SwaggerUIBundle" in js
 
 
 def test_a_request_without_the_token_has_no_byte_of_its_body_read() -> None:

@@ -73,7 +73,11 @@ def test_jobs_api_and_report(daemons, tmp_path) -> None:
     # the job's artefacts describe the target's rows: none is served without the token
     for path in ("/v1/jobs", f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/report"):
         assert _req(port, path, token=False)[0] == 401
-    assert _req(port, "/metrics", token=False)[0] == 200  # the other reads stay open
+    # nor the ledger, audit log or metrics; health, readiness and the API's description are open
+    for path in ("/metrics", "/v1/ledger", "/v1/audit"):
+        assert _req(port, path, token=False)[0] == 401, path
+    for path in ("/healthz", "/readyz", "/openapi.json", "/docs", "/redoc"):
+        assert _req(port, path, token=False)[0] == 200, path
     code, page = _req(port, f"/v1/jobs/{job_id}/report")
     assert code == 200
     html = page.decode()
@@ -83,6 +87,36 @@ def test_jobs_api_and_report(daemons, tmp_path) -> None:
     assert len(ledger) == 4 and all(e["target_sig"] for e in ledger)
     (tmp_path / "report.html").write_text(html)
     _screenshot_if_chromium(tmp_path / "report.html", tmp_path / "report.png")
+
+
+def test_every_listed_job_answers_and_a_failed_jobs_report_says_why(daemons, tmp_path) -> None:
+    """A job that ``dpda target run`` ran into the daemon's state dir is listed and its URLs
+    work; a job that failed has a report page (HTML) that says why."""
+    from dpda.deployment import run_target
+
+    dep, port = daemons
+    done = run_target(dep, "--json", str(tmp_path / "cli.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    cli_id = json.loads((tmp_path / "cli.json").read_text())["job_id"]
+    listed = json.loads(_req(port, "/v1/jobs")[1])
+    assert [j["id"] for j in listed] == [cli_id] and listed[0]["state"] == "done"
+    code, body = _req(port, f"/v1/jobs/{cli_id}")
+    assert code == 200 and json.loads(body)["results"]["job_id"] == cli_id
+    code, page = _req(port, f"/v1/jobs/{cli_id}/report")
+    assert code == 200 and page.decode().count("<svg") == 3 and cli_id in page.decode()
+    assert _req(port, "/v1/jobs/nope")[0] == 404
+    assert _req(port, "/v1/jobs/..%2F..%2Fetc/report")[0] == 404
+    # a job on a δ the source does not publish: the source refuses it, in the job's thread
+    code, body = _req(port, "/v1/jobs", {"delta": 0.001})
+    assert code == 202, body
+    failed = json.loads(body)["id"]
+    view = _wait_done(port, failed)
+    assert view["state"] == "failed" and view["error"], view
+    code, page = _req(port, f"/v1/jobs/{failed}/report")
+    text = page.decode()
+    assert code == 409 and text.startswith("<!doctype html>") and "failed" in text
+    assert view["error"].split(":")[0] in text  # the reason, on the page
+    assert {j["id"] for j in json.loads(_req(port, "/v1/jobs")[1])} == {cli_id, failed}
 
 
 def _shoot(browser: str, page, png) -> None:

@@ -139,3 +139,47 @@ def test_the_report_reads_as_this_job_and_formats_every_number() -> None:
     for fact in ("3f2a9c0d1b7e", "digits", "source.example:50051", "2026-12-03T06:30:00"):
         assert fact in page
     assert "<h2>Adaptation</h2>" in page and "estimate 0.031" not in page  # a table of its own
+
+
+def test_the_legend_wraps_so_every_class_is_inside_the_plot() -> None:
+    from dpda.target_party.report import LEGEND_STEP, W, legend_swatch
+
+    rng = np.random.default_rng(0)
+    labels = np.arange(10).repeat(5)
+    svg = scatter(rng.normal(size=(50, 2)), labels, np.zeros((0, 2)), labels[:0], "t")
+    shown = re.findall(r'<text x="([\d.]+)" y="[\d.]+" font-size="10">class (\d+)</text>', svg)
+    assert [int(c) for _, c in shown] == list(range(10))
+    # each label's text (about 40 px at this size) ends inside the plot
+    assert all(float(x) + 40 <= W for x, _ in shown)
+    assert legend_swatch(9)[1] > legend_swatch(0)[1]  # a second row, not a cut
+    assert legend_swatch(1)[0] - legend_swatch(0)[0] == LEGEND_STEP
+
+
+def test_the_budget_cells_and_the_selection_read_as_what_they_are() -> None:
+    from dpda.target_party.report import render
+
+    summary = {
+        "epsilon_job": 2.0,
+        "epsilon_spent": 6.0,
+        "epsilon_dataset_total": 6.0,
+        "epsilon_budget": 2.0,
+        "epsilon_dataset_cap": 8.0,
+        "selection": {
+            "method": "circular",
+            "reg_e": 0.02,
+            "reg_g": 0.5,
+            "candidates": [
+                {"reg_e": 0.01, "reg_g": 0.1, "score": 0.4},
+                {"reg_e": 0.02, "reg_g": 0.5, "score": 0.6},
+            ],
+        },
+    }
+    page = render(summary, {"batch_spend": [2.0], "budget": 2.0})
+    assert "cap ε 8 over every job; this job may spend ε 2" in page
+    row = re.search(r"<tr><th>([^<]*running total[^<]*)</th><td>6</td></tr>", page)
+    assert row and "source" in row.group(1)
+    assert "<th>ε this job</th><td>2</td>" in page
+    table = page[page.index("<table class='selection'>") :]
+    table = table[: table.index("</table>")]
+    assert table.count("<tr>") == 3 and table.count(">chosen<") == 1
+    assert "candidates" not in page  # not one paragraph of raw candidates
