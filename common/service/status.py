@@ -72,4 +72,6 @@ def from_rpc_error(exc: Any, who: str = "peer") -> DpdaError:
         if fallback is None:
             return DpdaError(f"{who} error: {status}")
         cls = fallback
+        if status == grpc.StatusCode.UNAVAILABLE:  # no answer at all: nothing was refused
+            return cls(f"{who} unreachable: {detail}", public=True)
     return cls(f"{who} refused: {detail}", public=True)

@@ -70,3 +70,16 @@ def test_a_status_without_a_code_falls_back_to_its_broadest_class() -> None:
         errors.BudgetExceeded
     )
     assert type(from_rpc_error(_Refusal(grpc.StatusCode.DATA_LOSS, "?"))) is errors.DpdaError
+
+
+def test_a_peer_that_cannot_be_reached_is_said_unreachable_not_refused() -> None:
+    """gRPC's own UNAVAILABLE (no server answered) is not a refusal; an OVERLOADED answer is."""
+    gone = from_rpc_error(
+        _Refusal(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses"), "source"
+    )
+    assert str(gone).startswith("source unreachable: failed to connect")
+    ctx = _Context()
+    with pytest.raises(grpc.RpcError):
+        abort_with(ctx, errors.Overloaded("busy"))
+    busy = from_rpc_error(_Refusal(ctx.status, ctx.details), "source")
+    assert str(busy).startswith("source refused: OVERLOADED")
