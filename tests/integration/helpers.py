@@ -116,3 +116,17 @@ def start_target_serve(dep: Any, log_path: Path) -> tuple[subprocess.Popen, int]
         assert proc.poll() is None and time.monotonic() < deadline, "target serve did not start"
         time.sleep(0.05)
     return proc, int(port_file.read_text())
+
+
+def need(ok: object, reason: str) -> None:
+    """Skip with ``reason`` unless ``ok``; in CI (``CI=true``) fail instead: the parts CI
+    installs (Chromium, Docker, debootstrap) must run there, never skip."""
+    import os
+
+    import pytest
+
+    if ok:
+        return
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI=true and {reason}: .ci/run installs it; a skip here would hide a break")
+    pytest.skip(reason)
