@@ -95,7 +95,70 @@ def test_the_container_files_keep_their_safety_properties() -> None:
     compose = (ROOT / "deploy" / "docker-compose.yml").read_text()
     assert "condition: service_healthy" in compose and "healthcheck:" in compose
     assert "ca.key" not in compose and "/keys/ca" not in compose
-    assert compose.count("read_only: true") == compose.count("image: dpda:")
+    # read-only file systems: in the anchor every service of the image merges
+    assert "read_only: true" in compose[: compose.index("services:")]
+    assert compose.count("<<: *hardened") == compose.count("image: dpda:")
+
+
+def test_the_image_is_built_in_two_stages_and_its_containers_hold_no_privilege() -> None:
+    """The wheels live only in the build stage; every service drops every capability, cannot
+    gain privileges, has a memory limit and a restart policy (the target's job: none)."""
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    stages = re.split(r"^FROM ", dockerfile, flags=re.M)[1:]
+    assert len(stages) == 2 and stages[0].startswith("${BASE} AS build")
+    assert "deploy/wheels" in stages[0] and "deploy/wheels" not in stages[1]
+    assert "COPY --from=build /opt/dpda /opt/dpda" in stages[1] and "USER 10001" in stages[1]
+    compose = (ROOT / "deploy" / "docker-compose.yml").read_text()
+    anchor = compose[compose.index("x-hardened: &hardened") : compose.index("services:")]
+    assert "cap_drop: [ALL]" in anchor and '"no-new-privileges:true"' in anchor
+    block = compose[compose.index("services:") : compose.index("\nvolumes:")]
+    services = re.split(r"^  (\S+):", block, flags=re.M)[1:]
+    found = dict(zip(services[::2], services[1::2], strict=True))
+    assert {"source", "target", "scheduler", "worker-1"} <= set(found)
+    for name, body in found.items():
+        if name == "worker-2":  # the same as worker-1 (a YAML alias)
+            continue
+        assert "<<: *hardened" in body and re.search(r"mem_limit: \d+g", body), name
+        assert re.search(r"restart: \S+", body), name
+    assert 'restart: "no"' in found["target"] and "restart: unless-stopped" in found["source"]
+
+
+def test_the_systemd_units_are_sandboxed_and_start_without_the_data_folder() -> None:
+    options = [
+        "SystemCallFilter=@system-service",
+        "RestrictSUIDSGID=yes",
+        "ProtectClock=yes",
+        "ProtectKernelLogs=yes",
+        "ProtectHostname=yes",
+        "ProtectProc=invisible",
+        "NoNewPrivileges=yes",
+        "CapabilityBoundingSet=",
+    ]
+    for unit in sorted((ROOT / "deploy" / "systemd").glob("*.service")):
+        lines = unit.read_text().splitlines()
+        for option in options:
+            assert option in lines, (unit.name, option)
+        ro = next(ln for ln in lines if ln.startswith("ReadOnlyPaths="))
+        assert "-/srv/data" in ro.split("=", 1)[1].split(), unit.name
+        assert "User=dpda" in lines
+    ops = (DOCS / "operations.md").read_text()
+    assert "useradd --system" in ops and "dpda" in ops  # how the unit's user is made
+
+
+def test_the_readmes_docs_command_names_the_config_that_exists() -> None:
+    readme = README.read_text()
+    cmd = re.search(r"`pip install -e '\.\[docs\]' && (mkdocs serve[^`]*)`", readme).group(1)
+    given = re.search(r"-f (\S+)", cmd)
+    assert (ROOT / (given.group(1) if given else "mkdocs.yml")).is_file(), cmd
+
+
+def test_the_trial_reads_the_jobs_folder_and_verifies_each_ledger_against_the_other() -> None:
+    trial = (ROOT / "deploy" / "trial.sh").read_text()
+    assert "/jobs/*/results.json" in trial and "target/results.json" not in trial
+    assert "ledger verify /var/lib/dpda/source --against /var/lib/dpda/target" in trial
+    assert "ledger verify /var/lib/dpda/target --against /var/lib/dpda/source" in trial
+    for what in ("docker.io", "docker-compose", "debootstrap", "python3-venv"):
+        assert f"apt-get install {what}" in trial or what in trial, what
 
 
 def _python_blocks() -> list[tuple[str, int, str]]:
