@@ -322,9 +322,16 @@ def render(summary: dict[str, Any], figures: dict[str, Any]) -> str:
                 legend="dots: target rows · crosses: released synthetic points · colour: class",
             )
         )
+    # the ε values first, side by side with their labels; the running total once
+    eps = [k for k in LABELS if k in summary]
+    if "epsilon_spent" in summary and summary.get("epsilon_dataset_total") == summary.get(
+        "epsilon_spent"
+    ):
+        eps.remove("epsilon_dataset_total")
+    order = eps + [k for k in summary if k not in LABELS]
     rows = "".join(
-        f"<tr><th>{html.escape(_label(k))}</th><td>{html.escape(fmt(v))}</td></tr>"
-        for k, v in summary.items()
+        f"<tr><th>{html.escape(_label(k))}</th><td>{html.escape(fmt(summary[k]))}</td></tr>"
+        for k in order
         if k not in _SHOWN_APART
     )
     blocks = "".join(
