@@ -3,9 +3,11 @@
 # (Python 3.11 and its venv module) made with debootstrap and loaded with `docker import`.
 # Needs root, debootstrap, Docker and a Debian mirror. Usage: sudo deploy/make-base.sh [IMAGE]
 # (default dpda-base:bookworm), then DPDA_BASE=dpda-base:bookworm deploy/trial.sh. An image
-# already there is kept (DPDA_REBUILD=1 makes it again).
+# already there is kept (DPDA_REBUILD=1 makes it again); DEBIAN_SUITE=trixie makes a Debian 13
+# base (Python 3.13) instead.
 set -euo pipefail
-image="${1:-dpda-base:bookworm}"
+suite="${DEBIAN_SUITE:-bookworm}"   # trixie: Python 3.13
+image="${1:-dpda-base:$suite}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 need() { echo "make-base: $1" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || need "debootstrap needs root: run it with sudo"
@@ -17,7 +19,7 @@ if [ "${DPDA_REBUILD:-0}" != 1 ] && docker image inspect "$image" >/dev/null 2>&
 fi
 root="$(mktemp -d)"
 trap 'rm -rf "$root"' EXIT
-debootstrap --variant=minbase --include=python3,python3-venv bookworm "$root" "$mirror" >/dev/null \
+debootstrap --variant=minbase --include=python3,python3-venv "$suite" "$root" "$mirror" >/dev/null \
   || need "debootstrap failed: is $mirror reachable? (set DEBIAN_MIRROR)"
 # what no container reads: package caches, documentation (but each package's copyright),
 # manual pages, translations
