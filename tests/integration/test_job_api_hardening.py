@@ -103,8 +103,8 @@ def test_foreign_origin_is_refused(daemons) -> None:
         )
         assert code == 403 and "Origin" in body["error"], (origin, body)
     # the same origin as the Host is fine for reads
-    code, _ = _call(port, "GET", "/v1/ledger", headers={"Origin": f"http://127.0.0.1:{port}"})
-    assert code == 200
+    same = {"Origin": f"http://127.0.0.1:{port}", "Authorization": f"Bearer {token}"}
+    assert _call(port, "GET", "/v1/ledger", headers=same)[0] == 200
     _no_job_started(port)
 
 
@@ -143,8 +143,9 @@ def test_no_token_is_refused(daemons) -> None:
     assert code == 401 and "token" in body["error"]
     wrong = {**json_only, "Authorization": "Bearer not-the-token"}
     assert _call(port, "POST", "/v1/jobs", {"epsilon": 1.0}, wrong)[0] == 401
-    # reads stay open on loopback (documented in target_party/jobs.py)
-    assert _call(port, "GET", "/v1/ledger")[0] == 200
+    # the reads of data need it too (docs/operations.md); health and the API's description not
+    assert _call(port, "GET", "/v1/ledger")[0] == 401
+    assert _call(port, "GET", "/healthz")[0] == 200
     _no_job_started(port)
 
 
