@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
 import threading
 import time
@@ -24,7 +23,7 @@ from dpda.dp.ledger import Budget, PrivacyLedger, check_delta, default_delta
 from dpda.dp.rng import public_rng, secure_rng, testing_streams
 from dpda.errors import ConfigError
 from dpda.pb import dpda_pb2_grpc as pb_grpc
-from dpda.service import serde, settle_heap, signing
+from dpda.service import keyfiles, serde, settle_heap, signing
 from dpda.service.admin import AdminApp, AdminServer, Metrics
 from dpda.service.audit import RELEASE_METHODS, AuditLog, AuditRecord, ServerAuditInterceptor
 from dpda.service.auth import Admission, AdmissionInterceptor, Denial, method_limits
@@ -124,7 +123,9 @@ def _on_denied(audit: AuditLog, metrics: Metrics):
 
 def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers) -> RunningSource:
     """Wire the daemon; ``handlers_cls`` lets tests play a misbehaving source."""
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    keyfiles.state_dir(cfg.state_dir)  # the daemon's own: no other user may swap its ledger
+    keyfiles.check_private(cfg.tls.key, "tls.key")  # both keys before any state is written
+    keyfiles.check_private(cfg.signing_key, "signing_key")
     conn = connect(cfg.state_dir / "state.sqlite")
     store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
     domains = {d.name: load_dataset(d) for d in cfg.datasets}
@@ -257,9 +258,7 @@ def run_server(
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    keyfiles.write_atomic(path, text.encode())
 
 
 def serve(cfg: SourceConfig) -> int:

@@ -53,7 +53,7 @@ from dpda.errors import ConfigError, DpdaError, public_message
 from dpda.service import settle_heap
 from dpda.service.admin import AdminApp, AdminServer, Refusal
 from dpda.service.config import TargetConfig, TargetJob
-from dpda.service.keyfiles import check_trusted, write_private
+from dpda.service.keyfiles import check_trusted, write_atomic, write_private
 from dpda.service.metrics import Metrics
 from dpda.service.tokens import check_token, read_token
 from dpda.target_party.app import open_state, past_jobs, run_job
@@ -366,9 +366,6 @@ def serve(cfg: TargetConfig) -> int:
     server = AdminServer(app, host.strip("[]"), int(port))
     server.start()
     settle_heap()  # started: what it keeps stays out of the collector's way during jobs
-    tmp = cfg.state_dir / "admin_port.tmp"
-    tmp.write_text(str(server.port))
-    tmp.replace(cfg.state_dir / "admin_port")
     print(f"dpda target admin API on http://{host}:{server.port} (POST /v1/jobs)", flush=True)
     made = "generated in" if generated else "in"
     print(
@@ -376,6 +373,8 @@ def serve(cfg: TargetConfig) -> int:
         "with Content-Type: application/json to POST /v1/jobs)",
         flush=True,
     )
+    # last: whoever waits for this file finds the announcement already written
+    write_atomic(cfg.state_dir / "admin_port", str(server.port).encode())
     try:
         stop.wait()
     finally:

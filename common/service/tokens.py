@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from dpda.errors import ConfigError
-from dpda.service.keyfiles import check_trusted
+from dpda.service.keyfiles import check_private
 
 MIN_BITS = 128
 MIN_DISTINCT = 10
@@ -39,7 +39,7 @@ def check_token(token: str, field: str) -> str:
 
 def read_token(path: Path, field: str) -> str:
     """The token in ``path`` (checked like a key file, then for strength)."""
-    check_trusted(path, field)
+    check_private(path, field)
     token = path.read_text().strip()
     if not token:
         raise ConfigError(f"{field}: {path} is empty")

@@ -233,6 +233,7 @@ def test_an_admin_token_under_128_bits_is_refused(tmp_path: Path) -> None:
     cfg = load_target(dep.target_config)
     cfg.state_dir.mkdir(parents=True)
     token_file = tmp_path / "token"
+    token_file.touch(mode=0o600)  # a token file others may read is refused before its strength
     for weak in ("abc", "a" * 40):
         token_file.write_text(weak + "\n")
         configured = cfg.model_copy(
