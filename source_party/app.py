@@ -30,7 +30,7 @@ from dpda.service.auth import Admission, AdmissionInterceptor, Denial, method_li
 from dpda.service.config import SourceConfig, SourceDataset
 from dpda.service.ledger_store import SqliteLedgerStore, connect
 from dpda.service.tls import peer_fingerprint, server_credentials
-from dpda.service.tokens import read_token
+from dpda.service.tokens import daemon_token
 from dpda.source_party.handlers import SourceHandlers
 from dpda.source_party.releases import SourceReleaser
 from dpda.source_party.servicer import SourceServicer
@@ -215,9 +215,11 @@ def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
 def _admin(cfg: SourceConfig, rs: RunningSource) -> AdminServer | None:
     if not cfg.admin.enabled:
         return None
-    token = None
-    if cfg.admin.token_file is not None:
-        token = read_token(cfg.admin.token_file, "admin.token_file")
+    # the configured token, else one of its own in state_dir: the ledger, audit log and metrics
+    # it serves name sessions, peers and spend, which no other local user may read
+    token, token_path, generated = daemon_token(cfg.state_dir, cfg.admin.token_file)
+    if generated:
+        print(f"dpda source admin token generated in {token_path}", flush=True)
     store = rs.handlers.ledger.store
 
     def ready() -> bool:

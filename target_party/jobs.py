@@ -13,11 +13,10 @@ A job spends the target's budget and sends the source what the target discloses 
   ``Authorization: Bearer <token>``. Without one, ``serve`` uses ``state_dir/admin_token``:
   generated at the first start (32 random bytes, created 0600 with ``O_EXCL``), reused on later
   starts only if it is a regular file owned by this user with no group or other permission
-  bits, and its path is printed. ``POST /v1/jobs`` and every job artefact (``GET /v1/jobs``,
-  a job, its report) need it; the other read-only GETs (ledger, audit, metrics) stay open on
-  loopback — they change nothing, Prometheus and local operators read them, and the
-  Host/Origin checks of ``dpda.service.admin`` keep browser pages (CSRF, DNS rebinding) out.
-  Configure ``token_file`` (at least 128 bits) to close reads as well.
+  bits, and its path is printed. Every request but the health checks (``/healthz``,
+  ``/readyz``) and ``/openapi.json`` needs it: ``POST /v1/jobs``, every job artefact, and the
+  ledger, audit log and metrics, which reveal the target's sessions, spend and parameters to
+  any local user (Prometheus reads them with the token as ``bearer_token_file``).
 * **Host, Origin, JSON only, 64 KiB bodies**: ``dpda.service.admin`` (403, 403, 415, 413).
 * **Allow-list of overridable fields** (``OVERRIDABLE``): privacy and algorithm parameters only.
   What names the data — ``dataset``, ``data_kind``, ``data_path``, ``domain`` — comes from the
@@ -32,10 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import secrets
 import signal
-import stat
 import threading
 import traceback
 import uuid
@@ -49,13 +45,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from dpda.errors import ConfigError, DpdaError, public_message
+from dpda.errors import DpdaError, public_message
 from dpda.service import settle_heap
 from dpda.service.admin import AdminApp, AdminServer, Refusal
 from dpda.service.config import TargetConfig, TargetJob
-from dpda.service.keyfiles import check_trusted, write_atomic, write_private
+from dpda.service.keyfiles import write_atomic
 from dpda.service.metrics import Metrics
-from dpda.service.tokens import check_token, read_token
+from dpda.service.tokens import daemon_token
 from dpda.target_party.app import open_state, past_jobs, run_job
 from dpda.target_party.own_rows import OWN_ROWS
 from dpda.target_party.report import render
@@ -92,8 +88,6 @@ OVERRIDABLE = frozenset(
         "pate_space",
     }
 )
-TOKEN_FILE = "admin_token"
-JOB_PATHS = ("/v1/jobs",)  # reads under these need the token even with open reads
 
 
 # the body of POST /v1/jobs as the OpenAPI schema shows it: the overridable fields of TargetJob,
@@ -148,32 +142,8 @@ def _shown(name: str) -> str:
 
 
 def admin_token(cfg: TargetConfig) -> tuple[str, Path, bool]:
-    """(token, where it is, whether it was generated): the configured ``token_file``, else
-    ``state_dir/admin_token`` — created 0600 at the first start, reused only if it is a regular
-    file of this user that no one else may read or write."""
-    if cfg.admin.token_file is not None:
-        return read_token(cfg.admin.token_file, "admin.token_file"), cfg.admin.token_file, False
-    path = cfg.state_dir / TOKEN_FILE
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        token = secrets.token_urlsafe(32)
-        write_private(path, (token + "\n").encode())
-        return token, path, True
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{path}: not a regular file; refusing to use it as the admin token")
-    if st.st_uid != os.geteuid():
-        raise ConfigError(f"{path}: owned by another user; refusing to use it as the admin token")
-    if st.st_mode & 0o077:
-        raise ConfigError(
-            f"{path}: readable or writable by group or others (mode {st.st_mode & 0o777:o}); "
-            "refusing to use it as the admin token — remove it and restart to get a new one"
-        )
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        token = f.read(4096).decode("utf-8", "replace").strip()
-    check_trusted(path, str(path))
-    return check_token(token, f"{path} (remove it and restart for a new one)"), path, False
+    """(token, where it is, whether it was generated): ``tokens.daemon_token``."""
+    return daemon_token(cfg.state_dir, cfg.admin.token_file)
 
 
 @dataclass
@@ -356,11 +326,7 @@ def serve(cfg: TargetConfig) -> int:
         lambda: True,
         token,
         routers=[runner.router()],
-        # a configured token_file guards everything; the default token guards what changes state
-        # and every job artefact (results, report, plots: they describe the target's rows)
-        open_reads=cfg.admin.token_file is None,
         allowed_hosts=cfg.admin.allowed_hosts,
-        guarded_reads=JOB_PATHS,
     )
     host, port = cfg.admin.listen.rsplit(":", 1)
     server = AdminServer(app, host.strip("[]"), int(port))

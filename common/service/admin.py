@@ -26,16 +26,13 @@ JSON ``{"error": ...}`` that names what was wrong:
   application/json`` (415), which no cross-origin page can send without a CORS preflight that
   this API never answers, and a body of at most ``MAX_BODY`` bytes (413).
 
-Then the bearer token (401 without ``Authorization: Bearer <token>``):
-
-* with a configured ``token_file`` every request needs it. Beyond loopback one is required (the
-  config refuses to start otherwise);
-* ``open_reads`` (the target's default token, generated at start when no ``token_file`` is
-  configured): read-only GETs stay open on loopback — metrics, ledger, audit and job views are
-  what a local operator or Prometheus reads, and the Host and Origin checks keep browsers out —
-  while every state-changing request needs the token;
-* with no token at all (the source on loopback) reads are open and state-changing requests are
-  refused: nothing can spend budget through an API without a token.
+Then the bearer token (401 without ``Authorization: Bearer <token>``): every request needs
+it except GET/HEAD of ``OPEN_PATHS`` (``/healthz``, ``/readyz``, ``/openapi.json``: they say
+nothing of the ledger). The ledger, its totals, the audit log and ``/metrics`` (ε per dataset
+and peer, releases by mechanism) reveal who opened which sessions and spent what, to any local
+user on loopback as well, so they are behind the token like everything that changes state.
+Each daemon has a token: the configured ``token_file``, else one it generates in its state
+folder (``tokens.daemon_token``). An app built with no token serves ``OPEN_PATHS`` only.
 """
 
 from __future__ import annotations
@@ -142,10 +139,8 @@ class AdminApp:
     """ASGI callable: the checks of the module docstring on the raw request, then the FastAPI
     routes. ``ready()`` and the stores are injected by the composition root.
 
-    ``token``: the bearer token, or None. ``open_reads``: GET/HEAD need no token (the target's
-    generated token guards its state-changing requests), except under the ``guarded_reads``
-    path prefixes (the target's jobs: their results, reports and plots), which need it always;
-    default: every request needs the token when there is one. ``allowed_hosts``: Host names
+    ``token``: the bearer token every request but the ``OPEN_PATHS`` needs (None: only those
+    are served). ``allowed_hosts``: Host names
     accepted besides the listen host and the loopback names. ``bind(host, port)``
     (``AdminServer.start`` calls it) sets what the Host header must name. ``routers``: routes a
     daemon adds (the target's jobs API).
@@ -160,17 +155,13 @@ class AdminApp:
         token: str | None = None,
         routers: Sequence[APIRouter] = (),
         *,
-        open_reads: bool = False,
         allowed_hosts: tuple[str, ...] = (),
-        guarded_reads: tuple[str, ...] = (),
     ) -> None:
         self.metrics = metrics
         self.ledger_entries = ledger_entries
         self.audit_records = audit_records
         self.ready = ready
         self.token = token
-        self.open_reads = open_reads
-        self.guarded_reads = guarded_reads
         self.allowed_hosts = tuple(h.lower() for h in allowed_hosts)
         self.port: int | None = None
         self.host_names: frozenset[str] = frozenset((*LOOPBACK_NAMES, *self.allowed_hosts))
@@ -356,18 +347,13 @@ class AdminApp:
     def _refusal(self, scope: Scope, method: str) -> str | None:
         """Why the bearer token check fails, or None when it passes."""
         path = str(scope.get("path", ""))
-        guarded = any(path == p or path.startswith(p + "/") for p in self.guarded_reads)
-        docs = path in DOCS_PATHS  # always behind the token, even open reads
-        if (
-            method in SAFE_METHODS
-            and not (guarded or docs)
-            and (self.token is None or self.open_reads)
-        ):
+        if method in SAFE_METHODS and path in OPEN_PATHS:
             return None
         if self.token is None:
-            if docs:
-                return "this daemon has no admin token; /docs and /redoc are served with one"
-            return "this daemon has no admin token; state-changing requests are refused"
+            return (
+                "this daemon has no admin token; only "
+                f"{', '.join(sorted(OPEN_PATHS))} are served without one"
+            )
         given = _headers(scope, b"authorization")
         expected = f"Bearer {self.token}".encode()
         if len(given) == 1 and hmac.compare_digest(given[0].encode("latin-1"), expected):
@@ -422,7 +408,8 @@ class AdminApp:
         return asyncio.run(self._handle(scope, body))
 
 
-DOCS_PATHS = frozenset({"/docs", "/redoc"})  # FastAPI's HTML pages of the API
+# what any caller may read without the token: liveness, readiness, the API's own schema
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
 
 
 class AdminServer:

@@ -102,8 +102,9 @@ def test_foreign_origin_is_refused(daemons) -> None:
             port, "POST", "/v1/jobs", {"epsilon": 1.0}, _honest(port, token, Origin=origin)
         )
         assert code == 403 and "Origin" in body["error"], (origin, body)
-    # the same origin as the Host is fine for reads
-    code, _ = _call(port, "GET", "/v1/ledger", headers={"Origin": f"http://127.0.0.1:{port}"})
+    # the same origin as the Host is fine for reads (with the token)
+    same = {"Origin": f"http://127.0.0.1:{port}", "Authorization": f"Bearer {token}"}
+    code, _ = _call(port, "GET", "/v1/ledger", headers=same)
     assert code == 200
     _no_job_started(port)
 
@@ -143,8 +144,10 @@ def test_no_token_is_refused(daemons) -> None:
     assert code == 401 and "token" in body["error"]
     wrong = {**json_only, "Authorization": "Bearer not-the-token"}
     assert _call(port, "POST", "/v1/jobs", {"epsilon": 1.0}, wrong)[0] == 401
-    # reads stay open on loopback (documented in target_party/jobs.py)
-    assert _call(port, "GET", "/v1/ledger")[0] == 200
+    # reads that reveal the ledger need it too, on loopback as well (target_party/jobs.py)
+    for path in ("/v1/ledger", "/v1/ledger/totals", "/v1/audit", "/metrics"):
+        assert _call(port, "GET", path)[0] == 401, path
+    assert _call(port, "GET", "/healthz")[0] == 200
     _no_job_started(port)
 
 

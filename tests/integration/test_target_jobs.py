@@ -73,7 +73,8 @@ def test_jobs_api_and_report(daemons, tmp_path) -> None:
     # the job's artefacts describe the target's rows: none is served without the token
     for path in ("/v1/jobs", f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/report"):
         assert _req(port, path, token=False)[0] == 401
-    assert _req(port, "/metrics", token=False)[0] == 200  # the other reads stay open
+    assert _req(port, "/metrics", token=False)[0] == 401  # metrics name peers and spend
+    assert _req(port, "/metrics")[0] == 200
     code, page = _req(port, f"/v1/jobs/{job_id}/report")
     assert code == 200
     html = page.decode()
