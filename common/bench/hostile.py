@@ -398,7 +398,7 @@ def _plan(src: Any, signing_key: Path, stop: threading.Event, tally: Tally) -> N
     lock = threading.Lock()
 
     def stream() -> None:
-        while not stop.is_set():
+        while True:  # one request at least, even when the process starts late in a short run
             with lock:
                 i = next(counter)
             text = plan_terms(i)
@@ -406,6 +406,8 @@ def _plan(src: Any, signing_key: Path, stop: threading.Event, tally: Tally) -> N
                 terms_json=text, target_sig=signing.sign(key, text.encode())
             )
             tally.call("plan OpenSession", _bind(stub.OpenSession, req, timeout=60))
+            if stop.is_set():
+                return
 
     threads = [threading.Thread(target=stream, daemon=True) for _ in range(PLAN_STREAMS)]
     for t in threads:
