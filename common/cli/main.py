@@ -216,7 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--steps", type=int, required=True, help="Poisson-sampled releases T")
     e.add_argument("--delta", type=float, required=True, help="δ")
     e.set_defaults(func=_cmd_privacy_epsilon)
-    t = psub.add_parser("steps", help="largest T whose ε stays within a target")
+    t = psub.add_parser(
+        "steps",
+        help="largest T whose ε stays within a target (exit 1 with a lower bound when a count "
+        "the search needs is too large to compute)",
+    )
     t.add_argument("--sigma", type=float, required=True, help="noise multiplier σ")
     t.add_argument(
         "--sampling-rate", type=float, required=True, help="Poisson sampling rate p = B/n"
