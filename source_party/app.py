@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
 import threading
 import time
@@ -24,14 +23,14 @@ from dpda.dp.ledger import Budget, PrivacyLedger, check_delta, default_delta
 from dpda.dp.rng import public_rng, secure_rng, testing_streams
 from dpda.errors import ConfigError
 from dpda.pb import dpda_pb2_grpc as pb_grpc
-from dpda.service import serde, settle_heap, signing
+from dpda.service import keyfiles, serde, settle_heap, signing
 from dpda.service.admin import AdminApp, AdminServer, Metrics
 from dpda.service.audit import RELEASE_METHODS, AuditLog, AuditRecord, ServerAuditInterceptor
 from dpda.service.auth import Admission, AdmissionInterceptor, Denial, method_limits
 from dpda.service.config import SourceConfig, SourceDataset
 from dpda.service.ledger_store import SqliteLedgerStore, connect
 from dpda.service.tls import peer_fingerprint, server_credentials
-from dpda.service.tokens import read_token
+from dpda.service.tokens import daemon_token
 from dpda.source_party.handlers import SourceHandlers
 from dpda.source_party.releases import SourceReleaser
 from dpda.source_party.servicer import SourceServicer
@@ -124,7 +123,9 @@ def _on_denied(audit: AuditLog, metrics: Metrics):
 
 def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers) -> RunningSource:
     """Wire the daemon; ``handlers_cls`` lets tests play a misbehaving source."""
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    keyfiles.state_dir(cfg.state_dir)  # the daemon's own: no other user may swap its ledger
+    keyfiles.check_private(cfg.tls.key, "tls.key")  # both keys before any state is written
+    keyfiles.check_private(cfg.signing_key, "signing_key")
     conn = connect(cfg.state_dir / "state.sqlite")
     store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
     domains = {d.name: load_dataset(d) for d in cfg.datasets}
@@ -214,9 +215,11 @@ def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
 def _admin(cfg: SourceConfig, rs: RunningSource) -> AdminServer | None:
     if not cfg.admin.enabled:
         return None
-    token = None
-    if cfg.admin.token_file is not None:
-        token = read_token(cfg.admin.token_file, "admin.token_file")
+    # the configured token, else one of its own in state_dir: the ledger, audit log and metrics
+    # it serves name sessions, peers and spend, which no other local user may read
+    token, token_path, generated = daemon_token(cfg.state_dir, cfg.admin.token_file)
+    if generated:
+        print(f"dpda source admin token generated in {token_path}", flush=True)
     store = rs.handlers.ledger.store
 
     def ready() -> bool:
@@ -257,9 +260,7 @@ def run_server(
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    keyfiles.write_atomic(path, text.encode())
 
 
 def serve(cfg: SourceConfig) -> int:

@@ -21,6 +21,11 @@ from dpda.protocol import PateAnswer, SessionInfo, array_digest, queries_digest
 from dpda.source_party.teachers import TeacherCache, TeacherEnsemble, teacher_assignment
 from dpda.terms import SessionTerms
 
+# each peer's cache of trained teachers: 4 ensembles, at most 64 MiB (50 teachers of 31 classes
+# over 800 raw features hold ~10 MiB); the daemon pins a few peers, so the whole is bounded
+PEER_TEACHER_ENTRIES = 4
+PEER_TEACHER_BYTES = 64 << 20
+
 
 class PateAnswers:
     """PATE on ``SourceReleaser``'s sessions (a base of it: the attributes and the two methods
@@ -41,23 +46,37 @@ class PateAnswers:
         def features(self, session_id: str) -> np.ndarray: ...
 
     def _init_pate(self) -> None:
-        self._ensembles: dict[str, TeacherEnsemble] = {}  # session → its teachers
-        self.teacher_cache = TeacherCache()
+        # one bounded cache per peer: a peer's answers come as fast from teachers another peer
+        # had trained as from none, so no peer learns another's scaling or basis by timing
+        self._teacher_caches: dict[str, TeacherCache] = {}
+        self._pate_owner: dict[str, str] = {}  # session → the peer whose cache serves it
         self._partition_key: bytes | None = None
         self._partition_lock = threading.Lock()
 
-    def _close_pate(self, session_id: str) -> None:
-        self._ensembles.pop(session_id, None)
+    def teacher_cache(self, peer: str = "in-process") -> TeacherCache:
+        """``peer``'s own cache of trained teachers (made empty at its first use)."""
+        with self._partition_lock:
+            cache = self._teacher_caches.get(peer)
+            if cache is None:
+                cache = self._teacher_caches[peer] = TeacherCache(
+                    PEER_TEACHER_ENTRIES, PEER_TEACHER_BYTES
+                )
+            return cache
 
-    def _teachers(self, session_id: str) -> TeacherEnsemble:
-        """The session's teachers: those of an earlier session with the same feature map and
-        teacher count (``teacher_cache``), or trained now. The daemon calls this before it
-        takes its lock (``prepare_teachers``): training can take seconds and must not hold up
-        other sessions' releases; sessions that need other teachers train concurrently."""
+    def _close_pate(self, session_id: str) -> None:
+        self._pate_owner.pop(session_id, None)
+
+    def _teachers(self, session_id: str, peer: str | None = None) -> TeacherEnsemble:
+        """The session's teachers: those of an earlier session of the same peer with the same
+        feature map and teacher count (that peer's ``teacher_cache``), or trained now. The
+        first caller binds the session to its peer (the daemon passes the caller's identity;
+        in-process callers share ``"in-process"``). The daemon calls this before it takes its
+        lock (``prepare_teachers``): training can take seconds and must not hold up other
+        sessions' releases; sessions that need other teachers train concurrently. Nothing is
+        held per session: memory is each peer's cache bound, however many sessions are open,
+        and an evicted ensemble is trained again (deterministically: the same teachers)."""
         terms, info = self.session(session_id)
-        ens = self._ensembles.get(session_id)
-        if ens is not None:
-            return ens
+        owner = self._pate_owner.setdefault(session_id, peer or "in-process")
         projected = terms.pate_space == "projected"
         scaling = self._sessions[session_id][2]
         key = (
@@ -77,12 +96,11 @@ class PateAnswers:
                 feats, self.domain.labels(), parts, terms.pate_teachers, info.n_classes
             )
 
-        ens = self.teacher_cache.get(key, train)
-        if session_id in self._sessions:  # not closed meanwhile
-            self._ensembles[session_id] = ens
-        return ens
+        return self.teacher_cache(owner).get(key, train)
 
-    prepare_teachers = _teachers
+    def prepare_teachers(self, session_id: str, peer: str | None = None) -> TeacherEnsemble:
+        """``_teachers``, called by the daemon with the calling peer before its lock."""
+        return self._teachers(session_id, peer)
 
     def _partition(self, session_id: str) -> bytes:
         """The releaser's partition key (``teacher_assignment``), drawn once, at the first

@@ -85,7 +85,7 @@ def query_teachers(
     releaser, _ = sessions.session(peer, session_id)
     releaser.check_queries(session_id, queries)
     with ctx.cpu.spend(peer):  # refused before any work once the peer's budget is used
-        releaser.prepare_teachers(session_id)  # training outside the lock (seconds)
+        releaser.prepare_teachers(session_id, peer)  # training outside the lock (seconds)
         # the votes too: their cost grows with the peer's queries and teachers (100,000
         # queries to 600 teachers held the lock about 6 s); only the charge, the noise and
         # the store need it

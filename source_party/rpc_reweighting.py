@@ -166,7 +166,7 @@ class Reweighting:
         else:
             with ctx.lock:
                 self._limit(peer)
-            with ctx.workers.planning_slot():
+            with ctx.workers.planning_slot(peer):
                 rs = RW.prepare(
                     releaser, uuid.uuid4().hex, peer, terms, rows, labels, scaling, basis, scale
                 )

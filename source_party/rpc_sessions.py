@@ -151,7 +151,8 @@ class Sessions:
             with ctx.lock:
                 self._expire_idle()
                 self._check_limit(peer)
-            prepared = self.plan(releaser, terms, TargetDisclosure(scaling, basis), None)
+            with ctx.workers.planning_slot(peer):  # the peer's share, its CPU counted
+                prepared = self.plan(releaser, terms, TargetDisclosure(scaling, basis), None)
             with ctx.lock:
                 self._check_limit(peer)  # checked again: another open may have won
                 sid = uuid.uuid4().hex
@@ -201,7 +202,8 @@ class Sessions:
             stored = ctx.store.session(session_id)
         assert stored is not None  # sessions are never deleted, only closed
         disclosure = TargetDisclosure(stored.scaling, None)
-        prepared = self.plan(releaser, stored.terms, disclosure, stored.projection)
+        with ctx.workers.planning_slot(peer):
+            prepared = self.plan(releaser, stored.terms, disclosure, stored.projection)
         with ctx.lock:
             if not releaser.resident(session_id):
                 releaser.install(prepared, session_id)

@@ -1,7 +1,9 @@
 """Work the source does ahead or aside of a request, bounded so that no peer can tie it up:
 
 * planning (a session's calibration) runs outside the handlers' lock, a few plans at a time,
-  each under ``plan_seconds``;
+  each under ``plan_seconds``, and fairly: a peer holds at most ``peer_planning_slots`` of the
+  slots (the others stay free for the other peers), waits for a free one at most
+  ``plan_seconds``, and its planning CPU counts against its ``peer_cpu_seconds``;
 * a session's next charge is composed ahead (``warm``) on one worker, while the target reads
   the plan or fits the last release; its release waits for it and finds the work done;
 * the terms a peer announces in ``DescribeDataset`` are planned ahead (``warm_plan``) on a
@@ -14,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -38,7 +41,12 @@ class Workers:
         self.limits = limits
         self.cpu = cpu
         # plans (calibrations) run outside the lock, a few at a time, each under a time limit
-        self.planning = threading.BoundedSemaphore(max(1, limits.workers // 4))
+        slots = max(1, limits.workers // 4)
+        self.planning = threading.BoundedSemaphore(slots)
+        # what one peer may hold of them: a small share, so another peer always finds one
+        self.peer_planning_slots = max(1, slots // 4)
+        self._planners: dict[str, int] = {}  # peer → the planning slots it holds now
+        self._planners_turn = threading.Condition()  # a peer's plans wait here for its share
         # a new session's first release computed ahead, outside the lock (``warm``): one at a
         # time; an open that finds the worker busy is not warmed (its release does the work)
         self.warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpda-warm")
@@ -59,16 +67,46 @@ class Workers:
         disclosure: TargetDisclosure,
         projection: np.ndarray | None = None,
     ) -> PreparedSession:
-        """Policy checks and the release plan, outside the lock, a few at a time, time-limited
-        (a 10⁷-step calibration takes minutes: held under the lock, it stalls every release)."""
-        with self.planning_slot():
-            return releaser.prepare(terms, disclosure, projection, self.limits.plan_seconds)
+        """Policy checks and the release plan, outside the lock, time-limited (a 10⁷-step
+        calibration takes minutes: held under the lock, it stalls every release). The caller
+        holds the peer's ``planning_slot``."""
+        return releaser.prepare(terms, disclosure, projection, self.limits.plan_seconds)
 
-    def planning_slot(self) -> _Slot:
-        """One of the planning slots, or ``Overloaded`` at once when every one is busy."""
-        if not self.planning.acquire(blocking=False):
-            raise Overloaded("every planning slot is busy")
-        return _Slot(self.planning)
+    @contextmanager
+    def planning_slot(self, peer: str) -> Iterator[None]:
+        """One of the planning slots for ``peer``, its CPU time counted against the peer's
+        budget. A plan of a peer that holds its share of the slots waits for one of its own
+        plans to end, and one that finds every slot busy waits for any, each at most
+        ``plan_seconds`` (``Overloaded`` past that): a peer's many plans queue behind each
+        other, never in front of another peer's. ``Overloaded`` at once when the peer is over
+        its CPU budget."""
+        self.cpu.check(peer)
+        with self._planners_turn:
+            ok = self._planners_turn.wait_for(
+                lambda: self._planners.get(peer, 0) < self.peer_planning_slots,
+                timeout=self.limits.plan_seconds,
+            )
+            if not ok:
+                raise Overloaded("the peer's earlier plans still hold its share of the slots")
+            self._planners[peer] = self._planners.get(peer, 0) + 1
+        try:
+            self.cpu.check(peer)
+            if not self.planning.acquire(timeout=self.limits.plan_seconds):
+                raise Overloaded("every planning slot is busy")
+            try:
+                t0 = self.cpu.cpu()
+                try:
+                    yield
+                finally:
+                    self.cpu.add(peer, self.cpu.cpu() - t0)
+            finally:
+                self.planning.release()
+        finally:
+            with self._planners_turn:
+                self._planners[peer] -= 1
+                if not self._planners[peer]:
+                    del self._planners[peer]
+                self._planners_turn.notify_all()
 
     def warm(self, sid: str, releaser: SourceReleaser, caps: Callable[[], Cap], index: int) -> None:
         """``SourceReleaser.warm_charge`` for the session's release ``index``, in the
@@ -133,16 +171,3 @@ class Workers:
                 self._plan_slot.release()
 
         self.planner.submit(run)
-
-
-class _Slot:
-    """A held planning slot, released on leaving the ``with`` block."""
-
-    def __init__(self, sem: threading.BoundedSemaphore) -> None:
-        self._sem = sem
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        self._sem.release()

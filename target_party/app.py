@@ -25,7 +25,7 @@ from dpda.data.tables import Table, read_table, write_predictions
 from dpda.dp.events import event_from_json
 from dpda.dp.ledger import Budget, LedgerEntry, PrivacyLedger, spend_of
 from dpda.errors import ConfigError
-from dpda.service import settle_heap, signing
+from dpda.service import keyfiles, settle_heap, signing
 from dpda.service.audit import AuditLog
 from dpda.service.config import TargetConfig
 from dpda.service.ledger_store import SqliteLedgerStore, connect
@@ -93,7 +93,8 @@ def job_delta(cfg: TargetConfig) -> float:
 
 
 def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    keyfiles.state_dir(cfg.state_dir)  # the daemon's own: no other user may swap its ledger
+    keyfiles.check_private(cfg.tls.key, "tls.key")  # before any state is written, as the source
     conn = connect(cfg.state_dir / "state.sqlite")
     store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
     ledger = PrivacyLedger(store, {cfg.job.dataset: Budget(cfg.budget_epsilon, job_delta(cfg))})

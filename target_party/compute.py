@@ -40,8 +40,10 @@ WORKER_SHARE = 0.5
 # BLAS/OpenMP thread counts the workers start with (one per Dask thread: the ratio of 1 and 2
 # workers then measures scaling, not a BLAS pool fighting the other workers for cores)
 BLAS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-# what the local scheduler's HTTP server answers: its health check, nothing about the job
+# what the local scheduler's and workers' HTTP servers answer: their health check, nothing about
+# the job (a worker's /metrics names its tasks and their sizes, for any local user to read)
 SCHEDULER_HTTP_ROUTES = ["distributed.http.health"]
+WORKER_HTTP_ROUTES = ["distributed.http.health"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
@@ -206,8 +208,13 @@ def open_compute(spec: ComputeSpec) -> Iterator[Compute]:
         # code in the workers; loopback only, and no dashboard
         security = Security.temporary()
         # The scheduler's HTTP server starts even without a dashboard: on loopback, at any free
-        # port, with the health check alone (no task/worker pages, no proxy to the workers).
-        with dask.config.set({"distributed.scheduler.http.routes": SCHEDULER_HTTP_ROUTES}):
+        # port, with the health check alone (no task/worker pages, no proxy to the workers);
+        # so do the workers' (no /metrics: the nannies hand this config to their workers).
+        routes = {
+            "distributed.scheduler.http.routes": SCHEDULER_HTTP_ROUTES,
+            "distributed.worker.http.routes": WORKER_HTTP_ROUTES,
+        }
+        with dask.config.set(routes):
             cluster = LocalCluster(
                 n_workers=spec.workers,
                 threads_per_worker=spec.threads_per_worker,

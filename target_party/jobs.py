@@ -35,10 +35,7 @@ from __future__ import annotations
 import html
 import json
 import logging
-import os
-import secrets
 import signal
-import stat
 import threading
 import traceback
 import uuid
@@ -52,13 +49,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from dpda.errors import ConfigError, DpdaError, public_message
+from dpda.errors import DpdaError, public_message
 from dpda.service import settle_heap
 from dpda.service.admin import AdminApp, AdminServer, Refusal
 from dpda.service.config import TargetConfig, TargetJob
-from dpda.service.keyfiles import check_trusted, write_private
+from dpda.service.keyfiles import write_atomic
 from dpda.service.metrics import Metrics
-from dpda.service.tokens import check_token, read_token
+from dpda.service.tokens import daemon_token
 from dpda.target_party.app import JOBS_DIR, open_state, past_jobs, run_job
 from dpda.target_party.own_rows import OWN_ROWS
 from dpda.target_party.report import render
@@ -95,7 +92,6 @@ OVERRIDABLE = frozenset(
         "pate_space",
     }
 )
-TOKEN_FILE = "admin_token"
 
 
 # the body of POST /v1/jobs as the OpenAPI schema shows it: the overridable fields of TargetJob,
@@ -166,32 +162,8 @@ def _shown(name: str) -> str:
 
 
 def admin_token(cfg: TargetConfig) -> tuple[str, Path, bool]:
-    """(token, where it is, whether it was generated): the configured ``token_file``, else
-    ``state_dir/admin_token`` — created 0600 at the first start, reused only if it is a regular
-    file of this user that no one else may read or write."""
-    if cfg.admin.token_file is not None:
-        return read_token(cfg.admin.token_file, "admin.token_file"), cfg.admin.token_file, False
-    path = cfg.state_dir / TOKEN_FILE
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        token = secrets.token_urlsafe(32)
-        write_private(path, (token + "\n").encode())
-        return token, path, True
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{path}: not a regular file; refusing to use it as the admin token")
-    if st.st_uid != os.geteuid():
-        raise ConfigError(f"{path}: owned by another user; refusing to use it as the admin token")
-    if st.st_mode & 0o077:
-        raise ConfigError(
-            f"{path}: readable or writable by group or others (mode {st.st_mode & 0o777:o}); "
-            "refusing to use it as the admin token — remove it and restart to get a new one"
-        )
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        token = f.read(4096).decode("utf-8", "replace").strip()
-    check_trusted(path, str(path))
-    return check_token(token, f"{path} (remove it and restart for a new one)"), path, False
+    """(token, where it is, whether it was generated): ``tokens.daemon_token``."""
+    return daemon_token(cfg.state_dir, cfg.admin.token_file)
 
 
 @dataclass
@@ -423,9 +395,6 @@ def serve(cfg: TargetConfig) -> int:
     server = AdminServer(app, host.strip("[]"), int(port))
     server.start()
     settle_heap()  # started: what it keeps stays out of the collector's way during jobs
-    tmp = cfg.state_dir / "admin_port.tmp"
-    tmp.write_text(str(server.port))
-    tmp.replace(cfg.state_dir / "admin_port")
     print(f"dpda target admin API on http://{host}:{server.port} (POST /v1/jobs)", flush=True)
     made = "generated in" if generated else "in"
     print(
@@ -433,6 +402,8 @@ def serve(cfg: TargetConfig) -> int:
         "with Content-Type: application/json to POST /v1/jobs)",
         flush=True,
     )
+    # last: whoever waits for this file finds the announcement already written
+    write_atomic(cfg.state_dir / "admin_port", str(server.port).encode())
     try:
         stop.wait()
     finally:

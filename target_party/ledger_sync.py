@@ -26,6 +26,7 @@ from dpda.pb import dpda_pb2 as pb
 from dpda.protocol import TargetDisclosure, array_digest
 from dpda.service import responsive_io_threads, signing
 from dpda.service.crashpoints import crash_point
+from dpda.service.keyfiles import write_atomic
 from dpda.target_party.transport import Retrying, translate
 from dpda.terms import SessionTerms
 
@@ -343,7 +344,8 @@ class ResumeFile:
     def save(
         self, session_id: str, terms: SessionTerms, privacy: str, scaling: tuple[str, str]
     ) -> None:
-        self.path.write_text(
+        write_atomic(
+            self.path,
             json.dumps(
                 {
                     "session_id": session_id,
@@ -351,7 +353,7 @@ class ResumeFile:
                     "privacy": privacy,
                     "scaling": list(scaling),  # the digests its releases bind
                 }
-            )
+            ).encode(),
         )
 
     def remove(self) -> None:

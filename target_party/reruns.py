@@ -11,10 +11,10 @@ its id).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from dpda.errors import ConfigError
+from dpda.service.keyfiles import write_atomic
 
 FILE = "reruns.json"
 
@@ -28,13 +28,7 @@ def _load(path: Path) -> dict[str, int]:
 
 
 def _save(path: Path, counts: dict[str, int]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(counts, sort_keys=True))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(counts, sort_keys=True).encode())
 
 
 def start(state_dir: Path, source: str, job: str, limit: int) -> int:

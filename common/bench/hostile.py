@@ -11,6 +11,10 @@
 * ``pate``: the same pinned peer opens a PATE session and asks for ``PATE_QUERIES`` answers of
   ``PATE_TEACHERS`` teachers per request, over and over (each verified and countersigned, as a
   real target would).
+* ``plan``: the same pinned peer keeps ``PLAN_STREAMS`` signed ``OpenSession`` requests
+  planning at once, each with LNMax answers to ``PATE_QUERIES`` queries and a fresh
+  ``pate_epsilon`` (no cached plan answers it; seconds of calibration each): the planning
+  monopoly. The honest peers' ``OpenSession`` must still succeed.
 
 Every pattern runs in a process of its own (``flood_process``, ``hostile_process``), so that
 its CPU is not taken from the honest clients' threads; each writes
@@ -34,13 +38,14 @@ import numpy as np
 if TYPE_CHECKING:
     from dpda.bench.load_honest import Peer
 
-PATTERNS = ("flood", "bytes", "hint", "pate")
+PATTERNS = ("flood", "bytes", "hint", "pate", "plan")
 UNPINNED = ("flood", "bytes")  # the rest need a pinned peer's keys
 BYTES_STREAMS = 8
 BYTES_MESSAGE = 31 * 2**20
 HINT_STEPS = 10_000
 PATE_QUERIES = 100_000
 PATE_TEACHERS = 600
+PLAN_STREAMS = 8
 
 
 def parse_patterns(text: str) -> tuple[str, ...]:
@@ -359,6 +364,58 @@ def _pate(src: Any, basis: Any, queries: Any, stop: threading.Event, tally: Tall
             pass
 
 
+def plan_terms(i: int) -> str:
+    """Terms whose plan is seconds of calibration: LNMax over ``PATE_QUERIES`` queries, at a
+    ``pate_epsilon`` of its own (``i``), so that no cached plan answers it."""
+    from dpda.bench.load_honest import DATASET, DELTA
+    from dpda.dp.mechanisms import PrivacyUnit
+    from dpda.terms import SessionTerms
+
+    return SessionTerms(
+        dataset=DATASET,
+        epsilon=1.0,
+        delta=DELTA,
+        privacy_unit=PrivacyUnit.ATTRIBUTE,
+        release="rows",
+        projection="jl",
+        projection_dim=5,
+        batch_size=60,
+        steps=1,
+        noise_multiplier=20.0,
+        pate_epsilon=0.5 - i * 1e-7,
+        pate_queries=PATE_QUERIES,
+        pate_aggregator="lnmax",
+    ).model_dump_json()
+
+
+def _plan(src: Any, signing_key: Path, stop: threading.Event, tally: Tally) -> None:
+    from dpda.pb import dpda_pb2 as pb
+    from dpda.service import signing
+
+    key = signing.load_private(signing_key)
+    stub = src.stub.stub
+    counter = iter(range(1, 10**9))
+    lock = threading.Lock()
+
+    def stream() -> None:
+        while True:  # one request at least, even when the process starts late in a short run
+            with lock:
+                i = next(counter)
+            text = plan_terms(i)
+            req = pb.OpenSessionRequest(
+                terms_json=text, target_sig=signing.sign(key, text.encode())
+            )
+            tally.call("plan OpenSession", _bind(stub.OpenSession, req, timeout=60))
+            if stop.is_set():
+                return
+
+    threads = [threading.Thread(target=stream, daemon=True) for _ in range(PLAN_STREAMS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def _bind(fn: Callable[..., object], *args: Any, **kw: Any) -> Callable[[], object]:
     return lambda: fn(*args, **kw)
 
@@ -395,6 +452,9 @@ def hostile_process(
         )
         if pattern == "hint":
             worker = threading.Thread(target=_hint, args=(src, stop, tally), daemon=True)
+        elif pattern == "plan":
+            args = (src, party.signing_key, stop, tally)
+            worker = threading.Thread(target=_plan, args=args, daemon=True)
         else:
             basis, queries = target_view(10)
             worker = threading.Thread(

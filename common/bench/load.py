@@ -155,7 +155,11 @@ def _source_refusals(state_dir: Path) -> dict[str, float]:
     """``dpda_refusals_total`` by code from the source's admin API (loopback)."""
     try:
         port = int((state_dir / "admin_port").read_text())
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        token = (state_dir / "admin_token").read_text().strip()  # metrics are behind it
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
             text = r.read().decode()
     except (OSError, ValueError):
         return {}

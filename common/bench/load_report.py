@@ -13,7 +13,7 @@ from dpda.bench.load_honest import DATASET_CAP, DELTA, PEER_CAP, TARGET_BUDGET, 
 if TYPE_CHECKING:
     from dpda.bench.load import RssSampler
 
-PINNED_KINDS = ("hint ", "pate ")  # bench.hostile's patterns of a pinned peer
+PINNED_KINDS = ("hint ", "pate ", "plan ")  # bench.hostile's patterns of a pinned peer
 REQUIRED_KEYS = ("sessions", "errors", "p50_ms", "p99_ms", "peak_rss_mb", "hostile_requests")
 
 

@@ -94,17 +94,33 @@ def _cmd_privacy_epsilon(args: argparse.Namespace) -> int:
 
 
 def _cmd_privacy_steps(args: argparse.Namespace) -> int:
-    from dpda.dp.calibration import max_revealed_steps, max_sampled_gaussian_steps
+    from dpda.dp.calibration import StepsTooLarge, max_revealed_steps, max_sampled_gaussian_steps
 
-    if args.relation == "attribute":
-        steps = max_revealed_steps(
-            args.sigma, args.sampling_rate, args.epsilon, args.delta, accountant=args.accountant
+    try:
+        if args.relation == "attribute":
+            steps = max_revealed_steps(
+                args.sigma, args.sampling_rate, args.epsilon, args.delta, accountant=args.accountant
+            )
+        else:
+            _no_replace_sampled(args)
+            steps = max_sampled_gaussian_steps(
+                args.sigma, args.sampling_rate, args.epsilon, args.delta, args.accountant
+            )
+    except StepsTooLarge as exc:
+        # a lower bound, said as one: the count past it could not be computed, not refused
+        _emit(
+            args,
+            {
+                "steps": exc.at_least,
+                "too_large_to_compute": exc.too_large,
+                "accountant": args.accountant,
+                "relation": args.relation,
+            },
+            f"at least {exc.at_least} steps keep ε ≤ {args.epsilon}; {exc.too_large} steps "
+            "are too large to compute under the size bound, so the maximum is not known "
+            f"(σ={args.sigma}, p={args.sampling_rate}, δ={args.delta:g}, {args.accountant})",
         )
-    else:
-        _no_replace_sampled(args)
-        steps = max_sampled_gaussian_steps(
-            args.sigma, args.sampling_rate, args.epsilon, args.delta, args.accountant
-        )
+        return 1
     _emit(
         args,
         {"steps": steps, "accountant": args.accountant, "relation": args.relation},
@@ -200,7 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--steps", type=int, required=True, help="Poisson-sampled releases T")
     e.add_argument("--delta", type=float, required=True, help="δ")
     e.set_defaults(func=_cmd_privacy_epsilon)
-    t = psub.add_parser("steps", help="largest T whose ε stays within a target")
+    t = psub.add_parser(
+        "steps",
+        help="largest T whose ε stays within a target (exit 1 with a lower bound when a count "
+        "the search needs is too large to compute)",
+    )
     t.add_argument("--sigma", type=float, required=True, help="noise multiplier σ")
     t.add_argument(
         "--sampling-rate", type=float, required=True, help="Poisson sampling rate p = B/n"

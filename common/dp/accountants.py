@@ -126,7 +126,10 @@ class PldAccountant(pld_privacy_accountant.PLDAccountant):
             got = _gaussian_multiplier(event)
             if got is not None:
                 interval = self._value_discretization_interval
-                check_pld_points(gaussian_pld_points(got[0], count, interval, got[1]))
+                sigma, sampled, rate = got
+                revealed = isinstance(event, RevealedSampledGaussianDpEvent)
+                points = gaussian_pld_points(sigma, count, interval, sampled, rate, revealed)
+                check_pld_points(points)
         if isinstance(event, RevealedSampledGaussianDpEvent):
             if do_compose and count > 0:
                 step = revealed_sampled_gaussian_pld(
@@ -147,16 +150,16 @@ class PldAccountant(pld_privacy_accountant.PLDAccountant):
         return super()._maybe_compose(event, count, do_compose)
 
 
-def _gaussian_multiplier(event: dp_event.DpEvent) -> tuple[float, bool] | None:
-    """(σ, sampled) of a Gaussian step, plain or sampled, else None."""
+def _gaussian_multiplier(event: dp_event.DpEvent) -> tuple[float, bool, float] | None:
+    """(σ, sampled, sampling rate) of a Gaussian step, plain or sampled, else None."""
     if isinstance(event, dp_event.GaussianDpEvent):
-        return float(event.noise_multiplier), False
+        return float(event.noise_multiplier), False, 1.0
     if isinstance(event, RevealedSampledGaussianDpEvent):
-        return float(event.noise_multiplier), True
+        return float(event.noise_multiplier), True, float(event.sampling_probability)
     if isinstance(event, dp_event.PoissonSampledDpEvent) and isinstance(
         event.event, dp_event.GaussianDpEvent
     ):
-        return float(event.event.noise_multiplier), True
+        return float(event.event.noise_multiplier), True, float(event.sampling_probability)
     return None
 
 

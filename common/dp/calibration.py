@@ -2,8 +2,10 @@
 
 Each search inverts a function of ``dpda.dp.accounting`` and returns only a value whose spend
 it computed and found ≤ ε. A composition too large for the thread's work bound
-(``work_bounds.PlanTooLarge``) counts as spending more than ε: the searches move toward more
-noise or fewer steps, where compositions are smaller, and never return an unchecked value.
+(``work_bounds.PlanTooLarge``) is not a spend: the searches for a noise scale move toward more
+noise, where compositions are smaller, and never return an unchecked value; the searches for a
+number of steps raise ``StepsTooLarge`` (how many steps were checked, and which count could
+not be computed) rather than call a count that could not be computed one that spends too much.
 """
 
 from __future__ import annotations
@@ -42,6 +44,25 @@ class CalibrationMethod(StrEnum):
     THEOREM2 = "theorem2"
     ANALYTIC = "analytic"
     EXACT = "exact"  # the smallest σ the ledger's own accountant allows (``exact_noise_scale``)
+
+
+class StepsTooLarge(PlanTooLarge):
+    """A search for the most steps met a count whose composition is over the size bound:
+    ``at_least`` steps were checked and keep ε; ``too_large`` steps could not be computed."""
+
+    def __init__(self, at_least: int, too_large: int) -> None:
+        super().__init__(
+            f"at least {at_least} steps keep ε; the composition of {too_large} steps is too "
+            "large to compute under the size bound"
+        )
+        self.at_least = at_least
+        self.too_large = too_large
+
+
+def _bounded_spend(spend: Callable[[], float]) -> float:
+    """``spend()`` under the plans' size bound (``PlanTooLarge`` when over it)."""
+    with size_bound(MAX_PLD_POINTS):
+        return spend()
 
 
 def _or_inf(spend: Callable[[], float]) -> float:
@@ -102,17 +123,29 @@ def discrete_laplace_parameter(epsilon: float, sensitivity: int) -> float:
 
 def _largest_ok(ok: Callable[[int], bool], cap: int = 10_000_000) -> int:
     """Largest t ≥ 1 with ``ok(t)`` for a monotone ``ok`` (0 if none), capped at ``cap``:
-    doubling, then bisection with the invariant "ok(lo), not ok(hi)"."""
-    if not ok(1):
+    doubling, then bisection with the invariant "ok(lo), not ok(hi)". An ``ok`` whose
+    composition is over the size bound (``PlanTooLarge``) is neither: ``StepsTooLarge``
+    names the largest count checked and the one that could not be computed."""
+    lo = 0
+
+    def check(t: int) -> bool:
+        try:
+            return ok(t)
+        except StepsTooLarge:
+            raise
+        except PlanTooLarge:
+            raise StepsTooLarge(lo, t) from None
+
+    if not check(1):
         return 0
     lo, hi = 1, 2
-    while ok(hi):
+    while check(hi):
         lo, hi = hi, hi * 2
         if hi > cap:
             return lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if ok(mid):
+        if check(mid):
             lo = mid
         else:
             hi = mid
@@ -127,12 +160,13 @@ def max_sampled_gaussian_steps(
     accountant: Accountant | str,
     pld_interval: float = TABLE_PLD_INTERVAL,
 ) -> int:
-    """Largest number of steps whose ε stays ≤ ``epsilon`` (rounds toward privacy: down)."""
+    """Largest number of steps whose ε stays ≤ ``epsilon`` (rounds toward privacy: down);
+    ``StepsTooLarge`` when a count the search needs is over the size bound."""
     _check_eps_delta(epsilon, delta)
 
     def ok(t: int) -> bool:
         return (
-            _or_inf(
+            _bounded_spend(
                 lambda: sampled_gaussian_epsilon(
                     sigma, sampling_rate, t, delta, accountant, pld_interval
                 )
@@ -237,11 +271,12 @@ def max_revealed_steps(
     """Largest number of revealed steps whose ε stays ≤ ``epsilon`` (rounded down; 0 if none).
 
     Doubling then bisection with the invariant "``lo`` meets the target"; capped at 10⁷ steps.
+    ``StepsTooLarge`` when a count the search needs is over the size bound.
     """
     _check_eps_delta(epsilon, delta)
 
     def ok(t: int) -> bool:
-        e = _or_inf(
+        e = _bounded_spend(
             lambda: revealed_sampled_epsilon(
                 sigma, sampling_rate, t, delta, pld_interval, accountant
             )

@@ -27,17 +27,15 @@ JSON ``{"error": ...}`` that names what was wrong:
   application/json`` (415), which no cross-origin page can send without a CORS preflight that
   this API never answers, and a body of at most ``MAX_BODY`` bytes (413).
 
-Then the bearer token (401 without ``Authorization: Bearer <token>``). ``PUBLIC_PATHS`` never
-need it: ``/healthz`` and ``/readyz`` say only "up" and "ready" (health checks and
-orchestrators call them without secrets), ``/openapi.json``, ``/docs``, ``/redoc`` and their
-assets describe the API, the same for every install, and hold no data. Everything else reveals
-data, ledger or audit contents, or changes state:
-
-* on a daemon with a token (the target always: ``[admin] token_file`` or the token it generates;
-  the source with ``[admin] token_file``) every other request needs it, reads included;
-* on a daemon with no token at all (the source on loopback, which the config allows only there)
-  reads are open to the host's own callers and state-changing requests are refused: nothing can
-  spend budget through an API without a token.
+Then the bearer token (401 without ``Authorization: Bearer <token>``): every request needs
+it except GET/HEAD of ``PUBLIC_PATHS`` and the docs' assets. ``/healthz`` and ``/readyz`` say
+only "up" and "ready" (health checks and orchestrators call them without secrets);
+``/openapi.json``, ``/docs``, ``/redoc`` and their assets describe the API, the same for every
+install, and hold no data. The ledger, its totals, the audit log and ``/metrics`` (ε per dataset
+and peer, releases by mechanism) reveal who opened which sessions and spent what, to any local
+user on loopback as well, so they are behind the token like everything that changes state.
+Each daemon has a token: the configured ``token_file``, else one it generates in its state
+folder (``tokens.daemon_token``). An app built with no token serves the public paths only.
 
 A browser cannot send the bearer header with a page load: ``/docs`` is public, and its
 "Authorize" button takes the token, which Swagger UI then sends with every call it makes.
@@ -395,9 +393,10 @@ class AdminApp:
         if method in SAFE_METHODS and is_public(path):
             return None
         if self.token is None:
-            if method in SAFE_METHODS:
-                return None
-            return "this daemon has no admin token; state-changing requests are refused"
+            return (
+                "this daemon has no admin token; only "
+                f"{', '.join(sorted(PUBLIC_PATHS))} are served without one"
+            )
         given = _headers(scope, b"authorization")
         expected = f"Bearer {self.token}".encode()
         if len(given) == 1 and hmac.compare_digest(given[0].encode("latin-1"), expected):

@@ -15,11 +15,11 @@ an earlier, genuinely signed state.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from dpda.dp.ledger import LedgerEntry
+from dpda.service.keyfiles import write_atomic
 
 FILE = "countersigned_head.json"
 
@@ -55,18 +55,7 @@ def record(path: Path, entry: LedgerEntry) -> None:
         return
     heads[entry.dataset] = entry
     data: dict[str, Any] = {ds: json.loads(e.to_json()) for ds, e in sorted(heads.items())}
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(data, sort_keys=True))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(path, json.dumps(data, sort_keys=True).encode())
 
 
 def check(heads: dict[str, LedgerEntry], ledger: dict[str, list[LedgerEntry]]) -> list[str]:

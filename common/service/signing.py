@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from dpda.errors import ConfigError
-from dpda.service.keyfiles import check_trusted
+from dpda.service.keyfiles import check_private, check_trusted, write_atomic
 
 
 def new_key() -> Ed25519PrivateKey:
@@ -36,9 +36,9 @@ def save_key(key: Ed25519PrivateKey, private_path: Path, public_path: Path) -> N
     )
 
 
-def _read(path: str | Path, field: str) -> bytes:
+def _read(path: str | Path, field: str, private: bool = False) -> bytes:
     try:
-        check_trusted(path)
+        (check_private if private else check_trusted)(path, field)
         return Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{field}: {path}: no such file") from None
@@ -48,7 +48,7 @@ def _read(path: str | Path, field: str) -> bytes:
 
 def load_private(path: str | Path, field: str = "signing_key") -> Ed25519PrivateKey:
     """The Ed25519 signing key at ``path``; ``field``: the config setting that names it."""
-    key = serialization.load_pem_private_key(_read(path, field), password=None)
+    key = serialization.load_pem_private_key(_read(path, field, private=True), password=None)
     if not isinstance(key, Ed25519PrivateKey):
         raise ValueError(f"{path}: not an Ed25519 private key")
     return key
@@ -90,7 +90,4 @@ def write_role_keys(
         "self": pem.decode(),
         "peers": {n: Path(p).read_text() for n, p in peers.items()},
     }
-    state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = state_dir / "keys.json.tmp"
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(state_dir / "keys.json")
+    write_atomic(state_dir / "keys.json", json.dumps(data, indent=2).encode())

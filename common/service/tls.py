@@ -21,7 +21,7 @@ from cryptography.x509.oid import NameOID
 
 from dpda.errors import ConfigError, DpdaError, PeerMisbehaved
 from dpda.service import signing
-from dpda.service.keyfiles import check_trusted, private_dir, write_private
+from dpda.service.keyfiles import check_private, check_trusted, private_dir, write_private
 
 log = logging.getLogger("dpda.tls")
 
@@ -172,8 +172,9 @@ def tls_files(cert: Path, key: Path, ca: Path) -> tuple[bytes, bytes, bytes]:
 
 
 def server_credentials(cert: Path, key: Path, client_ca: Path) -> grpc.ServerCredentials:
-    for p in (cert, key, client_ca):
+    for p in (cert, client_ca):
         check_trusted(p)
+    check_private(key, "tls.key")
     cert_pem, key_pem, ca_pem = tls_files(cert, key, client_ca)
     return grpc.ssl_server_credentials(
         [(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=True
@@ -181,8 +182,9 @@ def server_credentials(cert: Path, key: Path, client_ca: Path) -> grpc.ServerCre
 
 
 def channel_credentials(cert: Path, key: Path, server_ca: Path) -> grpc.ChannelCredentials:
-    for p in (cert, key, server_ca):
+    for p in (cert, server_ca):
         check_trusted(p)
+    check_private(key, "tls.key")
     cert_pem, key_pem, ca_pem = tls_files(cert, key, server_ca)
     return grpc.ssl_channel_credentials(
         root_certificates=ca_pem, private_key=key_pem, certificate_chain=cert_pem

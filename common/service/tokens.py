@@ -9,10 +9,15 @@ does not. ``secrets.token_urlsafe(32)`` (256 bits) is what ``dpda`` generates.
 from __future__ import annotations
 
 import math
+import os
+import secrets
+import stat
 from pathlib import Path
 
 from dpda.errors import ConfigError
-from dpda.service.keyfiles import check_trusted
+from dpda.service.keyfiles import check_private, check_trusted, write_private
+
+TOKEN_FILE = "admin_token"  # under state_dir: the token a daemon generates for itself
 
 MIN_BITS = 128
 MIN_DISTINCT = 10
@@ -39,8 +44,38 @@ def check_token(token: str, field: str) -> str:
 
 def read_token(path: Path, field: str) -> str:
     """The token in ``path`` (checked like a key file, then for strength)."""
-    check_trusted(path, field)
+    check_private(path, field)
     token = path.read_text().strip()
     if not token:
         raise ConfigError(f"{field}: {path} is empty")
     return check_token(token, field)
+
+
+def daemon_token(state_dir: Path, token_file: Path | None) -> tuple[str, Path, bool]:
+    """(token, where it is, whether it was generated): the configured ``token_file`` (field
+    ``admin.token_file``), else ``state_dir/admin_token`` — created 0600 (``O_EXCL``) with 32
+    random bytes at the first start, reused only if it is a regular file of this user that no
+    one else may read or write."""
+    if token_file is not None:
+        return read_token(token_file, "admin.token_file"), token_file, False
+    path = state_dir / TOKEN_FILE
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        token = secrets.token_urlsafe(32)
+        write_private(path, (token + "\n").encode())
+        return token, path, True
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{path}: not a regular file; refusing to use it as the admin token")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"{path}: owned by another user; refusing to use it as the admin token")
+    if st.st_mode & 0o077:
+        raise ConfigError(
+            f"{path}: readable or writable by group or others (mode {st.st_mode & 0o777:o}); "
+            "refusing to use it as the admin token — remove it and restart to get a new one"
+        )
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        token = f.read(4096).decode("utf-8", "replace").strip()
+    check_trusted(path, str(path))
+    return check_token(token, f"{path} (remove it and restart for a new one)"), path, False

@@ -89,6 +89,7 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
     ledger = {ds: store.entries(ds) for ds in store.datasets()}
     problems += _check_head(state_dir, ledger, keys)
     problems += _unsigned_outside_flight(ledger)
+    problems += _traffic_past_the_ledger(conn, ledger)
     if keys is not None and keys.side == "source":
         problems += _released_without_audit(conn, ledger)
     for ds, entries in ledger.items():
@@ -154,7 +155,9 @@ def _released_without_audit(conn: Any, ledger: dict[str, list[Any]]) -> list[str
 # what a check of one state directory cannot see; printed with every standalone verify
 STANDALONE_LIMITS = (
     "without --against PEER_STATE: entries past the last countersigned head, and a ledger "
-    "rolled back together with its countersigned_head.json, cannot be detected"
+    "rolled back together with its countersigned_head.json and the matching tail of the audit "
+    "log and stored payloads (to an earlier, genuinely signed state), cannot be detected; only "
+    "the peer's copy shows those"
 )
 
 
@@ -177,6 +180,17 @@ def _check_head(state_dir: str, ledger: dict[str, list[Any]], keys: RoleKeys | N
             ]
         return []
     problems = signed_head.check(heads, ledger)
+    for ds, entries in sorted(ledger.items()):
+        both = [e.seq for e in entries if e.source_sig and e.target_sig]
+        held = heads.get(ds)
+        if both and (held is None or held.seq < both[-1]):
+            # the head is written after every countersignature: one naming an earlier entry
+            # (or none) was rewritten from the ledger's own entries, or lost
+            named = "names no entry" if held is None else f"names entry {held.seq}"
+            problems.append(
+                f"{ds}: the countersigned head {named}, but entry {both[-1]} is countersigned: "
+                "the head was rewritten or lost, so a cut tail cannot be ruled out"
+            )
     for ds, head in sorted(heads.items()):
         if keys is None:
             continue
@@ -198,18 +212,72 @@ def _unsigned_outside_flight(ledger: dict[str, list[Any]]) -> list[str]:
     """Released entries (with a payload hash) that lack a signature, other than each peer's
     last of each dataset (the one in flight): the source signs before it sends and takes no new
     charge from a peer before the earlier releases are countersigned, so a gap elsewhere is a
-    signature stripped from the file."""
+    signature stripped from the file. An entry with neither signature nor payload hash is a
+    charge whose release never left (a crash between the charge and its payload record): one
+    such entry of a peer before its last can happen; more are signatures and hashes stripped
+    (the entry hash does not cover them, so the chain still verifies)."""
     problems: list[str] = []
     for ds, entries in ledger.items():
         last: dict[str, int] = {}
         for e in entries:
             last[e.peer] = e.seq
+        bare: dict[str, list[int]] = {}
         for e in entries:
             own = e.params.get("kind") in ("target-disclosure", "target-row-queries")
-            if own or not e.payload_sha256 or e.seq == last[e.peer]:
+            if own or e.seq == last[e.peer]:
+                continue
+            if not e.payload_sha256:
+                if not (e.source_sig or e.target_sig):
+                    bare.setdefault(e.peer, []).append(e.seq)
                 continue
             if not (e.source_sig and e.target_sig):
                 problems.append(f"{ds} entry {e.seq}: released but missing a signature")
+        for peer, seqs in sorted(bare.items()):
+            if len(seqs) > 1:
+                problems.append(
+                    f"{ds} entries {', '.join(map(str, seqs))} of peer {peer[:24]}: neither "
+                    "signed nor bound to a payload before the peer's last (signatures and "
+                    "payload hashes stripped)"
+                )
+    return problems
+
+
+def _traffic_past_the_ledger(conn: Any, ledger: dict[str, list[Any]]) -> list[str]:
+    """What the rest of the state shows of releases the ledger no longer holds: an audit
+    record of a release that names an entry past the ledger's end, payloads stored for such
+    an entry, and, for an empty ledger, any audit record of a release or stored session (a
+    ledger emptied with its head file: "0 entries" is not a clean state there)."""
+    from dpda.service.audit import RELEASE_METHODS, AuditLog
+
+    problems: list[str] = []
+    length = {ds: len(es) for ds, es in ledger.items()}
+    past: dict[str, int] = {}
+    released = 0
+    for r, _ in AuditLog(conn, "").records():
+        if r.method.rsplit("/", 1)[-1] not in RELEASE_METHODS or r.direction == "refused":
+            continue
+        released += 1
+        if r.dataset and r.ledger_seq >= length.get(r.dataset, 0):
+            past[r.dataset] = max(past.get(r.dataset, -1), r.ledger_seq)
+    for table in ("payloads", "reweight_answers"):
+        if conn.execute("SELECT name FROM sqlite_master WHERE name=?", (table,)).fetchone():
+            for ds, seq in conn.execute(f"SELECT dataset, MAX(seq) FROM {table} GROUP BY 1"):
+                if seq is not None and seq >= length.get(ds, 0):
+                    past[ds] = max(past.get(ds, -1), seq)
+    for ds, seq in sorted(past.items()):
+        problems.append(
+            f"{ds}: the audit log or stored payloads show entry {seq} released, but the ledger "
+            f"holds {length.get(ds, 0)} entries: entries were removed"
+        )
+    if not any(length.values()) and not past:
+        sessions = 0
+        if conn.execute("SELECT name FROM sqlite_master WHERE name='sessions'").fetchone():
+            (sessions,) = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
+        if released or sessions:
+            problems.append(
+                f"the ledger is empty, but the audit log records {released} release messages "
+                f"and {sessions} sessions are stored: the ledger was emptied"
+            )
     return problems
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import stat
 import urllib.error
 import urllib.request
 
@@ -41,7 +42,14 @@ def test_admin_api_of_a_running_daemon(tmp_path) -> None:
         assert res.returncode == 0, res.stderr
         refused = run_target(dep)  # a second job of ε 4 does not fit the cap 4.5: refused
         assert refused.returncode != 0 and "budget" in refused.stderr
-        code, body = _get(port, "/metrics")
+        token = (dep.source_state / "admin_token").read_text().strip()
+        # what reveals the ledger's contents is behind the token, on loopback as well
+        for path in ("/metrics", "/v1/ledger", "/v1/ledger/totals", "/v1/audit"):
+            assert _get(port, path)[0] == 401, path
+            assert _get(port, path, "wrong-token")[0] == 401, path
+        assert _get(port, "/docs")[0] == 200  # the API's description holds no data
+        assert stat.S_IMODE((dep.source_state / "admin_token").stat().st_mode) == 0o600
+        code, body = _get(port, "/metrics", token)
         assert code == 200
         fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
         rel = [s for s in fams["dpda_releases"].samples if s.name == "dpda_releases_total"]
@@ -58,13 +66,13 @@ def test_admin_api_of_a_running_daemon(tmp_path) -> None:
             s.labels.get("method") == "ReleaseBatches"
             for s in fams["dpda_rpc_latency_seconds"].samples
         )
-        ledger = json.loads(_get(port, "/v1/ledger?dataset=synthetic")[1])
+        ledger = json.loads(_get(port, "/v1/ledger?dataset=synthetic", token)[1])
         assert len(ledger) == 1 and ledger[0]["payload_sha256"]
-        audit = json.loads(_get(port, "/v1/audit")[1])
+        audit = json.loads(_get(port, "/v1/audit", token)[1])
         assert audit and all("payload" not in r for r in audit)
         spec = json.loads(_get(port, "/openapi.json")[1])
         assert set(spec["paths"]) >= {"/healthz", "/metrics", "/v1/ledger"}
-        assert _get(port, "/nope")[0] == 404
+        assert _get(port, "/nope", token)[0] == 404
         # the source's admin API has the same Host/Origin checks (DNS rebinding, issue 12)
         rebound = urllib.request.Request(f"http://127.0.0.1:{port}/v1/ledger")
         rebound.add_header("Host", f"evil.example:{port}")
@@ -104,6 +112,14 @@ def test_bearer_token_is_checked(tmp_path) -> None:
     assert app.handle({"path": "/v1/ledger", "method": "POST", "headers": good})[0] == 405
     # a public path is public to reads only
     assert app.handle({"path": "/healthz", "method": "POST", "headers": []})[0] == 401
+    assert app.handle({"path": "/metrics", "headers": []})[0] == 401
+    bad = [(b"authorization", b"Bearer nope")]
+    assert app.handle({"path": "/metrics", "headers": bad})[0] == 401
+    good = [(b"authorization", b"Bearer s3cret")]
+    assert app.handle({"path": "/metrics", "headers": good})[0] == 200
+    assert app.handle({"path": "/healthz", "headers": []})[0] == 200  # says nothing of the ledger
+    assert app.handle({"path": "/healthz", "method": "POST", "headers": []})[0] == 401
+    assert app.handle({"path": "/healthz", "method": "POST", "headers": good})[0] == 405
 
 
 def _scope(
@@ -153,12 +169,12 @@ def test_state_changing_requests_need_a_token() -> None:
     route = APIRouter()
     route.add_api_route("/v1/jobs", lambda: {}, methods=["POST"], status_code=202)
 
-    # no token at all: reads open, nothing state-changing runs
+    # no token at all: the health checks only, nothing state-changing runs
     bare = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, routers=[route])
     assert bare.handle(_scope())[0] == 200
     assert bare.handle(_scope("POST", "/v1/jobs"))[0] == 401
-    # with a token: POST needs it
     app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, "t0k", [route])
+    assert app.handle(_scope())[0] == 200
     assert app.handle(_scope("POST", "/v1/jobs"))[0] == 401
     assert app.handle(_scope("POST", "/v1/jobs", authorization="Bearer t0k"))[0] == 202
 
@@ -187,6 +203,25 @@ def test_with_a_token_every_read_of_data_needs_it_and_only_the_public_paths_are_
     assert code == 404
 
 
+def test_what_reveals_the_ledger_needs_the_token_and_health_does_not() -> None:
+    """The ledger (entries, session ids, spend, parameters), its totals, the audit log and
+    ``/metrics`` are read with the token only, with or without a token configured."""
+    from dpda.service.admin import AdminApp
+    from dpda.service.metrics import Metrics
+
+    entries = [{"session": "s-secret"}]
+    for token in ("t0k", None):
+        app = AdminApp(Metrics(), lambda ds: entries, lambda: [], lambda: True, token)
+        for path in ("/metrics", "/v1/ledger", "/v1/ledger/totals", "/v1/audit"):
+            code, _, body = app.handle(_scope(path=path))
+            assert code == 401 and b"s-secret" not in body, (token, path)
+        for path in ("/healthz", "/readyz", "/openapi.json"):
+            assert app.handle(_scope(path=path))[0] == 200, (token, path)
+    assert app.handle(_scope(path="/metrics", authorization="Bearer t0k"))[0] == 401
+    app = AdminApp(Metrics(), lambda ds: [], lambda: [], lambda: True, "t0k")
+    assert app.handle(_scope(path="/metrics", authorization="Bearer t0k"))[0] == 200
+
+
 def test_queries_are_decoded_and_every_error_is_returned() -> None:
     """Issue 14: ``?dataset=office-caltech%3AC`` reached the ledger undecoded (an empty answer);
     a bad query answers 400 naming the field."""
@@ -194,11 +229,12 @@ def test_queries_are_decoded_and_every_error_is_returned() -> None:
     from dpda.service.metrics import Metrics
 
     asked: list[str | None] = []
-    app = AdminApp(Metrics(), lambda ds: asked.append(ds) or [], lambda: [], lambda: True)
-    scope = {"path": "/v1/ledger", "headers": [], "query_string": b"dataset=office-caltech%3AC"}
+    app = AdminApp(Metrics(), lambda ds: asked.append(ds) or [], lambda: [], lambda: True, "t0k")
+    auth = [(b"authorization", b"Bearer t0k")]
+    scope = {"path": "/v1/ledger", "headers": auth, "query_string": b"dataset=office-caltech%3AC"}
     assert app.handle(scope)[0] == 200 and asked == ["office-caltech:C"]
-    assert app.handle({"path": "/v1/ledger", "headers": []})[0] == 200 and asked[-1] is None
-    code, ctype, body = app.handle({"path": "/nope", "headers": []})
+    assert app.handle({"path": "/v1/ledger", "headers": auth})[0] == 200 and asked[-1] is None
+    code, ctype, body = app.handle({"path": "/nope", "headers": auth})
     assert code == 404 and json.loads(body) == {"error": "not found"}
 
 

@@ -54,9 +54,9 @@ def test_hostile_patterns_are_named_and_checked() -> None:
 @pytest.mark.slow
 def test_bench_load_with_every_hostile_pattern(tmp_path: Path) -> None:
     """The hostile patterns of the review (an unpinned certificate's concurrent 31 MiB
-    messages, a pinned peer's longest planned-terms hints and 100,000-query PATE requests)
-    beside the flood: the JSON names them and counts their requests; no honest operation
-    fails and the ledger verifies."""
+    messages, a pinned peer's longest planned-terms hints, 100,000-query PATE requests and
+    eight OpenSessions planning at once) beside the flood: the JSON names them and counts
+    their requests; no honest operation fails and the ledger verifies."""
     out = tmp_path / "load.json"
     cmd = ("bench", "load", "--duration", "10", "--sessions", "2", "--hostile", "all")
     res = subprocess.run(
@@ -69,11 +69,11 @@ def test_bench_load_with_every_hostile_pattern(tmp_path: Path) -> None:
     assert out.is_file(), res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads(out.read_text())
     assert set(REQUIRED_KEYS) <= set(data)
-    assert data["hostile_patterns"] == ["flood", "bytes", "hint", "pate"]
+    assert data["hostile_patterns"] == ["flood", "bytes", "hint", "pate", "plan"]
     by = data["hostile_by_pattern"]
     # every pattern is counted; the bytes pattern always gets its messages in within 10 s, a
     # hint process on a loaded 2-core machine may not start sending before the run ends
-    assert set(by) == {"bytes", "hint", "pate"} and by["bytes"] > 0  # and the flood
+    assert set(by) == {"bytes", "hint", "pate", "plan"} and by["bytes"] > 0  # and the flood
     assert data["errors"] == 0, data["error_messages"]
     assert data["hostile_served"] == 0, data["hostile_codes"]
     assert data["ledger"]["verify_problems"] == []

@@ -147,6 +147,14 @@ def test_dask_local_cluster_refuses_a_client_without_the_jobs_credentials():
         assert status == 404
         with pytest.raises(OSError):  # loopback only
             socket.create_connection((_outward_address(), http_port), timeout=3).close()
+        # the workers' HTTP servers: a health check, no /metrics about the job's tasks
+        for worker in compute.client.scheduler_info()["workers"].values():
+            port = worker["services"]["dashboard"]
+            for path, expect in (("/metrics", 404), ("/health", 200)):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                conn.request("GET", path)
+                assert conn.getresponse().status == expect, path
+                conn.close()
         assert compute.client.submit(_square, 3).result() == 9  # the job's own client works
         for attempt in (
             lambda: Client(f"tcp://{host_port}", timeout=3),

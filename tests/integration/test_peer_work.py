@@ -154,51 +154,43 @@ def test_one_sessions_teachers_do_not_wait_for_anothers(tmp_path, monkeypatch) -
 
 
 def test_pate_past_the_peers_cpu_budget_is_refused_uncharged(tmp_path) -> None:
-    """A peer that used its CPU seconds for the window on PATE work gets OVERLOADED before any
-    work, charge or noise; the ledger holds only the answers it got before."""
+    """A peer that used its CPU seconds for the window gets OVERLOADED before any work, charge
+    or noise: here its session's plan used them (planning CPU counts against the planning
+    peer), so its first PATE request is refused and the ledger holds nothing of it; so is its
+    next plan."""
     from dpda.service.config import SourceLimits
 
     dep = synthetic_deployment(tmp_path)
     cfg = load_source(dep.source_config)
     cfg = cfg.model_copy(update={"limits": SourceLimits(peer_cpu_seconds=1e-9)})
+    terms = _terms(dpda=False, pate_epsilon=4.0, pate_queries=20, pate_teachers=5)
     with run_server(cfg) as rs:
         k = dep.target_keys
         creds = channel_credentials(k.cert, k.key, k.ca)
         with grpc.secure_channel(f"127.0.0.1:{rs.port}", creds) as ch:
             stub = SignedStub(pb_grpc.SourceServiceStub(ch), dep)
+            # the budget is checked before the work: the first plan runs, and is counted
             sid = stub.OpenSession(
-                pb.OpenSessionRequest(
-                    terms_json=_terms(
-                        dpda=False, pate_epsilon=4.0, pate_queries=20, pate_teachers=5
-                    )
-                ),
-                timeout=TIMEOUT,
+                pb.OpenSessionRequest(terms_json=terms), timeout=TIMEOUT
             ).session_id
-
-            def ask(index: int) -> Any:
-                entries = rs.handlers.ledger.store.entries("synthetic")
-                req = pb.QueryTeachersRequest(
-                    session_id=sid,
-                    index=index,
-                    queries=serde.to_pb(np.ones((3, 5))),
-                    ledger_head=head_hash(entries),
-                    ledger_length=len(entries),
-                )
-                return stub.QueryTeachers(req, timeout=TIMEOUT)
-
-            first = ask(0)  # the budget is checked before the work: the first one runs
-            entry = LedgerEntry.from_json(first.entry_json)
-            sig = signing.sign(stub._key, entry.signed_message())
-            stub.Countersign(
-                pb.CountersignRequest(dataset=entry.dataset, seq=entry.seq, target_sig=sig),
-                timeout=TIMEOUT,
-            )
+            assert rs.handlers.workers.cpu.used(dep.target_keys.fingerprint) > 0
             before = rs.handlers.ledger.store.entries()
-            with pytest.raises(grpc.RpcError) as e:
-                ask(1)
-            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert e.value.details().startswith("OVERLOADED")
-            assert rs.handlers.ledger.store.entries() == before
+            req = pb.QueryTeachersRequest(
+                session_id=sid,
+                index=0,
+                queries=serde.to_pb(np.ones((3, 5))),
+                ledger_head=head_hash(before),
+                ledger_length=len(before),
+            )
+            for call in (
+                lambda: stub.QueryTeachers(req, timeout=TIMEOUT),
+                lambda: stub.OpenSession(pb.OpenSessionRequest(terms_json=terms), timeout=TIMEOUT),
+            ):
+                with pytest.raises(grpc.RpcError) as e:
+                    call()
+                assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert e.value.details().startswith("OVERLOADED")
+                assert rs.handlers.ledger.store.entries() == before
 
 
 def _release_while_training_is_held(

@@ -78,6 +78,8 @@ def test_jobs_api_and_report(daemons, tmp_path) -> None:
         assert _req(port, path, token=False)[0] == 401, path
     for path in ("/healthz", "/readyz", "/openapi.json", "/docs", "/redoc"):
         assert _req(port, path, token=False)[0] == 200, path
+    assert _req(port, "/metrics", token=False)[0] == 401  # metrics name peers and spend
+    assert _req(port, "/metrics")[0] == 200
     code, page = _req(port, f"/v1/jobs/{job_id}/report")
     assert code == 200
     html = page.decode()

@@ -121,8 +121,9 @@ def test_totals_are_per_relation_and_never_mixed() -> None:
     assert mixed["record"] is None  # unbounded: attribute releases give no record guarantee
     assert mixed["attribute"] == pytest.approx(ledger.spent("d"))
     assert mixed["attribute"] > only_record["attribute"]
-    app = AdminApp(Metrics(), ledger.store.entries, lambda: [], lambda: True)
-    status, _, body = app.handle({"path": "/v1/ledger/totals", "headers": []})
+    app = AdminApp(Metrics(), ledger.store.entries, lambda: [], lambda: True, "t0k")
+    auth = [(b"authorization", b"Bearer t0k")]
+    status, _, body = app.handle({"path": "/v1/ledger/totals", "headers": auth})
     assert status == 200 and json.loads(body) == {"d": mixed}
     status, _, body = app.handle({"path": "/openapi.json", "headers": []})
     assert "/v1/ledger/totals" in json.loads(body)["paths"]
