@@ -149,6 +149,7 @@ def run_job(
     outputs in ``state_dir/jobs/<job_id>/`` (a new id by default).
     ``settle``: the process's entry point asks for ``settle_heap`` once the data is loaded."""
     cfg = with_source_delta(cfg)
+    seed = cfg.seed if cfg.seed is not None else seed
     job_id = job_id or new_job_id()
     if cfg.job.setting == "public-source":
         return run_public_source_job(cfg, progress, job_id), {}

@@ -40,6 +40,14 @@ from dpda.terms import SessionTerms
 OWN_ROWS = "own-rows"  # the target's own ledger dataset: what it disclosed about its rows
 
 
+def own_rng(cfg: TargetConfig, stream: int) -> np.random.Generator:
+    """The noise of the target's own disclosures: a CSPRNG stream, or under an insecure testing
+    ``seed`` the stream ``dpda simulate --seed`` draws the same noise from."""
+    if cfg.seed is not None:
+        return np.random.default_rng([cfg.seed, stream])
+    return secure_rng()
+
+
 def own_delta(cfg: TargetConfig, n_rows: int) -> float:
     """The δ of the target's own disclosures: ``[privacy] delta``, or 1/(10·nt)."""
     if cfg.privacy.delta is None:
@@ -196,7 +204,7 @@ def row_queries(
                 "clip": clip,
                 "n_rows": int(rows.shape[0]),
             },
-            lambda: noisy_rows(rows, clip, plan, secure_rng()),
+            lambda: noisy_rows(rows, clip, plan, own_rng(cfg, 23)),
         )
 
     return RowQueries("dp", protect=protect)
@@ -340,7 +348,7 @@ def _disclose(
     def draw() -> dict[str, np.ndarray]:
         ell = min(terms.projection_dim, n, k)  # as session_terms lowers it
         mode = resolve_scaling(cfg.job.scaling, terms)
-        d = disclose(table.x, cfg.job.representation, mode, ell, plan, secure_rng())
+        d = disclose(table.x, cfg.job.representation, mode, ell, plan, own_rng(cfg, 19))
         return {"mean": d.scaling.mean, "std": d.scaling.std, "basis": d.basis,
                 "clip": np.array(d.clip_norm), "variances": d.variances}  # fmt: skip
 

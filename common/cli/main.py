@@ -265,7 +265,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--label-column", default="-1", help="the label column: a name or a position (-1: last)"
     )
     sm.add_argument("--id-column", default=None, help="a column that names rows (not a feature)")
-    sm.add_argument("--predictions", default=None, help="where to write the DPDA predictions")
+    sm.add_argument(
+        "--predictions",
+        default=None,
+        help="where to write the DPDA predictions (default: beside --json, else predictions.csv)",
+    )
+    sm.add_argument(
+        "--write-configs",
+        metavar="DIR",
+        default=None,
+        help="also write DIR/source.toml and DIR/target.toml: the deployment of this rehearsal "
+        "(every choice it made; keys, fingerprints and the address to fill in)",
+    )
     sm.add_argument(
         "--representation",
         choices=["raw", "sqrt", "rownorm", "l2"],

@@ -202,6 +202,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         preds_path, tgt.ids, out.dpda.predictions, tuple(label_names) if label_names else None
     )
     data["predictions"] = str(written.resolve())
+    if args.write_configs:
+        from dpda.cli.rehearsed import write_configs
+        from dpda.target_party.view import resolve_scaling
+
+        mode = resolve_scaling(args.scaling or "auto", terms, scaling)
+        configs = write_configs(args, terms, rep, mode, data["seed"], int(src.x.shape[1]))
+        data["configs"] = {"source": str(configs[0]), "target": str(configs[1])}
     write_json(args, data)
     a = data["accuracy"]
     names_ = {"dpda": "DPDA", "pate": "PATE", "dpda_pate": "DPDA+PATE"}
@@ -252,6 +259,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         print("  the target's scaling and basis are exact here (--target-epsilon E: under DP)")
     print(f"  predictions: {data['predictions']}")
+    if "configs" in data:
+        print(
+            f"  the deployment of this rehearsal: {data['configs']['source']} and "
+            f"{data['configs']['target']} (fill in the lines marked FILL IN)"
+        )
     print(f"  note: {data['caveat']}")
     return 0
 
