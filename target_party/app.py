@@ -92,11 +92,23 @@ def job_delta(cfg: TargetConfig) -> float:
     return cfg.job.delta
 
 
+def own_budget(cfg: TargetConfig) -> str:
+    """Whose budget ``budget_epsilon`` is, for a refusal."""
+    return f"the target's own budget for the source's dataset {cfg.job.dataset!r} (budget_epsilon)"
+
+
 def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     conn = connect(cfg.state_dir / "state.sqlite")
     store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
-    ledger = PrivacyLedger(store, {cfg.job.dataset: Budget(cfg.budget_epsilon, job_delta(cfg))})
+    # the job's dataset once its δ is known (``with_source_delta``); the daemon's own reads
+    # (``target serve``) need none
+    budgets = (
+        {cfg.job.dataset: Budget(cfg.budget_epsilon, cfg.job.delta, owner=own_budget(cfg))}
+        if cfg.job.delta is not None
+        else {}
+    )
+    ledger = PrivacyLedger(store, budgets)
     key = signing.load_private(cfg.signing_key)
     signing.write_role_keys(cfg.state_dir, key, {"source": cfg.source_signing_public_key}, "target")
     return ledger, AuditLog(conn, "target", cfg.retain_payloads, key)
@@ -158,27 +170,28 @@ def run_job(
     check_representation(table.x, cfg.job.representation, "job.representation")
     terms = cfg.job.terms()
     check_row_queries(cfg, terms)
-    own = own_disclosure(cfg, table, terms, ledger)
-    view = target_view(
-        table.domain,
-        cfg.job.representation,
-        scaling_mode=resolve_scaling(cfg.job.scaling, terms),
-        disclosure=own[0] if own else None,
-        terms=terms,
-    )
-    acfg = adapt_config(cfg.job, seed)
-    # before the source is asked anything: PATE's queries fit the target's own budget
-    key = job_key(cfg, table, terms)
-    rq = row_queries(
-        cfg, ledger, own[0] if own else None, table.x.shape[0], terms.pate_queries, job=key
-    )
-    # a source that fails the job on purpose gets a bounded number of reruns
-    reruns.start(cfg.state_dir, cfg.source_fingerprint, key, cfg.max_reruns)
     source = GrpcReleaseSource(cfg, ledger, audit)
-    source.target_claim = own[1].to_json() if own else ""
     try:
-        # clear errors before anything is asked; the source plans the terms meanwhile
-        source.preflight(view.x.shape[1], terms.delta, planned=terms)
+        # the source's published facts (δ, features, labels) against the job before anything
+        # of the target's rows is charged or sent; the source plans the terms meanwhile
+        source.preflight(table.x.shape[1], terms.delta, planned=terms)
+        own = own_disclosure(cfg, table, terms, ledger)
+        view = target_view(
+            table.domain,
+            cfg.job.representation,
+            scaling_mode=resolve_scaling(cfg.job.scaling, terms),
+            disclosure=own[0] if own else None,
+            terms=terms,
+        )
+        acfg = adapt_config(cfg.job, seed)
+        # before the source is asked for a release: PATE's queries fit the target's budget
+        key = job_key(cfg, table, terms)
+        rq = row_queries(
+            cfg, ledger, own[0] if own else None, table.x.shape[0], terms.pate_queries, job=key
+        )
+        # a source that fails the job on purpose gets a bounded number of reruns
+        reruns.start(cfg.state_dir, cfg.source_fingerprint, key, cfg.max_reruns)
+        source.target_claim = own[1].to_json() if own else ""
     except BaseException:
         source.close()
         raise

@@ -40,6 +40,9 @@ from dpda.terms import SessionTerms
 OWN_ROWS = "own-rows"  # the target's own ledger dataset: what it disclosed about its rows
 
 
+OWN_BUDGET = "the target's own budget for its rows (privacy.epsilon_cap)"
+
+
 def own_rng(cfg: TargetConfig, stream: int) -> np.random.Generator:
     """The noise of the target's own disclosures: a CSPRNG stream, or under an insecure testing
     ``seed`` the stream ``dpda simulate --seed`` draws the same noise from."""
@@ -132,7 +135,7 @@ def row_queries(
     if pol.row_queries == "exact":
         return RowQueries("exact")
     delta = own_delta(cfg, n_rows)
-    ledger.budgets.setdefault(OWN_ROWS, Budget(pol.epsilon_cap, delta))
+    ledger.budgets.setdefault(OWN_ROWS, Budget(pol.epsilon_cap, delta, owner=OWN_BUDGET))
 
     def record(sid: str, events: list, params: dict[str, Any], draw: Callable[[], np.ndarray]):
         key = job or sid
@@ -224,7 +227,7 @@ def own_disclosure(
     pol = cfg.privacy
     if pol.disclosures == "dp" and pol.row_queries == "dp" and terms.pate_queries > 0:
         delta = own_delta(cfg, table.x.shape[0])
-        ledger.budgets[OWN_ROWS] = Budget(pol.epsilon_cap, delta)
+        ledger.budgets[OWN_ROWS] = Budget(pol.epsilon_cap, delta, owner=OWN_BUDGET)
         known = {e.request_id for e in ledger.store.entries(OWN_ROWS)}
         if _disclosure_id(cfg, table, terms) not in known:
             events = _disclosure_plan(cfg, table, terms, delta).events()
@@ -318,7 +321,7 @@ def _disclose(
         return None
     n, k = table.x.shape
     delta = own_delta(cfg, n)
-    ledger.budgets[OWN_ROWS] = Budget(pol.epsilon_cap, delta)
+    ledger.budgets[OWN_ROWS] = Budget(pol.epsilon_cap, delta, owner=OWN_BUDGET)
     plan = _disclosure_plan(cfg, table, terms, delta)
     rid = _disclosure_id(cfg, table, terms)
 
