@@ -53,12 +53,12 @@ def test_simulate_terms_error_names_the_field() -> None:
 
     argv = ["simulate", "--dataset", "office-caltech", "--source", "C", "--target", "A"]
     args = build_parser().parse_args([*argv, "--noise-multiplier", "0"])
-    with pytest.raises(ConfigError, match=r"^noise_multiplier: 0 \(calibrate to ε\) needs"):
+    with pytest.raises(ConfigError, match=r"^--noise-multiplier: 0 \(calibrate to ε\) needs"):
         terms_from_args(args, "office-caltech:C", 1e-3)
     args = build_parser().parse_args(
         [*argv, "--batch-size", "128", "--steps", "9", "--noise-multiplier", "0"]
     )
-    with pytest.raises(ConfigError, match=r"^batch_size: aggregate releases are whole-dataset"):
+    with pytest.raises(ConfigError, match=r"^--batch-size: aggregate releases are whole-dataset"):
         terms_from_args(args, "office-caltech:C", 1e-3)  # the default unit releases aggregates
     args = build_parser().parse_args(
         [*argv, "--batch-size", "128", "--steps", "9", "--noise-multiplier", "0"]
