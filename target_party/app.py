@@ -170,6 +170,10 @@ def run_job(
     check_representation(table.x, cfg.job.representation, "job.representation")
     terms = cfg.job.terms()
     check_row_queries(cfg, terms)
+    key = job_key(cfg, table, terms)
+    # a source that fails the job on purpose gets a bounded number of reruns: refused before
+    # the source is asked anything
+    reruns.start(cfg.state_dir, cfg.source_fingerprint, key, cfg.max_reruns)
     source = GrpcReleaseSource(cfg, ledger, audit)
     try:
         # the source's published facts (δ, features, labels) against the job before anything
@@ -185,12 +189,9 @@ def run_job(
         )
         acfg = adapt_config(cfg.job, seed)
         # before the source is asked for a release: PATE's queries fit the target's budget
-        key = job_key(cfg, table, terms)
         rq = row_queries(
             cfg, ledger, own[0] if own else None, table.x.shape[0], terms.pate_queries, job=key
         )
-        # a source that fails the job on purpose gets a bounded number of reruns
-        reruns.start(cfg.state_dir, cfg.source_fingerprint, key, cfg.max_reruns)
         source.target_claim = own[1].to_json() if own else ""
     except BaseException:
         source.close()
