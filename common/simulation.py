@@ -114,6 +114,7 @@ class SimulationOutcome:
     target_row_queries: str = "exact"  # what PATE sent about the target's rows
     baseline_scaling: str | None = None  # the scaling the non-private baselines ran under
     baseline_by_scaling: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    views: dict[str, TargetView] = field(default_factory=dict)  # per method: the target's view
 
     @property
     def dpda(self) -> DPDAResult:
@@ -248,6 +249,7 @@ def simulate(
     view = target_view(target, representation, scaling_mode=scaling_mode, disclosure=privacy)
     runs: dict[str, DPDAResult] = {}
     ledgers: dict[str, list[LedgerEntry]] = {}
+    views: dict[str, TargetView] = {}
     for method, t in by_method.items():
         rng, public = testing_streams(seed) if seed is not None else (secure_rng(), public_rng())
         store = MemoryLedgerStore()
@@ -270,6 +272,7 @@ def simulate(
             own = target_view(target, representation, scaling_mode=mode, terms=t)
         runs[method] = run_dpda(releaser, own, t, cfg, spent, progress, rq, compute)
         ledgers[method] = store.entries(t.dataset)
+        views[method] = own
     kept: str | None = None
     by_scaling: dict[str, dict[str, float | None]] = {}
     if baselines:
@@ -277,7 +280,7 @@ def simulate(
     so = by_scaling[kept]["source_only"] if kept else None
     ot_acc = by_scaling[kept]["otda"] if kept else None
     return SimulationOutcome(
-        so, ot_acc, runs, ledgers, t_spent, target_delta, rq.mode, kept, by_scaling
+        so, ot_acc, runs, ledgers, t_spent, target_delta, rq.mode, kept, by_scaling, views
     )
 
 

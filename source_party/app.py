@@ -130,7 +130,12 @@ def build(cfg: SourceConfig, handlers_cls: type[SourceHandlers] = SourceHandlers
     store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
     domains = {d.name: load_dataset(d) for d in cfg.datasets}
     budgets = {
-        d.name: Budget(d.epsilon, dataset_delta(d, domains[d.name]), d.accountant)
+        d.name: Budget(
+            d.epsilon,
+            dataset_delta(d, domains[d.name]),
+            d.accountant,
+            owner=f"the source dataset {d.name!r}'s budget (its epsilon)",
+        )
         for d in cfg.datasets
     }
     ledger = PrivacyLedger(store, budgets)

@@ -92,12 +92,24 @@ def job_delta(cfg: TargetConfig) -> float:
     return cfg.job.delta
 
 
+def own_budget(cfg: TargetConfig) -> str:
+    """Whose budget ``budget_epsilon`` is, for a refusal."""
+    return f"the target's own budget for the source's dataset {cfg.job.dataset!r} (budget_epsilon)"
+
+
 def open_state(cfg: TargetConfig) -> tuple[PrivacyLedger, AuditLog]:
     keyfiles.state_dir(cfg.state_dir)  # the daemon's own: no other user may swap its ledger
     keyfiles.check_private(cfg.tls.key, "tls.key")  # before any state is written, as the source
     conn = connect(cfg.state_dir / "state.sqlite")
     store = SqliteLedgerStore(cfg.state_dir / "state.sqlite", conn)
-    ledger = PrivacyLedger(store, {cfg.job.dataset: Budget(cfg.budget_epsilon, job_delta(cfg))})
+    # the job's dataset once its δ is known (``with_source_delta``); the daemon's own reads
+    # (``target serve``) need none
+    budgets = (
+        {cfg.job.dataset: Budget(cfg.budget_epsilon, cfg.job.delta, owner=own_budget(cfg))}
+        if cfg.job.delta is not None
+        else {}
+    )
+    ledger = PrivacyLedger(store, budgets)
     key = signing.load_private(cfg.signing_key)
     signing.write_role_keys(cfg.state_dir, key, {"source": cfg.source_signing_public_key}, "target")
     return ledger, AuditLog(conn, "target", cfg.retain_payloads, key)
@@ -150,6 +162,7 @@ def run_job(
     outputs in ``state_dir/jobs/<job_id>/`` (a new id by default).
     ``settle``: the process's entry point asks for ``settle_heap`` once the data is loaded."""
     cfg = with_source_delta(cfg)
+    seed = cfg.seed if cfg.seed is not None else seed
     job_id = job_id or new_job_id()
     if cfg.job.setting == "public-source":
         return run_public_source_job(cfg, progress, job_id), {}
@@ -158,27 +171,29 @@ def run_job(
     check_representation(table.x, cfg.job.representation, "job.representation")
     terms = cfg.job.terms()
     check_row_queries(cfg, terms)
-    own = own_disclosure(cfg, table, terms, ledger)
-    view = target_view(
-        table.domain,
-        cfg.job.representation,
-        scaling_mode=resolve_scaling(cfg.job.scaling, terms),
-        disclosure=own[0] if own else None,
-        terms=terms,
-    )
-    acfg = adapt_config(cfg.job, seed)
-    # before the source is asked anything: PATE's queries fit the target's own budget
     key = job_key(cfg, table, terms)
-    rq = row_queries(
-        cfg, ledger, own[0] if own else None, table.x.shape[0], terms.pate_queries, job=key
-    )
-    # a source that fails the job on purpose gets a bounded number of reruns
+    # a source that fails the job on purpose gets a bounded number of reruns: refused before
+    # the source is asked anything
     reruns.start(cfg.state_dir, cfg.source_fingerprint, key, cfg.max_reruns)
     source = GrpcReleaseSource(cfg, ledger, audit)
-    source.target_claim = own[1].to_json() if own else ""
     try:
-        # clear errors before anything is asked; the source plans the terms meanwhile
-        source.preflight(view.x.shape[1], terms.delta, planned=terms)
+        # the source's published facts (δ, features, labels) against the job before anything
+        # of the target's rows is charged or sent; the source plans the terms meanwhile
+        source.preflight(table.x.shape[1], terms.delta, planned=terms)
+        own = own_disclosure(cfg, table, terms, ledger)
+        view = target_view(
+            table.domain,
+            cfg.job.representation,
+            scaling_mode=resolve_scaling(cfg.job.scaling, terms),
+            disclosure=own[0] if own else None,
+            terms=terms,
+        )
+        acfg = adapt_config(cfg.job, seed)
+        # before the source is asked for a release: PATE's queries fit the target's budget
+        rq = row_queries(
+            cfg, ledger, own[0] if own else None, table.x.shape[0], terms.pate_queries, job=key
+        )
+        source.target_claim = own[1].to_json() if own else ""
     except BaseException:
         source.close()
         raise

@@ -40,6 +40,17 @@ from dpda.terms import SessionTerms
 OWN_ROWS = "own-rows"  # the target's own ledger dataset: what it disclosed about its rows
 
 
+OWN_BUDGET = "the target's own budget for its rows (privacy.epsilon_cap)"
+
+
+def own_rng(cfg: TargetConfig, stream: int) -> np.random.Generator:
+    """The noise of the target's own disclosures: a CSPRNG stream, or under an insecure testing
+    ``seed`` the stream ``dpda simulate --seed`` draws the same noise from."""
+    if cfg.seed is not None:
+        return np.random.default_rng([cfg.seed, stream])
+    return secure_rng()
+
+
 def own_delta(cfg: TargetConfig, n_rows: int) -> float:
     """The δ of the target's own disclosures: ``[privacy] delta``, or 1/(10·nt)."""
     if cfg.privacy.delta is None:
@@ -124,7 +135,7 @@ def row_queries(
     if pol.row_queries == "exact":
         return RowQueries("exact")
     delta = own_delta(cfg, n_rows)
-    ledger.budgets.setdefault(OWN_ROWS, Budget(pol.epsilon_cap, delta))
+    ledger.budgets.setdefault(OWN_ROWS, Budget(pol.epsilon_cap, delta, owner=OWN_BUDGET))
 
     def record(sid: str, events: list, params: dict[str, Any], draw: Callable[[], np.ndarray]):
         key = job or sid
@@ -196,7 +207,7 @@ def row_queries(
                 "clip": clip,
                 "n_rows": int(rows.shape[0]),
             },
-            lambda: noisy_rows(rows, clip, plan, secure_rng()),
+            lambda: noisy_rows(rows, clip, plan, own_rng(cfg, 23)),
         )
 
     return RowQueries("dp", protect=protect)
@@ -216,7 +227,7 @@ def own_disclosure(
     pol = cfg.privacy
     if pol.disclosures == "dp" and pol.row_queries == "dp" and terms.pate_queries > 0:
         delta = own_delta(cfg, table.x.shape[0])
-        ledger.budgets[OWN_ROWS] = Budget(pol.epsilon_cap, delta)
+        ledger.budgets[OWN_ROWS] = Budget(pol.epsilon_cap, delta, owner=OWN_BUDGET)
         known = {e.request_id for e in ledger.store.entries(OWN_ROWS)}
         if _disclosure_id(cfg, table, terms) not in known:
             events = _disclosure_plan(cfg, table, terms, delta).events()
@@ -310,7 +321,7 @@ def _disclose(
         return None
     n, k = table.x.shape
     delta = own_delta(cfg, n)
-    ledger.budgets[OWN_ROWS] = Budget(pol.epsilon_cap, delta)
+    ledger.budgets[OWN_ROWS] = Budget(pol.epsilon_cap, delta, owner=OWN_BUDGET)
     plan = _disclosure_plan(cfg, table, terms, delta)
     rid = _disclosure_id(cfg, table, terms)
 
@@ -340,7 +351,7 @@ def _disclose(
     def draw() -> dict[str, np.ndarray]:
         ell = min(terms.projection_dim, n, k)  # as session_terms lowers it
         mode = resolve_scaling(cfg.job.scaling, terms)
-        d = disclose(table.x, cfg.job.representation, mode, ell, plan, secure_rng())
+        d = disclose(table.x, cfg.job.representation, mode, ell, plan, own_rng(cfg, 19))
         return {"mean": d.scaling.mean, "std": d.scaling.std, "basis": d.basis,
                 "clip": np.array(d.clip_norm), "variances": d.variances}  # fmt: skip
 

@@ -280,12 +280,27 @@ def build_parser() -> argparse.ArgumentParser:
     # simulate
     sm = sub.add_parser("simulate", help="run source-only, OTDA and DPDA in one process")
     sm.add_argument("--source-file", help="your labeled source table (.csv .parquet .npy .npz)")
-    sm.add_argument("--target-file", help="your target table; its labels, if any, only score")
+    sm.add_argument(
+        "--target-file",
+        help="your target table; with a column named as --label-column (e.g. label) the "
+        "rehearsal is scored against it (accuracies; the labels are read only to score)",
+    )
     sm.add_argument(
         "--label-column", default="-1", help="the label column: a name or a position (-1: last)"
     )
     sm.add_argument("--id-column", default=None, help="a column that names rows (not a feature)")
-    sm.add_argument("--predictions", default=None, help="where to write the DPDA predictions")
+    sm.add_argument(
+        "--predictions",
+        default=None,
+        help="where to write the DPDA predictions (default: beside --json, else predictions.csv)",
+    )
+    sm.add_argument(
+        "--write-configs",
+        metavar="DIR",
+        default=None,
+        help="also write DIR/source.toml and DIR/target.toml: the deployment of this rehearsal "
+        "(every choice it made; keys, fingerprints and the address to fill in)",
+    )
     sm.add_argument(
         "--representation",
         choices=["raw", "sqrt", "rownorm", "l2"],
@@ -383,7 +398,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_service.register(sub)
     bench.register(sub)
+    say_defaults(parser)
     return parser
+
+
+def say_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option whose default is a value says it in its help (``(default X)``), unless its
+    help already speaks of its default: ``--help`` gives every default."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                say_defaults(sub)
+            continue
+        if not action.option_strings or action.help in (None, argparse.SUPPRESS):
+            continue
+        if isinstance(action, argparse._StoreTrueAction | argparse._HelpAction):
+            continue
+        d = action.default
+        if d is None or d == argparse.SUPPRESS or d == [] or "default" in action.help:
+            continue
+        shown = " ".join(str(v) for v in d) if isinstance(d, list | tuple) else str(d)
+        action.help = f"{action.help} (default {shown})"
 
 
 def main(argv: list[str] | None = None) -> int:

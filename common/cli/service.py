@@ -99,7 +99,8 @@ def _cmd_target_plan(args: argparse.Namespace) -> int:
     from dpda.target_party.planning import plan_job
 
     _setup_logging(args.log_level)
-    out = plan_job(load_target(args.config))
+    cfg = load_target(args.config)
+    out = plan_job(cfg)
     by = out["epsilon_remaining_by_cap"]
     print(
         f"σ/w {out['sigma']:.4f} (noise std {out['noise_std']:.4g}), {out['steps']} release(s), "
@@ -144,15 +145,27 @@ def _cmd_target_plan(args: argparse.Namespace) -> int:
     print(
         "it fits; nothing was spent by this plan"
         if out["fits"]
-        else "it does NOT fit: "
-        + (
-            "the target's own cap (privacy.epsilon_cap) would be exceeded"
-            if not own["fits"]
-            else "the source would refuse it (see the remaining budget above)"
-        )
+        else "it does NOT fit (nothing was spent by this plan): "
+        + "; ".join(_overdrawn(out, cfg.budget_epsilon))
     )
     write_json(args, out)
-    return 0
+    return 0 if out["fits"] else 1
+
+
+def _overdrawn(plan: dict, budget_epsilon: float) -> list[str]:
+    """Each budget the planned job would overdraw: whose it is and the setting that holds it."""
+    by, after = plan["epsilon_remaining_by_cap"], plan["epsilon_dataset_after"]
+    charge = plan["epsilon_charge"]
+    out = []
+    if after > plan["epsilon_dataset_cap"] + 1e-12:
+        out.append("the source dataset's budget (its epsilon, at the source) would be exceeded")
+    if charge > by["source_peer"] + 1e-12:
+        out.append("this peer's budget at the source (its peers.epsilon_cap) would be exceeded")
+    if after > budget_epsilon + 1e-12:
+        out.append("the target's own budget for the dataset (budget_epsilon) would be exceeded")
+    if not plan["target"]["fits"]:
+        out.append("the target's own budget for its rows (privacy.epsilon_cap) would be exceeded")
+    return out or ["a budget would be exceeded (see the remaining budget above)"]
 
 
 def _cmd_target_serve(args: argparse.Namespace) -> int:

@@ -109,11 +109,11 @@ def _simulate_once(
     args: argparse.Namespace, src: Any, tgt: Any, rep: str, scaling: str, seed: int | None
 ) -> tuple[Any, Any, dict[str, Any]]:
     """One rehearsal at ``seed``: (the outcome, its terms, its JSON)."""
-    from dpda.data.preprocessing import default_attribute_bound
+    from dpda.cli.flags import flag_error
     from dpda.dp.ledger import check_delta
-    from dpda.service.progress import Progress
-    from dpda.simulation import METHODS, simulate
-    from dpda.target_party.view import adapt_config, resolve_scaling
+    from dpda.errors import ConfigError
+    from dpda.simulation import METHODS
+    from dpda.target_party.view import adapt_config
 
     delta = args.delta if args.delta is not None else default_delta(src.x.shape[0])
     check_delta(delta, src.x.shape[0], "--delta", "the source")
@@ -121,7 +121,30 @@ def _simulate_once(
     terms = terms_from_args(args, label, delta)
     cfg = adapt_config(args, seed if seed is not None else 0)
     methods = METHODS if args.method == "all" else (args.method,)
-    out = simulate(
+    try:
+        out = _run_simulate(args, src, tgt, rep, scaling, seed, terms, cfg, methods)
+    except (ValueError, ConfigError) as exc:  # a setting's error, named by its flag
+        raise ConfigError(flag_error(str(exc), args)) from None
+    return out, terms, out.to_json(terms)
+
+
+def _run_simulate(
+    args: argparse.Namespace,
+    src: Any,
+    tgt: Any,
+    rep: str,
+    scaling: str,
+    seed: int | None,
+    terms: Any,
+    cfg: Any,
+    methods: tuple[str, ...],
+) -> Any:
+    from dpda.data.preprocessing import default_attribute_bound
+    from dpda.service.progress import Progress
+    from dpda.simulation import simulate
+    from dpda.target_party.view import resolve_scaling
+
+    return simulate(
         src,
         tgt.domain,
         terms,
@@ -142,7 +165,6 @@ def _simulate_once(
         or ("synthetic" if args.target_epsilon is not None else "exact"),
         target_query_epsilon=args.target_query_epsilon,
     )
-    return out, terms, out.to_json(terms)
 
 
 def spread_of(accuracies: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -197,11 +219,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         else Path("predictions.csv")
     )
     data.update({**names, "seed": data.get("seeds", [args.seed])[0]})
+    if data.get("baseline_scaling"):  # how it was chosen: by the target's labels, or not at all
+        data["baseline_scaling_by"] = "target labels" if tgt.y is not None else "default"
     label_names = names.get("label_names")
     written = write_predictions(
         preds_path, tgt.ids, out.dpda.predictions, tuple(label_names) if label_names else None
     )
     data["predictions"] = str(written.resolve())
+    if args.write_configs:
+        from dpda.cli.rehearsed import write_configs
+        from dpda.target_party.view import resolve_scaling
+
+        mode = resolve_scaling(args.scaling or "auto", terms, scaling)
+        configs = write_configs(args, terms, rep, mode, data["seed"], int(src.x.shape[1]))
+        data["configs"] = {"source": str(configs[0]), "target": str(configs[1])}
     write_json(args, data)
     a = data["accuracy"]
     names_ = {"dpda": "DPDA", "pate": "PATE", "dpda_pate": "DPDA+PATE"}
@@ -222,10 +253,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"{where}  source-only {_pct(a['source_only'])}  OTDA {_pct(a['otda'])}  "
             f"DP without adaptation {_pct(a.get('dp_no_adaptation'))}  {private}"
         )
+    scored = tgt.y is not None
     if data.get("baseline_scaling"):
         print(
             f"  source-only and OTDA: non-private, under the {data['baseline_scaling']} scaling "
-            "(the better of z-score and uniform by the target's labels, when it has them)"
+            + (
+                "(the better of z-score and uniform by the target's labels)"
+                if scored
+                else "(the default: nothing was scored, so no scaling was chosen)"
+            )
+        )
+    if not scored:
+        print(
+            f"  no accuracy: the target file has no label column {args.label_column!r}; a "
+            "target with one is scored (its labels are read only to score the rehearsal)"
         )
     ad = data.get("adaptation") or {}
     if ad.get("estimate"):
@@ -252,6 +293,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         print("  the target's scaling and basis are exact here (--target-epsilon E: under DP)")
     print(f"  predictions: {data['predictions']}")
+    if "configs" in data:
+        print(
+            f"  the deployment of this rehearsal: {data['configs']['source']} and "
+            f"{data['configs']['target']} (fill in the lines marked FILL IN)"
+        )
     print(f"  note: {data['caveat']}")
     return 0
 
@@ -287,6 +333,7 @@ TERM_HELP = {
 def terms_from_args(args: argparse.Namespace, dataset: str, delta: float) -> Any:
     from pydantic import ValidationError
 
+    from dpda.cli.flags import flag_error
     from dpda.errors import ConfigError
     from dpda.service.config import terms_of
     from dpda.terms import terms_error
@@ -294,7 +341,7 @@ def terms_from_args(args: argparse.Namespace, dataset: str, delta: float) -> Any
     try:  # the flags name the terms as a [job] table does: the same builder
         return terms_of(argparse.Namespace(**{**vars(args), "dataset": dataset, "delta": delta}))
     except ValidationError as exc:
-        raise ConfigError(terms_error(exc)) from None
+        raise ConfigError(flag_error(terms_error(exc), args)) from None
 
 
 def _term_flag(p: argparse.ArgumentParser, name: str) -> None:

@@ -134,9 +134,14 @@ def spend_of(events: Sequence[dp_event.DpEvent], delta: float) -> float:
 
 @dataclass(frozen=True)
 class Budget:
+    """A cap on one dataset's ε at its δ. ``owner`` names whose budget it is and the setting
+    that holds it, for the refusal (e.g. "the target's own budget for its rows
+    (privacy.epsilon_cap)")."""
+
     epsilon: float
     delta: float
     accountant: str = Accountant.PLD.value
+    owner: str = "the dataset's privacy budget"
 
 
 def default_delta(n_rows: int) -> float:
@@ -158,10 +163,11 @@ def check_delta(delta: float, n_rows: int, field: str, rows: str) -> None:
 
 
 def _exceeded(which: str, cap: float, spent: float, after: float) -> BudgetExceeded:
-    """A refusal that says what the cap is, what it has spent and what the release needed:
-    budget numbers only (public to the peer, as ``DescribeDataset`` gives them too)."""
+    """A refusal that says whose budget it is, what the cap is, what it has spent and what the
+    release needed: budget numbers only (public to the peer, as ``DescribeDataset`` gives them
+    too)."""
     return BudgetExceeded(
-        f"{which} privacy budget would be exceeded: cap ε {cap:.4g}, spent {spent:.4g}, "
+        f"{which} would be exceeded: cap ε {cap:.4g}, spent {spent:.4g}, "
         f"remaining {max(cap - spent, 0.0):.4g}, this release needs {after - spent:.4g} "
         f"(ε after it {after:.4g})"
     )
@@ -204,11 +210,11 @@ class PrivacyLedger:
         b = self._budget(dataset)
         after = self.would_spend(dataset, new_events)
         if after > b.epsilon + 1e-12:
-            raise _exceeded("the dataset's", b.epsilon, self.spent(dataset), after)
+            raise _exceeded(b.owner, b.epsilon, self.spent(dataset), after)
         for name, cap, prior in extra_caps:
             e = spend_of([*prior, *new_events], b.delta)
             if e > cap + 1e-12:
-                raise _exceeded(f"the {name}", cap, spend_of(prior, b.delta), e)
+                raise _exceeded(f"the {name} privacy budget", cap, spend_of(prior, b.delta), e)
         return after
 
     def append(

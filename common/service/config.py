@@ -457,6 +457,23 @@ class TargetConfig(_Strict):
         "exact statistic or row",
     )
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    seed: int | None = Field(
+        default=None,
+        description="fixes the job's seed and the noise of the target's own disclosures (as "
+        "`dpda simulate --seed` does): refused unless insecure_testing = true",
+    )
+    insecure_testing: bool = Field(
+        default=False, description="allow a fixed seed (tests and rehearsed configs only)"
+    )
+
+    @model_validator(mode="after")
+    def _seed_is_insecure(self) -> TargetConfig:
+        if self.seed is not None and not self.insecure_testing:
+            raise ValueError(
+                "seed: a fixed seed makes the target's own noise predictable; it is refused "
+                "unless insecure_testing = true (tests only)"
+            )
+        return self
 
 
 def load_source(path: str | Path) -> SourceConfig:

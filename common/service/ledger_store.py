@@ -50,6 +50,41 @@ def connect(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
+def connect_read_only(path: str | Path) -> sqlite3.Connection:
+    """Open a dpda SQLite file for reading only (``ledger verify``, ``show``, ``audit``): no
+    setting is changed and nothing is written, so a read-only copy of a state dir works. A
+    file in WAL mode whose folder cannot take SQLite's shared-memory file is opened as
+    immutable when no write-ahead log is pending; otherwise the error says why. Raises
+    ``sqlite3.Error`` (the caller names the file)."""
+    path = Path(path)
+    uri = path.resolve().as_uri()
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=30, check_same_thread=False)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError:
+        wal = path.with_name(path.name + "-wal")
+        if wal.is_file() and wal.stat().st_size > 0:
+            raise sqlite3.OperationalError(
+                f"its write-ahead log {wal.name} holds commits not yet in the file, and SQLite "
+                "cannot read it without writing its shared-memory file beside it (the folder is "
+                "read-only): copy the state dir to a writable folder, or stop the daemon first "
+                "(a clean stop folds the log into the file)"
+            ) from None
+        conn = sqlite3.connect(f"{uri}?immutable=1", uri=True, check_same_thread=False)
+    row = conn.execute(
+        "SELECT value FROM meta WHERE key='schema_version'"
+        if conn.execute("SELECT name FROM sqlite_master WHERE name='meta'").fetchone()
+        else "SELECT NULL"
+    ).fetchone()
+    if row is None or row[0] is None or int(row[0]) != SCHEMA_VERSION:
+        conn.close()
+        raise LedgerCorrupt(
+            f"state file {path} has schema version {row[0] if row else None}, this dpda "
+            f"expects {SCHEMA_VERSION}"
+        )
+    return conn
+
+
 class SqliteLedgerStore:
     """The ledger in SQLite, with each dataset's parsed entries kept in memory. Writes through
     this store update the copy after the commit; a commit by any other connection changes

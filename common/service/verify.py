@@ -14,12 +14,19 @@ from dpda.errors import ConfigError, LedgerCorrupt
 
 
 def open_state(state_dir: str):
-    from dpda.service.ledger_store import SqliteLedgerStore, connect
+    """(connection, ledger store) of a state dir, opened for reading only: the offline checks
+    change nothing, and a read-only copy works (or the error says why)."""
+    import sqlite3
+
+    from dpda.service.ledger_store import SqliteLedgerStore, connect_read_only
 
     path = Path(state_dir) / "state.sqlite"
     if not path.is_file():
         raise ConfigError(f"{state_dir}: no dpda state here (state.sqlite missing)")
-    conn = connect(path)
+    try:
+        conn = connect_read_only(path)
+    except sqlite3.Error as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc}") from None
     return conn, SqliteLedgerStore(path, conn)
 
 
@@ -112,7 +119,7 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
                     problems.append(f"{ds} entry {e.seq}: spend_after differs from recomputation")
             msg = e.signed_message()
             # the target's own releases (its statistics, its PATE queries): no source signs them
-            own = e.params.get("kind") in ("target-disclosure", "target-row-queries")
+            own = e.params.get("kind") in OWN_ROWS_KINDS
             if e.payload_sha256 and not e.source_sig and not own:
                 warnings.append(f"{ds} entry {e.seq}: not yet signed by the source")
             for role, sig in (("source", e.source_sig), ("target", e.target_sig)):
@@ -223,7 +230,7 @@ def _unsigned_outside_flight(ledger: dict[str, list[Any]]) -> list[str]:
             last[e.peer] = e.seq
         bare: dict[str, list[int]] = {}
         for e in entries:
-            own = e.params.get("kind") in ("target-disclosure", "target-row-queries")
+            own = e.params.get("kind") in OWN_ROWS_KINDS
             if own or e.seq == last[e.peer]:
                 continue
             if not e.payload_sha256:
@@ -281,6 +288,14 @@ def _traffic_past_the_ledger(conn: Any, ledger: dict[str, list[Any]]) -> list[st
     return problems
 
 
+OWN_ROWS_KINDS = ("target-disclosure", "target-row-queries")
+
+
+def _own_rows_entry(e: Any) -> bool:
+    """An entry the target keeps of its own rows' disclosures (charged by itself, for itself)."""
+    return e.peer == "self" and e.params.get("kind") in OWN_ROWS_KINDS
+
+
 def compare_with_peer(state_dir: str, peer_state_dir: str) -> list[str]:
     """Problems found comparing a ledger with the peer's copy of it. Each side keeps the head
     the other signed, so a tail lost on one side (with its audit records, or with a WAL) shows
@@ -288,8 +303,11 @@ def compare_with_peer(state_dir: str, peer_state_dir: str) -> list[str]:
     _, mine = open_state(state_dir)
     _, theirs = open_state(peer_state_dir)
     problems: list[str] = []
+    held = set(mine.datasets())
     for ds in sorted(set(theirs.datasets())):
         a, b = mine.entries(ds), theirs.entries(ds)
+        if ds not in held and all(_own_rows_entry(e) for e in b):
+            continue  # the peer's charges on its own rows: never shared, so never held here
         common = min(len(a), len(b))
         if [e.entry_hash() for e in a[:common]] != [e.entry_hash() for e in b[:common]]:
             problems.append(f"{ds}: the two copies of the ledger diverge")

@@ -101,3 +101,61 @@ def test_plan_and_run_show_both_parties_epsilon(served: Deployment) -> None:
     assert run.returncode == 0, run.stderr
     assert "the source's records: ε" in run.stdout
     assert f"the target's own rows: ε {own['epsilon_charge']:.4f} this job" in run.stdout
+
+
+def _own_state(dep: Deployment, name: str) -> tuple[str, str]:
+    """The swap that gives a variant a target state of its own (a ledger that starts empty)."""
+    return f'state_dir = "{dep.workdir / "target"}"', f'state_dir = "{dep.workdir / name}"'
+
+
+def _run_job(config: Path) -> subprocess.CompletedProcess:
+    cmd = dpda_command("target", "run", "--config", str(config), "--quiet")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def _own_entries(state: Path) -> list:
+    import sqlite3
+
+    if not (state / "state.sqlite").is_file():
+        return []
+    with sqlite3.connect(state / "state.sqlite") as conn:
+        return conn.execute("SELECT * FROM ledger WHERE dataset = 'own-rows'").fetchall()
+
+
+def test_a_rounded_delta_is_refused_before_the_targets_rows_are_charged(
+    served: Deployment,
+) -> None:
+    config = _variant(
+        served, "rounded", _own_state(served, "rounded"),
+        ('disclosures = "exact"', 'disclosures = "dp"\nrow_clip = 40.0'),
+        ("[job]\n", "[job]\ndelta = 0.000333\n"),  # the source's is 1/3000
+    )  # fmt: skip
+    r = _run_job(config)
+    assert r.returncode != 0
+    assert "job.delta" in r.stderr and "leave job.delta out" in r.stderr, r.stderr
+    assert _own_entries(served.workdir / "rounded") == []  # nothing of the target charged
+
+
+def test_a_budget_refusal_names_whose_budget_and_its_setting(served: Deployment) -> None:
+    config = _variant(
+        served, "small", _own_state(served, "small"),
+        ("budget_epsilon = 100.0", "budget_epsilon = 0.5"),
+    )  # fmt: skip
+    plan = _plan(config)
+    assert plan.returncode == 1, plan.stdout + plan.stderr  # a job that does not fit
+    assert "does NOT fit" in plan.stdout and "(budget_epsilon)" in plan.stdout, plan.stdout
+    r = _run_job(config)
+    assert r.returncode != 0
+    assert "the target's own budget for the source's dataset 'syn' (budget_epsilon)" in r.stderr
+
+
+def test_the_target_daemon_starts_without_job_delta(served: Deployment, tmp_path: Path) -> None:
+    from tests.integration.helpers import start_target_serve
+
+    assert "delta" not in served.target_config.read_text().split("[job]")[1].split("[")[0]
+    proc, port = start_target_serve(served, tmp_path / "serve.log")
+    try:
+        assert port > 0 and proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -4,6 +4,7 @@ synthetic data: they must exit 0 and print what they promise."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -49,4 +50,9 @@ def test_two_daemons_then_read_ledger(tmp_path: Path) -> None:
     assert "#0 synthetic for target-org" in source and "countersigned" in source
     assert "ledger entries checked: OK" in source
     target = _run(tmp_path, "read_ledger.py", str(work / "target"))
-    assert "own-rows" in target and "ledger entries checked: OK" in target
+    # the example job as shipped is the rehearsal's default: a source-space release, so the
+    # target's copy holds the source's entries and nothing of its own rows was charged
+    assert "#0 synthetic for target-org" in target and "own-rows" not in target
+    assert "ledger entries checked: OK" in target
+    result = json.loads((work / "result.json").read_text())
+    assert result["target_epsilon_spent"] == 0.0 and result["accuracy"] > 90

@@ -119,3 +119,34 @@ def test_the_package_ships_its_type_hints() -> None:
     from importlib.resources import files
 
     assert files("dpda").joinpath("py.typed").is_file()
+
+
+def _subparsers(parser, path=()):
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _subparsers(sub, (*path, name))
+
+
+def test_every_option_with_a_default_says_it_in_its_help() -> None:
+    """A user reads each default in ``--help`` (``--keep`` among them): an option whose default
+    is a value says ``default`` in its help."""
+    import argparse
+
+    from dpda.cli.main import build_parser
+
+    silent = []
+    for path, parser in _subparsers(build_parser()):
+        for a in parser._actions:
+            if not a.option_strings or a.help in (None, argparse.SUPPRESS):
+                continue
+            if isinstance(a, argparse._StoreTrueAction | argparse._HelpAction):
+                continue
+            if a.default is None or a.default == argparse.SUPPRESS or a.default == []:
+                continue
+            if "default" not in a.help:
+                silent.append(f"{' '.join(path)} {a.option_strings[0]}")
+    assert silent == []

@@ -53,12 +53,12 @@ def test_simulate_terms_error_names_the_field() -> None:
 
     argv = ["simulate", "--dataset", "office-caltech", "--source", "C", "--target", "A"]
     args = build_parser().parse_args([*argv, "--noise-multiplier", "0"])
-    with pytest.raises(ConfigError, match=r"^noise_multiplier: 0 \(calibrate to ε\) needs"):
+    with pytest.raises(ConfigError, match=r"^--noise-multiplier: 0 \(calibrate to ε\) needs"):
         terms_from_args(args, "office-caltech:C", 1e-3)
     args = build_parser().parse_args(
         [*argv, "--batch-size", "128", "--steps", "9", "--noise-multiplier", "0"]
     )
-    with pytest.raises(ConfigError, match=r"^batch_size: aggregate releases are whole-dataset"):
+    with pytest.raises(ConfigError, match=r"^--batch-size: aggregate releases are whole-dataset"):
         terms_from_args(args, "office-caltech:C", 1e-3)  # the default unit releases aggregates
     args = build_parser().parse_args(
         [*argv, "--batch-size", "128", "--steps", "9", "--noise-multiplier", "0"]
@@ -201,3 +201,63 @@ def test_a_target_job_declares_its_terms_once_and_is_derived_one_way() -> None:
         base.with_changes(metric_clip=0.0)
     with pytest.raises(ValidationError, match="no_such_field"):
         base.with_changes(no_such_field=1)
+
+
+# what a user of the examples must set: where things are (state, address, data) and what has
+# no default; every other value of the examples is the default the rehearsal runs
+_WHERE = {"listen", "data_path", "label_column", "id_column", "path", "domain"}
+
+
+def _set_beyond_what_a_user_must(model, table: dict, where: str) -> list[str]:
+    out = []
+    for key, value in table.items():
+        field = model.model_fields[key]
+        if isinstance(value, dict):
+            continue  # a table of its own, checked on its own
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            continue
+        if not field.is_required() and key not in _WHERE:
+            out.append(f"{where}{key}")
+    return out
+
+
+def test_the_example_configs_set_only_what_a_user_must() -> None:
+    """The examples are the rehearsal's defaults: a user who copies them runs the job
+    ``dpda simulate`` rehearses (no target-pca, z-score, [privacy] ε or clip of their own)."""
+    import tomllib
+
+    from dpda.policy import PrivacyPolicy, TargetPrivacyPolicy
+    from dpda.service.config import (
+        ComputeConfig,
+        SourceConfig,
+        SourceDataset,
+        TargetConfig,
+        TargetJob,
+    )
+
+    tgt = tomllib.loads((DEPLOY / "target.example.toml").read_text())
+    src = tomllib.loads((DEPLOY / "source.example.toml").read_text())
+    extra = _set_beyond_what_a_user_must(TargetConfig, tgt, "")
+    extra += _set_beyond_what_a_user_must(TargetJob, tgt["job"], "job.")
+    extra += _set_beyond_what_a_user_must(TargetPrivacyPolicy, tgt.get("privacy", {}), "privacy.")
+    extra += _set_beyond_what_a_user_must(ComputeConfig, tgt.get("compute", {}), "compute.")
+    extra += _set_beyond_what_a_user_must(SourceConfig, src, "")
+    for ds in src["datasets"]:
+        extra += _set_beyond_what_a_user_must(SourceDataset, ds, "datasets.")
+        extra += _set_beyond_what_a_user_must(PrivacyPolicy, ds.get("policy", {}), "policy.")
+    assert extra == []
+
+
+def test_the_example_job_is_the_rehearsals_default_job() -> None:
+    """The example target's session terms (δ as the source publishes it) are those of
+    ``dpda simulate`` with no flag but the data, on the example source's dataset."""
+    from dpda.cli.main import build_parser
+    from dpda.cli.simulate import terms_from_args
+    from dpda.dp.ledger import default_delta
+
+    job = load_target(DEPLOY / "target.example.toml").job
+    (ds,) = load_source(DEPLOY / "source.example.toml").datasets
+    delta = ds.delta if ds.delta is not None else default_delta(ds.synthetic_rows[0])
+    args = build_parser().parse_args(["simulate", "--source-file", "S", "--target-file", "T"])
+    assert job.with_changes(delta=delta).terms() == terms_from_args(args, ds.name, delta)
+    assert job.scaling == args.scaling or (job.scaling == "auto" and args.scaling is None)

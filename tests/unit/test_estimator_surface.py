@@ -51,6 +51,7 @@ def test_the_estimators_defaults_are_the_declared_ones() -> None:
     changed default changes every surface."""
     import dataclasses
 
+    from dpda.estimator import JOB_PARAMS
     from dpda.service.config import TargetJob
     from dpda.target_party.view import AdaptConfig
     from dpda.terms import DEFAULT_EPSILON, SessionTerms, term_default
@@ -67,6 +68,8 @@ def test_the_estimators_defaults_are_the_declared_ones() -> None:
                 expected = DEFAULT_EPSILON
             elif name == "delta":  # 1/(10·n) of the source's rows, computed in fit
                 expected = None
+            elif name in JOB_PARAMS:  # the [job] table's own (pate_queries: when PATE is on)
+                expected = job[name].default
             elif name in SessionTerms.model_fields:
                 expected = term_default(name)
             elif name in adapt:

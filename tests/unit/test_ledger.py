@@ -113,3 +113,25 @@ def test_a_charge_recomposes_only_what_changed(monkeypatch: pytest.MonkeyPatch) 
     with fresh_caches():  # else ε itself comes back from the cache
         fresh = spend_of([*events, events[-1]], 1e-5)
     assert fresh == pytest.approx(led.store.entries()[-1].spend_after, abs=1e-12)
+
+
+def test_a_budget_refusal_names_whose_budget_and_the_setting_that_holds_it() -> None:
+    """The target keeps two budgets in one ledger (its cap for the source's dataset, and its
+    own rows'); a refusal says which, so the user knows which setting to change."""
+    from dp_accounting import dp_event
+
+    from dpda.dp.ledger import Budget, MemoryLedgerStore, PrivacyLedger
+    from dpda.errors import BudgetExceeded
+    from dpda.target_party.own_rows import OWN_BUDGET, OWN_ROWS
+
+    ledger = PrivacyLedger(
+        MemoryLedgerStore(),
+        {OWN_ROWS: Budget(1.0, 1e-5, owner=OWN_BUDGET), "d": Budget(100.0, 1e-5)},
+    )
+    big = [dp_event.GaussianDpEvent(0.5)]
+    with pytest.raises(BudgetExceeded, match=r"^the target's own budget for its rows "
+                       r"\(privacy\.epsilon_cap\) would be exceeded: cap ε 1"):  # fmt: skip
+        ledger.check(OWN_ROWS, big)
+    ledger.check("d", big)  # the other budget, unnamed: the default wording
+    with pytest.raises(BudgetExceeded, match=r"^the dataset's privacy budget would be exceeded"):
+        PrivacyLedger(MemoryLedgerStore(), {"d": Budget(1.0, 1e-5)}).check("d", big)
