@@ -9,6 +9,7 @@ from enum import Enum
 from typing import Any, Literal, get_args, get_origin
 
 from dpda.dp.ledger import default_delta
+from dpda.ot.references import REFERENCE_ROWS
 from dpda.service.output import write_json
 
 
@@ -141,6 +142,8 @@ def _simulate_once(
         target_row_queries=args.target_row_queries
         or ("synthetic" if args.target_epsilon is not None else "exact"),
         target_query_epsilon=args.target_query_epsilon,
+        baselines=True if getattr(args, "references", False) else None,
+        reference_rows=getattr(args, "reference_rows", REFERENCE_ROWS),
     )
     return out, terms, out.to_json(terms)
 
@@ -222,6 +225,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"{where}  source-only {_pct(a['source_only'])}  OTDA {_pct(a['otda'])}  "
             f"DP without adaptation {_pct(a.get('dp_no_adaptation'))}  {private}"
         )
+    refs = data.get("references") or {}
+    if not refs.get("ran", True):
+        print(f"  source-only and OTDA references {refs['why']} (--references)")
+    elif refs.get("method"):
+        print(f"  OTDA reference: {refs['method']['otda']}")
     if data.get("baseline_scaling"):
         print(
             f"  source-only and OTDA: non-private, under the {data['baseline_scaling']} scaling "
