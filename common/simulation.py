@@ -202,6 +202,10 @@ class SimulationOutcome:
         }
 
 
+def _own_view(target: Domain, representation: str, asked: str, t: SessionTerms) -> TargetView:
+    return target_view(target, representation, scaling_mode=resolve_scaling(asked, t), terms=t)
+
+
 def simulate(
     source: Domain,
     target: Domain,
@@ -289,7 +293,13 @@ def simulate(
         from dpda.dp.ledger import spend_of
 
         t_spent = spend_of(t_events, target_delta or 0.0)
-    view = target_view(target, representation, scaling_mode=scaling_mode, disclosure=privacy)
+    # the shared view, built only when a method reads it (a source-space release has its own:
+    # at 10⁶ rows a view is a few hundred MB)
+    view = (
+        target_view(target, representation, scaling_mode=scaling_mode, disclosure=privacy)
+        if shared
+        else None
+    )
     runs: dict[str, DPDAResult] = {}
     ledgers: dict[str, list[LedgerEntry]] = {}
     for method, t in by_method.items():
@@ -308,11 +318,12 @@ def simulate(
             insecure_seed=seed is not None,
         )
         spent = partial(ledger.spent, t.dataset)
-        own = view
-        if t.source_space:  # its own scaling, and the target's rows clipped to its C
-            mode = resolve_scaling(asked_scaling, t)
-            own = target_view(target, representation, scaling_mode=mode, terms=t)
+        # a source-space release: its own view (its scaling, the rows clipped to its C), held
+        # only while its job runs
+        own = view if not t.source_space else _own_view(target, representation, asked_scaling, t)
+        assert own is not None  # the shared view is built for the methods in a shared basis
         runs[method] = run_dpda(releaser, own, t, cfg, spent, progress, rq, compute)
+        del own
         ledgers[method] = store.entries(t.dataset)
     kept: str | None = None
     by_scaling: dict[str, dict[str, float | None]] = {}
