@@ -33,18 +33,23 @@ ROWS = (10_000, 100_000, 1_000_000)
 REHEARSAL_MAX = 100_000  # the rehearsal's 1-NN reference grows as ns × nt in time
 
 
-def synthetic_tables(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(source, target) float32 tables of ``n`` rows: 64 columns then the label (10 classes,
-    overlapping Gaussian clusters; the target's columns shifted and scaled)."""
+def synthetic_tables(
+    n: int, seed: int = 0, n_source: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(source, target) float32 tables of ``n_source`` (default ``n``) and ``n`` rows: 64
+    columns then the label (10 classes, overlapping Gaussian clusters; the target's columns
+    shifted and scaled)."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(0.0, 0.45, (CLASSES, COLUMNS))
     shift = rng.normal(0.0, 0.5, COLUMNS)
+    rows = {False: n if n_source is None else n_source, True: n}
 
     def side(which: int, target: bool) -> np.ndarray:
+        size = rows[target]
         r = np.random.default_rng([seed, which])
-        y = r.integers(0, CLASSES, n)
-        out = np.empty((n, COLUMNS + 1), dtype=np.float32)
-        out[:, :COLUMNS] = r.standard_normal((n, COLUMNS), dtype=np.float32)
+        y = r.integers(0, CLASSES, size)
+        out = np.empty((size, COLUMNS + 1), dtype=np.float32)
+        out[:, :COLUMNS] = r.standard_normal((size, COLUMNS), dtype=np.float32)
         out[:, :COLUMNS] += centres[y]
         if target:
             out[:, :COLUMNS] = out[:, :COLUMNS] * 1.3 + shift
@@ -81,11 +86,14 @@ def _simulate(argv: list[str]) -> tuple[int, float, float, str]:
     return p.returncode, seconds, usage.ru_maxrss / 1024.0, text
 
 
-def measure(n: int, kind: str, workdir: Path, seed: int = 0) -> dict[str, Any]:
-    """One ``dpda simulate`` run at ``n`` rows a side: ``kind`` rehearsal (a labeled target)
-    or job (an unlabeled one)."""
-    src, tgt = synthetic_tables(n, seed)
-    s_path, t_path = workdir / f"source{n}.parquet", workdir / f"target{n}_{kind}.parquet"
+def measure(
+    n: int, kind: str, workdir: Path, seed: int = 0, n_source: int | None = None
+) -> dict[str, Any]:
+    """One ``dpda simulate`` run on ``n`` target rows (and ``n_source``, default ``n``, source
+    rows): ``kind`` rehearsal (a labeled target) or job (an unlabeled one)."""
+    ns = n if n_source is None else n_source
+    src, tgt = synthetic_tables(n, seed, ns)
+    s_path, t_path = workdir / f"source{ns}.parquet", workdir / f"target{n}_{kind}.parquet"
     if not s_path.exists():
         write_parquet(s_path, src, True)
     write_parquet(t_path, tgt, kind == "rehearsal")
@@ -105,12 +113,13 @@ def measure(n: int, kind: str, workdir: Path, seed: int = 0) -> dict[str, Any]:
     return {
         "kind": kind,
         "rows": n,
+        "source_rows": ns,
         "columns": COLUMNS,
         "rc": rc,
         "error": err[-2000:] if rc else None,
         "seconds": seconds,
         "peak_mb": peak,
-        "table_mb": n * (2 * COLUMNS + 1) * 4 / 2**20,  # the two float32 tables on disk
+        "table_mb": (ns + n) * (COLUMNS + 1) * 4 / 2**20,  # the two tables in float32
         "load_before": load,
         "load_after": os.getloadavg()[0],
         "accuracy": d.get("accuracy"),
@@ -144,8 +153,9 @@ def run_rows(args: argparse.Namespace) -> int:
     sizes = list(args.rows or ROWS)
     kinds = args.kinds
     print(
-        f"dpda simulate on synthetic {CLASSES}-class tables, {COLUMNS} columns, N source and N "
-        f"target rows; rehearsal (labeled target: references run) up to N = "
+        f"dpda simulate on synthetic {CLASSES}-class tables, {COLUMNS} columns, "
+        f"{args.source_rows or 'N'} source and N target rows; rehearsal (labeled target: "
+        "references run) up to N = "
         f"{args.rehearsal_max}, job (unlabeled target) at every N; load "
         f"{os.getloadavg()[0]:.1f}",
         flush=True,
@@ -157,7 +167,7 @@ def run_rows(args: argparse.Namespace) -> int:
             for kind in kinds:
                 if kind == "rehearsal" and n > args.rehearsal_max:
                     continue
-                r = measure(n, kind, Path(tmp), args.seed)
+                r = measure(n, kind, Path(tmp), args.seed, args.source_rows)
                 rows.append(r)
                 acc = (r["accuracy"] or {}).get("dpda")
                 print(

@@ -290,5 +290,12 @@ def register_scale(bsub: argparse._SubParsersAction) -> None:
         "grows as the product of the rows; default 100000)",
     )
     s.add_argument("--seed", type=int, default=0, help="with --rows: the tables' and noise's seed")
+    s.add_argument(
+        "--source-rows",
+        dest="source_rows",
+        type=int,
+        default=None,
+        help="with --rows: this many source rows at every N (default N: as many as the target)",
+    )
     add_json_option(s)
     s.set_defaults(func=run_bench_scale)

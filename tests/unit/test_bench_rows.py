@@ -51,3 +51,10 @@ def test_bench_scale_rows_smoke(tmp_path, capsys) -> None:
     assert job["references"]["ran"] is False and job["accuracy"]["source_only"] is None
     assert "job" in data["growth"]
     assert "peak memory as N^" in capsys.readouterr().out
+
+
+def test_the_source_may_have_its_own_number_of_rows() -> None:
+    s, t = synthetic_tables(300, seed=2, n_source=120)
+    assert s.shape == (120, COLUMNS + 1) and t.shape == (300, COLUMNS + 1)
+    _, same = synthetic_tables(300, seed=2)
+    np.testing.assert_array_equal(t, same)  # the target does not depend on the source's size
