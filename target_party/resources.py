@@ -10,16 +10,17 @@ The job's memory is linear in the target's rows ``nt`` for every release. What i
   memory) against ``m`` target rows (``nt``, or ``target_batch``), and the ``q × m`` class
   masses: ``12pm + 8qm`` bytes;
 * the label-free selection's neighbour index over the projected rows, ``16·nt·ℓ`` bytes;
-* the classifier's distances, in blocks of at most ``REFERENCE_MEMORY_MB``-like chunks
-  (scikit-learn's), and the interpreter with its libraries (``BASE_MB``).
+* the classifier's distances, in scikit-learn's row chunks, and the interpreter with its
+  libraries (``BASE_MB``).
 
 Nothing is ``nt²``: the selection's cluster score reads at most ``CLUSTER_SAMPLE`` rows, the
 self-labelling step and the classifier compare rows with the release's points a block at a time.
 
-The estimate is the shapes' sum times ``MEMORY_FACTOR`` (what numpy's temporaries and the
-loaders' copies add), plus ``BASE_MB``; its time is ``BASE_SECONDS`` plus a cost per plan entry
-a fit builds and solves and one per target row read. The constants are measured (``dpda bench
-scale --rows``, docs/results.md, on 2 cores) and the figures are estimates, said to be so.
+The estimate is the shapes' sum times ``MEMORY_FACTOR`` (what numpy's temporaries, the
+allocator and the loaders add), plus ``BASE_MB``; its time (CPU seconds) is ``BASE_SECONDS``
+plus a cost per plan entry a fit builds and solves and one per target cell read and labelled.
+The constants come from one measured job (below; ``dpda bench scale --rows`` measures others)
+and the figures are estimates, said to be so.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ from typing import Any
 
 from dpda.terms import SessionTerms
 
-# measured: `dpda bench scale --rows 10000 100000 1000000 --kinds job` (docs/results.md)
+# calibrated on one measurement: `dpda simulate` of 20,000 source and 200,000 unlabeled target
+# rows of 64 columns, prototypes, on this project's 2-core machine: 1,233 MB peak, 26 s of CPU
 BASE_MB = 260.0  # the interpreter, numpy, scikit-learn, the CLI: the job at 2,000 rows
-MEMORY_FACTOR = 1.6  # measured peak over the shapes' sum at 10⁶ target rows
+MEMORY_FACTOR = 2.5  # the measured peak above BASE_MB over the shapes' sum
 BASE_SECONDS = 3.0
-SECONDS_PER_CELL = 3.0e-8  # a plan entry of one fit (cost, solve, map), 2 cores
-SECONDS_PER_ROW_COLUMN = 2.0e-8  # reading, scaling and predicting a target row, per column
+SECONDS_PER_CELL = 3.0e-7  # a plan entry of one fit (cost, solve, map), CPU seconds
+SECONDS_PER_ROW_COLUMN = 1.0e-7  # reading, scaling and labelling a target row, per column
 SELECT_GRID = 12  # candidates of the label-free selection (dpda.target_party.selection.GRID)
 SELECT_MAX_CELLS = 2e7  # its size limit (the same constant there)
 
@@ -92,7 +94,7 @@ def job_resources(
         "plan_entries_per_fit": cells,
         "fits": fits,
         "linear_in": "the target's rows (no array holds nt² entries)",
-        "how": "an estimate from the shapes, calibrated by dpda bench scale --rows on 2 cores "
-        f"(×{MEMORY_FACTOR} over the arrays' bytes, plus {BASE_MB:.0f} MB); another machine, "
-        "another load, differs",
+        "how": "an estimate from the shapes, calibrated by one measured job on 2 cores "
+        f"(×{MEMORY_FACTOR} over the arrays' bytes, plus {BASE_MB:.0f} MB; CPU seconds, "
+        "not wall time under load); another machine differs",
     }
