@@ -19,7 +19,7 @@ self-labelling step and the classifier compare rows with the release's points a 
 The estimate is the shapes' sum times ``MEMORY_FACTOR`` (what numpy's temporaries, the
 allocator and the loaders add), plus ``BASE_MB``; its time (CPU seconds) is ``BASE_SECONDS``
 plus a cost per plan entry a fit builds and solves and one per target cell read and labelled.
-The constants come from one measured job (below; ``dpda bench scale --rows`` measures others)
+The constants come from measured jobs (below; ``dpda bench scale --rows`` measures others)
 and the figures are estimates, said to be so.
 """
 
@@ -29,10 +29,11 @@ from typing import Any
 
 from dpda.terms import SessionTerms
 
-# calibrated on one measurement: `dpda simulate` of 20,000 source and 200,000 unlabeled target
-# rows of 64 columns, prototypes, on this project's 2-core machine: 1,233 MB peak, 26 s of CPU
+# calibrated on two measured jobs of `dpda simulate` (prototypes, 64 columns, an unlabeled
+# target) on this project's 2-core machine: memory on 100,000 source and 10⁶ target rows
+# (3,732 MB peak), time on 20,000 source and 200,000 target rows (26 s of CPU)
 BASE_MB = 260.0  # the interpreter, numpy, scikit-learn, the CLI: the job at 2,000 rows
-MEMORY_FACTOR = 2.5  # the measured peak above BASE_MB over the shapes' sum
+MEMORY_FACTOR = 1.85  # the measured peak above BASE_MB over the shapes' sum
 BASE_SECONDS = 3.0
 SECONDS_PER_CELL = 3.0e-7  # a plan entry of one fit (cost, solve, map), CPU seconds
 SECONDS_PER_ROW_COLUMN = 1.0e-7  # reading, scaling and labelling a target row, per column
@@ -94,7 +95,7 @@ def job_resources(
         "plan_entries_per_fit": cells,
         "fits": fits,
         "linear_in": "the target's rows (no array holds nt² entries)",
-        "how": "an estimate from the shapes, calibrated by one measured job on 2 cores "
+        "how": "an estimate from the shapes, calibrated by measured jobs on 2 cores "
         f"(×{MEMORY_FACTOR} over the arrays' bytes, plus {BASE_MB:.0f} MB; CPU seconds, "
         "not wall time under load); another machine differs",
     }
