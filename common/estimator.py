@@ -194,6 +194,7 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
             target_row_queries=self.target_row_queries
             or ("synthetic" if self.target_epsilon is not None else "exact"),
             target_query_epsilon=self.target_query_epsilon,
+            keep_views=True,
         )
         res = out.dpda
         self.epsilon_spent_ = res.epsilon_spent

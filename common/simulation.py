@@ -18,6 +18,7 @@ from dpda.dp.rng import public_rng, secure_rng, testing_streams
 from dpda.errors import ConfigError
 from dpda.ot.costs import dpot_cost
 from dpda.ot.mapping import barycentric_map
+from dpda.ot.references import REFERENCE_MEMORY_MB, REFERENCE_ROWS, reference_method
 from dpda.ot.solvers import sinkhorn_group_lasso, uniform
 from dpda.policy import PrivacyPolicy
 from dpda.source_party.features import prepare_features
@@ -40,50 +41,86 @@ def _scored(pred: np.ndarray, view: TargetView) -> float | None:
     return accuracy(pred, view.labels) if view.labels is not None else None
 
 
+def _subsample(n: int, cap: int, seed: int, stream: int) -> np.ndarray | None:
+    """Sorted indices of a uniform subsample of ``cap`` of ``n`` rows; None: every row."""
+    if cap <= 0 or n <= cap:
+        return None
+    rng = np.random.default_rng([seed, stream])
+    return np.sort(rng.choice(n, cap, replace=False))
+
+
+def _predict(x: np.ndarray, y: np.ndarray, xt: np.ndarray, cfg: AdaptConfig) -> np.ndarray:
+    """``fit_predict`` with the distances of a nearest-neighbour classifier in row blocks."""
+    import sklearn
+
+    with sklearn.config_context(working_memory=REFERENCE_MEMORY_MB):
+        return np.asarray(fit_predict(x, y, xt, cfg.classifier, cfg.seed)[1])
+
+
 def source_only_predictions(
     source: Domain, view: TargetView, representation: str, cfg: AdaptConfig
 ) -> np.ndarray:
     xs = source_in_target_scaling(source, view, representation)
-    return fit_predict(xs, source.labels(), view.x, cfg.classifier, cfg.seed)[1]
+    return _predict(xs, source.labels(), view.x, cfg)
 
 
 def otda_predictions(
-    source: Domain, view: TargetView, representation: str, cfg: AdaptConfig
+    source: Domain,
+    view: TargetView,
+    representation: str,
+    cfg: AdaptConfig,
+    max_rows: int = REFERENCE_ROWS,
 ) -> np.ndarray:
-    """Non-private entropic + group-lasso OTDA in the target's full space (reference only)."""
+    """Non-private entropic + group-lasso OTDA in the target's full space (reference only):
+    the exact problem on at most ``max_rows`` rows a side (a uniform subsample, drawn from
+    ``cfg.seed``; 0: every row), so its memory is bounded whatever the tables' sizes."""
     xs = source_in_target_scaling(source, view, representation)
-    cost = dpot_cost(xs, view.x)
+    ys = source.labels()
+    xt = view.x
+    rs = _subsample(xs.shape[0], max_rows, cfg.seed, 31)
+    rt = _subsample(xt.shape[0], max_rows, cfg.seed, 37)
+    if rs is not None:
+        xs, ys = xs[rs], ys[rs]
+    if rt is not None:
+        xt = xt[rt]
+    cost = dpot_cost(xs, xt)
     res = sinkhorn_group_lasso(
         uniform(xs.shape[0]),
-        uniform(view.x.shape[0]),
+        uniform(xt.shape[0]),
         cost.normalized,
-        source.labels(),
+        ys,
         cfg.reg_e,
         cfg.reg_g,
         outer_iter=cfg.outer_iter,
         inner_iter=cfg.inner_iter,
     )
-    x_hat = barycentric_map(res.plan, view.x)
-    return fit_predict(x_hat, source.labels(), view.x, cfg.classifier, cfg.seed)[1]
+    x_hat = barycentric_map(res.plan, xt)
+    del cost, res
+    return _predict(x_hat, ys, view.x, cfg)
 
 
 BASELINE_SCALINGS = ("zscore", "uniform")
 
 
 def best_scaling_baselines(
-    source: Domain, target: Domain, representation: str, cfg: AdaptConfig
+    source: Domain,
+    target: Domain,
+    representation: str,
+    cfg: AdaptConfig,
+    max_rows: int = REFERENCE_ROWS,
 ) -> tuple[dict[str, np.ndarray], str, dict[str, dict[str, float | None]]]:
     """Non-private source-only and OTDA in their best form: each under every column scaling
     of ``BASELINE_SCALINGS``, the one with the higher source-only accuracy kept (picked with
     the target's labels when it has them: a reference for the tables, not a method; without
-    labels, z-score). Returns (predictions by arm, the scaling kept, every accuracy)."""
+    labels, z-score). Returns (predictions by arm, the scaling kept, every accuracy).
+    ``max_rows``: OTDA's subsample (``otda_predictions``)."""
     runs: dict[str, dict[str, np.ndarray]] = {}
     scores: dict[str, dict[str, float | None]] = {}
     for mode in BASELINE_SCALINGS:
         view = target_view(target, representation, scaling_mode=mode)
         runs[mode] = {
             "source_only": source_only_predictions(source, view, representation, cfg),
-            "otda": otda_predictions(source, view, representation, cfg),
+            "otda": otda_predictions(source, view, representation, cfg, max_rows),
         }
         scores[mode] = {k: _scored(v, view) for k, v in runs[mode].items()}
     best = BASELINE_SCALINGS[0]
@@ -114,7 +151,10 @@ class SimulationOutcome:
     target_row_queries: str = "exact"  # what PATE sent about the target's rows
     baseline_scaling: str | None = None  # the scaling the non-private baselines ran under
     baseline_by_scaling: dict[str, dict[str, float | None]] = field(default_factory=dict)
-    views: dict[str, TargetView] = field(default_factory=dict)  # per method: the target's view
+    # per method: the target's view the job ran on (``keep_views``: the estimator reads it)
+    views: dict[str, TargetView] = field(default_factory=dict)
+    # whether the non-private references ran and how (``reference_method``), or why not
+    references: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dpda(self) -> DPDAResult:
@@ -133,6 +173,7 @@ class SimulationOutcome:
         return {
             "baseline_scaling": self.baseline_scaling,
             "baseline_by_scaling": self.baseline_by_scaling,
+            "references": self.references,
             **d.summary(terms),
             "accuracy": acc,
             "epsilon_spent": max(r.epsilon_spent for r in self.runs.values()),
@@ -163,6 +204,10 @@ class SimulationOutcome:
         }
 
 
+def _own_view(target: Domain, representation: str, asked: str, t: SessionTerms) -> TargetView:
+    return target_view(target, representation, scaling_mode=resolve_scaling(asked, t), terms=t)
+
+
 def simulate(
     source: Domain,
     target: Domain,
@@ -170,7 +215,7 @@ def simulate(
     representation: str,
     cfg: AdaptConfig,
     seed: int | None,
-    baselines: bool = True,
+    baselines: bool | None = None,
     progress: Callable[[int, int], None] | None = None,
     scaling_mode: str = "auto",
     methods: tuple[str, ...] = ("dpda",),
@@ -183,6 +228,8 @@ def simulate(
     target_row_queries: str = "exact",
     target_query_epsilon: float = 4.0,
     compute: Compute | None = None,
+    reference_rows: int = REFERENCE_ROWS,
+    keep_views: bool = False,
 ) -> SimulationOutcome:
     """Each method runs as its own session on a fresh ledger at the same total ε.
 
@@ -197,6 +244,9 @@ def simulate(
     the same rows, and ``target_epsilon_spent`` is what one of them spends (as ``epsilon_spent``
     is for the source).
     ``compute``: where the per-batch fits run (``dpda.target_party.compute``; default here).
+    ``baselines``: run the non-private references (source-only, OTDA); None (the default): only
+    when the target has labels to score them. ``reference_rows``: OTDA's subsample a side
+    (``otda_predictions``; 0: every row).
     """
     by_method = {
         m: method_terms(terms, m, pate_queries, pate_share) if methods != ("dpda",) else terms
@@ -246,7 +296,13 @@ def simulate(
         from dpda.dp.ledger import spend_of
 
         t_spent = spend_of(t_events, target_delta or 0.0)
-    view = target_view(target, representation, scaling_mode=scaling_mode, disclosure=privacy)
+    # the shared view, built only when a method reads it (a source-space release has its own:
+    # at 10⁶ rows a view is a few hundred MB)
+    view = (
+        target_view(target, representation, scaling_mode=scaling_mode, disclosure=privacy)
+        if shared
+        else None
+    )
     runs: dict[str, DPDAResult] = {}
     ledgers: dict[str, list[LedgerEntry]] = {}
     views: dict[str, TargetView] = {}
@@ -266,21 +322,46 @@ def simulate(
             insecure_seed=seed is not None,
         )
         spent = partial(ledger.spent, t.dataset)
-        own = view
-        if t.source_space:  # its own scaling, and the target's rows clipped to its C
-            mode = resolve_scaling(asked_scaling, t)
-            own = target_view(target, representation, scaling_mode=mode, terms=t)
+        # a source-space release: its own view (its scaling, the rows clipped to its C), held
+        # only while its job runs
+        own = view if not t.source_space else _own_view(target, representation, asked_scaling, t)
+        assert own is not None  # the shared view is built for the methods in a shared basis
         runs[method] = run_dpda(releaser, own, t, cfg, spent, progress, rq, compute)
+        if keep_views:
+            views[method] = own
+        del own
         ledgers[method] = store.entries(t.dataset)
-        views[method] = own
     kept: str | None = None
     by_scaling: dict[str, dict[str, float | None]] = {}
-    if baselines:
-        _, kept, by_scaling = best_scaling_baselines(source, target, representation, cfg)
+    run_refs = target.y is not None if baselines is None else baselines
+    references: dict[str, Any] = {"ran": run_refs}
+    if run_refs:
+        _, kept, by_scaling = best_scaling_baselines(
+            source, target, representation, cfg, reference_rows
+        )
+        references["method"] = reference_method(
+            source.x.shape[0], target.x.shape[0], reference_rows
+        )
+    else:
+        references["why"] = (
+            "skipped: the target has no labels to score them (asked for, they run)"
+            if baselines is None
+            else "not asked for"
+        )
     so = by_scaling[kept]["source_only"] if kept else None
     ot_acc = by_scaling[kept]["otda"] if kept else None
     return SimulationOutcome(
-        so, ot_acc, runs, ledgers, t_spent, target_delta, rq.mode, kept, by_scaling, views
+        so,
+        ot_acc,
+        runs,
+        ledgers,
+        t_spent,
+        target_delta,
+        rq.mode,
+        kept,
+        by_scaling,
+        views=views,
+        references=references,
     )
 
 

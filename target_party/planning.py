@@ -22,6 +22,7 @@ from dpda.service.config import TargetConfig
 from dpda.target_party.app import load_target_data, open_state, with_source_delta
 from dpda.target_party.client import GrpcReleaseSource
 from dpda.target_party.own_rows import own_plan
+from dpda.target_party.resources import job_resources
 from dpda.target_party.view import AdaptConfig, resolve_scaling, session_terms, target_view
 from dpda.terms import SessionTerms
 
@@ -103,6 +104,15 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
     }
     return {
         "forecast": forecast(terms, plan, int(facts.n_rows), int(facts.n_classes), view.x.shape[0]),
+        "resources": job_resources(
+            terms,
+            plan.steps,
+            int(facts.n_rows),
+            int(facts.n_classes),
+            view.x.shape[0],
+            view.x.shape[1],
+            select=cfg.job.select,
+        ),
         "sigma": plan.feature_noise_multiplier,
         "noise_std": plan.spec(terms).features.noise_std,
         "steps": plan.steps,

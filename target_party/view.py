@@ -175,17 +175,45 @@ def target_view(
     no-op for norm-1 representations)."""
     from dpda.dp.mechanisms import clip_rows
 
-    rep = per_row(target.x, representation)
     clip = None
     if terms is not None and terms.source_space:
         clip = natural_clip(representation, terms.clip_norm)
-        rep = clip_rows(rep, clip)
+
+    def rows(part: np.ndarray) -> np.ndarray:
+        r = per_row(part, representation)
+        return clip_rows(r, clip) if clip is not None else r
+
+    # per-row maps, a block of rows at a time into one array: the view's memory is its rows
+    # and a block, not the several whole-table temporaries the maps make
+    rep = _by_blocks(target.x, rows)
     kn = np.full(rep.shape[0], -1, dtype=np.int64) if known is None else known
     if disclosure is not None:
         d = disclosure
-        return TargetView(d.scaling.apply(rep), d.scaling, target.y, kn, d, representation, clip)
+        scaled = _scale_inplace(rep, d.scaling)
+        return TargetView(scaled, d.scaling, target.y, kn, d, representation, clip)
     scaling = Scaling.of(rep, scaling_mode)
-    return TargetView(scaling.apply(rep), scaling, target.y, kn, None, representation, clip)
+    return TargetView(
+        _scale_inplace(rep, scaling), scaling, target.y, kn, None, representation, clip
+    )
+
+
+ROW_BLOCK = 65_536  # rows a per-row map reads at a time (a few tens of MB of temporaries)
+
+
+def _by_blocks(x: np.ndarray, f: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``f`` (a per-row map to float64 rows of the same width) applied a block of rows at a
+    time, into one new array."""
+    out = np.empty(x.shape, dtype=np.float64)
+    for i in range(0, x.shape[0], ROW_BLOCK):
+        out[i : i + ROW_BLOCK] = f(x[i : i + ROW_BLOCK])
+    return out
+
+
+def _scale_inplace(x: np.ndarray, scaling: Scaling) -> np.ndarray:
+    """``scaling.apply(x)`` computed in ``x`` itself (the same arithmetic, no copy)."""
+    x -= scaling.mean
+    x /= scaling.std
+    return x
 
 
 @dataclass(frozen=True)
@@ -207,7 +235,12 @@ def local_space(view: TargetView, clip_norm: float, ell: int) -> tuple[LocalSpac
     """(The map, the target's rows in the OT space) for a source-space session."""
     from dpda.dp.mechanisms import clip_rows
 
-    scaled = view.scaling.apply(clip_rows(view.rows(), clip_norm))
+    sc = view.scaling
+
+    def clipped(part: np.ndarray) -> np.ndarray:  # a block of view.rows(), clipped and scaled
+        return _scale_inplace(clip_rows(part * sc.std + sc.mean, clip_norm), sc)
+
+    scaled = _by_blocks(view.x, clipped)
     basis = target_pca_basis(scaled, ell)
     return LocalSpace(view.scaling, basis), scaled @ basis
 
@@ -230,10 +263,28 @@ def natural_clip(representation: str, clip_norm: float) -> float:
 
 
 def target_pca_basis(x: np.ndarray, ell: int) -> np.ndarray:
-    """Top-ℓ right singular vectors of the centred target data: (d, ℓ), orthonormal columns."""
-    xc = x - x.mean(axis=0)
-    _, _, vt = np.linalg.svd(xc, full_matrices=False)
-    return np.ascontiguousarray(vt[:ell].T)
+    """Top-ℓ right singular vectors of the centred target data: (d, ℓ), orthonormal columns.
+
+    Up to ``PCA_SVD_ROWS`` rows, by the SVD of the centred rows; above, as the top eigenvectors
+    of their ``d × d`` scatter matrix accumulated a block of rows at a time (the same directions
+    up to sign and rounding; the SVD would hold two more copies of the rows)."""
+    if x.shape[0] <= PCA_SVD_ROWS:
+        xc = x - x.mean(axis=0)
+        _, _, vt = np.linalg.svd(xc, full_matrices=False)
+        return np.ascontiguousarray(vt[:ell].T)
+    mu = x.mean(axis=0)
+    scatter = np.zeros((x.shape[1], x.shape[1]))
+    for i in range(0, x.shape[0], ROW_BLOCK):
+        b = x[i : i + ROW_BLOCK] - mu
+        scatter += b.T @ b
+    w, v = np.linalg.eigh(scatter)
+    top = v[:, np.argsort(w)[::-1][:ell]]
+    # a fixed sign: each direction's largest entry positive (the SVD's sign is arbitrary too)
+    top *= np.sign(top[np.argmax(np.abs(top), axis=0), np.arange(top.shape[1])])
+    return np.ascontiguousarray(top)
+
+
+PCA_SVD_ROWS = 50_000  # above it, the basis from the scatter matrix (linear memory)
 
 
 def session_terms(

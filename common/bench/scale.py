@@ -173,6 +173,10 @@ def _print(rows: list[dict[str, Any]]) -> None:
 
 
 def run_bench_scale(args: argparse.Namespace) -> int:
+    if args.rows is not None:
+        from dpda.bench.rows import run_rows
+
+        return run_rows(args)
     base = dict(QUICK if args.quick else FULL)
     for key in ("n_source", "n_target", "dim", "batch_size", "steps"):
         value = getattr(args, key)
@@ -260,5 +264,38 @@ def register_scale(bsub: argparse._SubParsersAction) -> None:
         help="bytes per worker (default: Dask's share of this machine's memory)",
     )
     s.add_argument("--watch-s", type=float, default=60.0, help="progress line every this often")
+    s.add_argument(
+        "--rows",
+        type=int,
+        nargs="*",
+        default=None,
+        metavar="N",
+        help="instead: wall time and peak memory of dpda simulate on synthetic 10-class "
+        "tables of 64 columns, N rows a side, the rehearsal (references) and the job alone "
+        "(default N: 10000 100000 1000000)",
+    )
+    s.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=["rehearsal", "job"],
+        default=["rehearsal", "job"],
+        help="with --rows: which runs (default both)",
+    )
+    s.add_argument(
+        "--rehearsal-max",
+        dest="rehearsal_max",
+        type=int,
+        default=100_000,
+        help="with --rows: the largest N the rehearsal runs at (its 1-NN reference's time "
+        "grows as the product of the rows; default 100000)",
+    )
+    s.add_argument("--seed", type=int, default=0, help="with --rows: the tables' and noise's seed")
+    s.add_argument(
+        "--source-rows",
+        dest="source_rows",
+        type=int,
+        default=None,
+        help="with --rows: this many source rows at every N (default N: as many as the target)",
+    )
     add_json_option(s)
     s.set_defaults(func=run_bench_scale)

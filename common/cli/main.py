@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 
 from dpda.cli.simulate import add_terms_args, cmd_simulate
 from dpda.errors import DpdaError
+from dpda.ot.references import REFERENCE_ROWS
 from dpda.service.output import add_json_option, json_to_stdout, write_json
 
 
@@ -32,6 +33,17 @@ def _count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: need a whole number ≥ 1")
+    return v
+
+
+def _whole(text: str) -> int:
+    """An integer ≥ 0, or argparse's own error naming the flag."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: need a whole number ≥ 0")
     return v
 
 
@@ -368,6 +380,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=4.0,
         help="with --target-row-queries dp: ε of the noisy rows (added to target_epsilon_spent)",
+    )
+    sm.add_argument(
+        "--references",
+        action="store_true",
+        help="run the non-private references (source-only, OTDA) even when the target has no "
+        "labels to score them (default: only when it has)",
+    )
+    sm.add_argument(
+        "--reference-rows",
+        type=_whole,
+        default=REFERENCE_ROWS,
+        metavar="N",
+        help=f"the OTDA reference solves the exact problem on a uniform subsample of N rows a "
+        f"side (default {REFERENCE_ROWS}; 0: every row, memory then grows as ns × nt)",
     )
     add_terms_args(sm)
     add_json_option(sm)

@@ -142,6 +142,12 @@ def _cmd_target_plan(args: argparse.Namespace) -> int:
     )
     if out["target"].get("epsilon_charge") == 0.0:
         print("the target sends nothing about its rows for this job: its own ε is 0")
+    res = out["resources"]
+    print(
+        f"resources (an estimate from the shapes, calibrated on 2 cores): peak memory about "
+        f"{res['peak_memory_mb']:.0f} MB, about {res['seconds']:.0f} s, linear in the target's "
+        f"rows ({res['plan_entries_per_fit']} plan entries a fit, {res['fits']} fits)"
+    )
     print(
         "it fits; nothing was spent by this plan"
         if out["fits"]

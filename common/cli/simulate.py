@@ -9,6 +9,7 @@ from enum import Enum
 from typing import Any, Literal, get_args, get_origin
 
 from dpda.dp.ledger import default_delta
+from dpda.ot.references import REFERENCE_ROWS
 from dpda.service.output import write_json
 
 
@@ -164,6 +165,8 @@ def _run_simulate(
         target_row_queries=args.target_row_queries
         or ("synthetic" if args.target_epsilon is not None else "exact"),
         target_query_epsilon=args.target_query_epsilon,
+        baselines=True if getattr(args, "references", False) else None,
+        reference_rows=getattr(args, "reference_rows", REFERENCE_ROWS),
     )
 
 
@@ -219,8 +222,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         else Path("predictions.csv")
     )
     data.update({**names, "seed": data.get("seeds", [args.seed])[0]})
-    if data.get("baseline_scaling"):  # how it was chosen: by the target's labels, or not at all
-        data["baseline_scaling_by"] = "target labels" if tgt.y is not None else "default"
+    # how the references' scaling was chosen: by the target's labels, or not at all
+    data["baseline_scaling_by"] = "target labels" if tgt.y is not None else "default"
     label_names = names.get("label_names")
     written = write_predictions(
         preds_path, tgt.ids, out.dpda.predictions, tuple(label_names) if label_names else None
@@ -254,6 +257,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"DP without adaptation {_pct(a.get('dp_no_adaptation'))}  {private}"
         )
     scored = tgt.y is not None
+    refs = data.get("references") or {}
+    if not refs.get("ran", True):
+        print(
+            f"  source-only and OTDA references {refs['why']} (--references); nothing was "
+            "scored, so no scaling was chosen"
+        )
+    elif refs.get("method"):
+        print(f"  OTDA reference: {refs['method']['otda']}")
     if data.get("baseline_scaling"):
         print(
             f"  source-only and OTDA: non-private, under the {data['baseline_scaling']} scaling "

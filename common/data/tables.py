@@ -124,6 +124,76 @@ def _raw(source: Any, where: str) -> tuple[list[str] | None, list[list[Any]], in
     raise ConfigError(f"{path}: unknown table format {suffix!r} (use one of {', '.join(FORMATS)})")
 
 
+def _columnar(source: Any, where: str) -> tuple[list[str] | None, list[np.ndarray]] | None:
+    """(column names or None, one array per column) for the formats that store columns
+    (a DataFrame, Parquet, ``.npy``, ``.npz``); None for CSV, read row by row. Reading by
+    column keeps the table's memory a few bytes a cell (a Python object per cell costs tens)."""
+    if hasattr(source, "columns") and hasattr(source, "itertuples"):  # a pandas DataFrame
+        frame = source
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such file")
+        suffix = path.suffix.lower()
+        if suffix == ".parquet":
+            try:
+                import pandas as pd
+
+                frame = pd.read_parquet(path)
+            except ImportError:
+                raise ConfigError(
+                    f"{path}: reading Parquet needs pandas and pyarrow: pip install 'dpda[data]'"
+                ) from None
+        elif suffix == ".npy":
+            arr = np.load(path, allow_pickle=False)
+            if arr.ndim != 2:
+                raise ConfigError(
+                    f"{path}: a .npy table must be 2-D (rows × columns), not {arr.shape}"
+                )
+            return None, [arr[:, j] for j in range(arr.shape[1])]
+        elif suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                keys = set(z.files)
+                xk = "x" if "x" in keys else "X" if "X" in keys else None
+                if xk is None:
+                    raise ConfigError(f"{path}: a .npz table holds 'x' (and 'y' if labeled)")
+                x = np.asarray(z[xk])
+                if x.ndim != 2:
+                    raise ConfigError(f"{path}: 'x' must be 2-D (rows × features), not {x.shape}")
+                cols = [x[:, j] for j in range(x.shape[1])]
+                names = [f"x{j}" for j in range(x.shape[1])]
+                if "y" in keys:
+                    y = np.asarray(z["y"]).ravel()
+                    if y.shape[0] != x.shape[0]:
+                        raise ConfigError(f"{path}: 'y' has {y.shape[0]} rows, 'x' {x.shape[0]}")
+                    cols.append(y)
+                    names.append("y")
+                return names, cols
+        elif suffix == ".csv":
+            return None
+        else:
+            return None  # _raw names the unknown format
+    names = [str(c) for c in frame.columns]
+    return names, [frame.iloc[:, j].to_numpy() for j in range(len(names))]
+
+
+def _numbers(values: Any, where: str, column: str, unit: str, first: int) -> np.ndarray:
+    """A column as float64; the first value that is not a finite number is refused as
+    ``_number`` refuses it (naming the column and the row)."""
+    arr = values if isinstance(values, np.ndarray) else None
+    if arr is not None and arr.dtype.kind in "iufb":
+        v = arr.astype(np.float64)
+        bad = ~np.isfinite(v)
+        if bad.any():
+            i = int(np.argmax(bad))
+            _number(arr[i].item(), where, column, unit, first + i)
+        return v
+    return np.array(
+        [_number(v, where, column, unit, first + i) for i, v in enumerate(values)],
+        dtype=np.float64,
+    )
+
+
 def _position(column: str | int, names: list[str] | None, width: int, where: str) -> int | None:
     """The column's index; None if it is named and absent."""
     if isinstance(column, int) and not isinstance(column, bool):
@@ -155,15 +225,30 @@ def read_table(
     classes in sorted order, ``label_names``).
     """
     where = "DataFrame" if hasattr(source, "columns") else str(source)
-    names, rows, first, unit = _raw(source, where)
-    if not rows:
+    columnar = _columnar(source, where)
+    if columnar is not None:
+        names, columns = columnar
+        first, unit = 0, "row"
+        n_rows = len(columns[0]) if columns else 0
+        width = len(columns)
+
+        def column(j: int) -> Any:
+            return columns[j]
+    else:
+        names, rows, first, unit = _raw(source, where)
+        n_rows = len(rows)
+        width = len(names) if names is not None else (len(rows[0]) if rows else 0)
+        for i, r in enumerate(rows):
+            if len(r) != width:
+                raise ConfigError(
+                    f"{where}: {unit} {first + i} has {len(r)} columns, the table {width}"
+                )
+
+        def column(j: int) -> Any:
+            return [r[j] for r in rows]
+
+    if not n_rows:
         raise ConfigError(f"{where}: the table has no rows")
-    width = len(names) if names is not None else len(rows[0])
-    for i, r in enumerate(rows):
-        if len(r) != width:
-            raise ConfigError(
-                f"{where}: {unit} {first + i} has {len(r)} columns, the table {width}"
-            )
     label_at = None
     if labels != "none" and label_column is not None:
         label_at = _position(label_column, names, width, where)
@@ -186,15 +271,24 @@ def read_table(
     if not feature_at:
         raise ConfigError(f"{where}: the table has no feature columns")
     col_names = [names[j] if names else f"x{j}" for j in range(width)]
-    x = np.empty((len(rows), len(feature_at)), dtype=np.float64)
-    for i, r in enumerate(rows):
+    x = np.empty((n_rows, len(feature_at)), dtype=np.float64)
+    for i in range(n_rows) if columnar is None else ():  # CSV: row by row, the first bad cell
         for k, j in enumerate(feature_at):
-            x[i, k] = _number(r[j], where, col_names[j], unit, first + i)
+            x[i, k] = _number(rows[i][j], where, col_names[j], unit, first + i)
+    for k, j in enumerate(feature_at) if columnar is not None else ():
+        x[:, k] = _numbers(column(j), where, col_names[j], unit, first)
     y = None
     label_names = None
     if label_at is not None:
-        raw = [r[label_at] for r in rows]
-        if all(_is_number(str(v)) for v in raw):  # class indices 0, 1, …
+        raw = column(label_at)
+        if isinstance(raw, np.ndarray) and raw.dtype.kind in "iuf":  # class indices 0, 1, …
+            v = _numbers(raw, where, col_names[label_at], unit, first)
+            bad = (v < 0) | (v != np.round(v))
+            if bad.any():
+                i = int(np.argmax(bad))
+                _label(raw[i].item(), where, col_names[label_at], unit, first + i)
+            y = v.astype(np.int64)
+        elif all(_is_number(str(v)) for v in raw):  # class indices 0, 1, …
             y = np.array(
                 [_label(v, where, col_names[label_at], unit, first + i) for i, v in enumerate(raw)],
                 dtype=np.int64,
@@ -204,7 +298,7 @@ def read_table(
             label_names = tuple(sorted(set(text)))
             index = {name: c for c, name in enumerate(label_names)}
             y = np.array([index[t] for t in text], dtype=np.int64)
-    ids = np.array([r[id_at] for r in rows]) if id_at is not None else np.arange(len(rows))
+    ids = np.asarray(column(id_at)) if id_at is not None else np.arange(n_rows)
     stem = name or (Path(where).stem if where != "DataFrame" else "table")
     n_classes = (len(label_names) if label_names else int(y.max()) + 1) if y is not None else 0
     features = tuple(col_names[j] for j in feature_at)

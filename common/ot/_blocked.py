@@ -84,6 +84,26 @@ class Rows:
         return out
 
 
+def _classes(layout: Rows, lo: int, hi: int) -> tuple[int, int]:
+    """The classes of rows ``[lo, hi)`` (sorted by label): ``(first, count)``. A span's
+    ``(q, m)`` accumulators cover only these rows of the table, so the spans together hold
+    about ``(n + SPANS) × m`` entries, not ``SPANS × q × m`` (with one point a class, as many
+    as the plan's own)."""
+    if hi <= lo:
+        return 0, 0
+    first = int(layout.labels[lo])
+    return first, int(layout.labels[hi - 1]) - first + 1
+
+
+def _gather(parts: list[tuple[int, np.ndarray]], n_classes: int, m: int) -> np.ndarray:
+    """The ``(q, m)`` sum of the spans' partial tables, each at its classes' rows, added in
+    span order (the same sums as adding whole tables with zeros elsewhere)."""
+    out = np.zeros((n_classes, m))
+    for first, table in parts:
+        out[first : first + table.shape[0]] += table
+    return out
+
+
 def rows_for(n: int, m: int, threads: int, labels: np.ndarray) -> Rows:
     return Rows(n, max(1, BLOCK_ELEMS // max(m, 1)), max(1, min(threads, n)), labels)
 
@@ -205,10 +225,11 @@ def direction(
     """Overwrite ``k`` with ``Δ = u∘K∘v − G``; return ``⟨C,Δ⟩``, ``Yᵀ(G∘Δ)``, ``Yᵀ(Δ∘Δ)``."""
     m = k.shape[1]
 
-    def part(lo: int, hi: int) -> tuple[float, np.ndarray, np.ndarray]:
+    def part(lo: int, hi: int) -> tuple[float, int, np.ndarray, np.ndarray]:
         c_d = 0.0
-        sq_b = np.zeros((n_classes, m))
-        sq_d = np.zeros((n_classes, m))
+        first, count = _classes(layout, lo, hi)
+        sq_b = np.zeros((count, m))
+        sq_d = np.zeros((count, m))
         tmp = np.empty((layout.rows, m), dtype=k.dtype)
         col = np.empty(m, dtype=k.dtype)  # a block's column sums, added into float64
         for i, j, lab in layout.blocks(lo, hi):
@@ -219,18 +240,18 @@ def direction(
             c_d += float(np.dot(c[i:j].reshape(-1), kb.reshape(-1)))
             np.multiply(gb, kb, out=t)
             np.add.reduce(t, axis=0, out=col)
-            sq_b[lab] += col
+            sq_b[lab - first] += col
             np.multiply(kb, kb, out=t)
             np.add.reduce(t, axis=0, out=col)
-            sq_d[lab] += col
-        return c_d, sq_b, sq_d
+            sq_d[lab - first] += col
+        return c_d, first, sq_b, sq_d
 
     parts = _run(pool, layout.spans(), part)
     traffic.bytes_read += 3 * k.nbytes
     return (
         sum(p[0] for p in parts),
-        np.sum([p[1] for p in parts], axis=0),
-        np.sum([p[2] for p in parts], axis=0),
+        _gather([(p[1], p[2]) for p in parts], n_classes, m),
+        _gather([(p[1], p[3]) for p in parts], n_classes, m),
     )
 
 
@@ -290,18 +311,18 @@ def squares(
     """``Yᵀ(G∘G)`` (q, m), float64."""
     m = g.shape[1]
 
-    def part(lo: int, hi: int) -> np.ndarray:
-        sq = np.zeros((n_classes, m))
+    def part(lo: int, hi: int) -> tuple[int, np.ndarray]:
+        first, count = _classes(layout, lo, hi)
+        sq = np.zeros((count, m))
         tmp = np.empty((layout.rows, m), dtype=g.dtype)
         for i, j, lab in layout.blocks(lo, hi):
             t = tmp[: j - i]
             np.multiply(g[i:j], g[i:j], out=t)
-            sq[lab] += t.sum(axis=0)
-        return sq
+            sq[lab - first] += t.sum(axis=0)
+        return first, sq
 
     traffic.bytes_read += g.nbytes
-    out: np.ndarray = np.sum(_run(pool, layout.spans(), part), axis=0)
-    return out
+    return _gather(_run(pool, layout.spans(), part), n_classes, m)
 
 
 def summary(
@@ -315,18 +336,19 @@ def summary(
     n, m = g.shape
     rows = np.empty(n)
 
-    def part(lo: int, hi: int) -> tuple[np.ndarray, float, np.ndarray]:
+    def part(lo: int, hi: int) -> tuple[np.ndarray, float, int, np.ndarray]:
         cols = np.zeros(m)
-        mass = np.zeros((n_classes, m))
+        first, count = _classes(layout, lo, hi)
+        mass = np.zeros((count, m))
         dot = 0.0
         for i, j, lab in layout.blocks(lo, hi):
             gb = g[i:j]
             rows[i:j] = gb.sum(axis=1, dtype=np.float64)
             s = gb.sum(axis=0, dtype=np.float64)
             cols += s
-            mass[lab] += s
+            mass[lab - first] += s
             dot += float(np.dot(c[i:j].reshape(-1), gb.reshape(-1)))
-        return cols, dot, mass
+        return cols, dot, first, mass
 
     parts = _run(pool, layout.spans(), part)
     traffic.bytes_read += 2 * g.nbytes
@@ -334,5 +356,5 @@ def summary(
         rows=rows,
         cols=np.sum([p[0] for p in parts], axis=0),
         cost=sum(p[1] for p in parts),
-        class_mass=np.sum([p[2] for p in parts], axis=0),
+        class_mass=_gather([(p[2], p[3]) for p in parts], n_classes, m),
     )

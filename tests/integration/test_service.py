@@ -397,6 +397,8 @@ def test_plan_says_when_a_job_does_not_fit_and_spends_nothing(tmp_path) -> None:
         assert not out["fits"]  # this peer's cap at the source is 2, the job charges more
         assert out["epsilon_remaining_by_cap"]["source_peer"] == 2.0
         assert out["epsilon_remaining"] == 2.0 < out["epsilon_charge"] <= 4.0
+        assert out["resources"]["peak_memory_mb"] > out["resources"]["by_part"]["one_fit_mb"]
+        assert out["resources"]["seconds"] > 0 and "estimate" in out["resources"]["how"]
         assert rs.handlers.ledger.store.entries("synthetic") == []
 
 

@@ -159,3 +159,26 @@ def test_the_outer_loop_stops_when_the_objective_settles_not_after_a_short_step(
     assert changes[-1] < tol and changes[-2] < 10 * tol
     earlier = zip(changes[:-2], changes[1:-1], strict=True)
     assert all(not (c < tol and p < 10 * tol) for p, c in earlier)  # no earlier stop
+
+
+def test_span_class_tables_cover_only_their_classes_and_sum_as_whole_tables() -> None:
+    """One point a class (prototypes): each span's (q, m) sums hold only its own classes' rows,
+    and the gathered tables are the plan's Yᵀγ, the same on one thread or several."""
+    from dpda.ot import _blocked
+    from dpda.ot.fast import group_lasso
+
+    rng = np.random.default_rng(5)
+    n, m = 10, 3000
+    y = np.eye(n)
+    cost = rng.random((n, m)).astype(np.float32)
+    a, b = np.full(n, 1 / n), np.full(m, 1 / m)
+    one, info1 = group_lasso(a, b, cost, y, 0.05, 0.5, threads=1)
+    one = one.copy()
+    many, info3 = group_lasso(a, b, cost, y, 0.05, 0.5, threads=3)
+    np.testing.assert_array_equal(one, many)
+    np.testing.assert_array_equal(info1.class_mass, info3.class_mass)
+    np.testing.assert_allclose(info1.class_mass, one.astype(np.float64), rtol=1e-6, atol=1e-12)
+    layout = _blocked.rows_for(n, m, 3, np.arange(n))
+    assert [_blocked._classes(layout, lo, hi)[1] for lo, hi in layout.spans()] == [
+        hi - lo for lo, hi in layout.spans()
+    ]

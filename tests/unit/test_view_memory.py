@@ -1,0 +1,41 @@
+"""The target's view and its OT space at linear memory: per-row maps by row blocks and the
+basis from the scatter matrix give what the whole-table forms give."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpda.data.loaders import Domain
+from dpda.data.preprocessing import Scaling, per_row
+from dpda.dp.mechanisms import clip_rows
+from dpda.target_party import view as V
+from dpda.terms import SessionTerms
+
+
+@pytest.mark.parametrize("representation", ["raw", "l2", "sqrt"])
+def test_the_view_by_row_blocks_is_the_whole_table_view(representation, monkeypatch) -> None:
+    monkeypatch.setattr(V, "ROW_BLOCK", 7)  # several blocks, the last one short
+    rng = np.random.default_rng(0)
+    x = np.abs(rng.normal(size=(50, 6))) * 3
+    terms = SessionTerms(dataset="d", epsilon=1.0, delta=1e-5, clip_norm=2.0)
+    got = V.target_view(Domain("t", x, None, 0), representation, scaling_mode="zscore", terms=terms)
+    rep = clip_rows(per_row(x, representation), V.natural_clip(representation, 2.0))
+    want = Scaling.of(rep, "zscore").apply(rep)
+    np.testing.assert_array_equal(got.x, want)
+    space, proj = V.local_space(got, 1.5, 3)
+    scaled = got.scaling.apply(clip_rows(got.rows(), 1.5))
+    np.testing.assert_allclose(proj, scaled @ space.basis, rtol=1e-12, atol=1e-12)
+
+
+def test_the_basis_from_the_scatter_matrix_spans_the_svd_directions(monkeypatch) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(400, 8)) * np.array([9, 7, 5, 3, 1, 0.5, 0.2, 0.1]) + 4.0
+    svd = V.target_pca_basis(x, 3)
+    monkeypatch.setattr(V, "PCA_SVD_ROWS", 100)
+    monkeypatch.setattr(V, "ROW_BLOCK", 64)
+    eig = V.target_pca_basis(x, 3)
+    assert eig.shape == (8, 3)
+    np.testing.assert_allclose(eig.T @ eig, np.eye(3), atol=1e-12)
+    # the same directions, each up to its sign
+    np.testing.assert_allclose(np.abs(svd.T @ eig), np.eye(3), atol=1e-9)
