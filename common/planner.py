@@ -145,12 +145,16 @@ def feature_sensitivity(
     if terms.release == "class-gaussians":
         # [sums / C, sums of squares / C²] per class: replace-one, same class 3/√2 (proved in
         # class_gaussians_sensitivity); add/remove √2. A label change: label_change_sensitivity.
-        return class_gaussians_sensitivity(terms.neighbouring)
+        return class_gaussians_sensitivity(terms.neighbouring, nonnegative=terms.nonnegative_rows)
     if terms.privacy_unit == "attribute":
         std = np.ones(projection.shape[0]) if scaling_std is None else scaling_std
         return attribute_sensitivity(projection, std, attribute_bound)
     return projection_sensitivity(
-        projection, terms.privacy_unit, terms.neighbouring, clip_norm=terms.clip_norm
+        projection,
+        terms.privacy_unit,
+        terms.neighbouring,
+        clip_norm=terms.clip_norm,
+        nonnegative=terms.nonnegative_rows,
     )
 
 
@@ -160,8 +164,9 @@ def label_change_sensitivity(terms: SessionTerms, same_label: float) -> float | 
     whole-dataset prototypes and class-gaussians under replace-one; None for every other.
 
     ``same_label`` is ``feature_sensitivity`` (the same-label case, which sets the noise).
-    Prototypes: rows clipped to C, so the same label moves one class sum by ≤ 2C and a label
-    change moves two class sums by ≤ C each, √2·C together: ``same_label / √2``.
+    Prototypes: rows clipped to C, so the same label moves one class sum by ≤ 2C (√2·C with
+    enforced non-negative rows) and a label change moves two class sums by ≤ C each, √2·C
+    together, whether or not the rows are non-negative.
     Class-gaussians: two blocks of norm ≤ √2 each, 2 together (``class_gaussians_sensitivity``).
     """
     if (
@@ -171,7 +176,8 @@ def label_change_sensitivity(terms: SessionTerms, same_label: float) -> float | 
     ):
         return None
     if terms.release == "prototypes":
-        return same_label / float(np.sqrt(2.0))
+        # same_label is 2C, or √2·C itself with enforced non-negative rows
+        return same_label if terms.nonnegative_rows else same_label / float(np.sqrt(2.0))
     if terms.release == "class-gaussians":
         return class_gaussians_sensitivity(terms.neighbouring, label_change=True)
     return None

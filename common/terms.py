@@ -121,6 +121,13 @@ class SessionTerms(BaseModel):
         "prototypes, class-gaussians and sinkhorn-synthetic, 0.5 otherwise",
     )
     clip_norm: float = Field(default=1.0, gt=0, le=1e12)
+    nonnegative_rows: bool = Field(
+        default=False,
+        description="source-space aggregates: the source maps every row to max(x, 0) after its "
+        "per-row representation and before clipping (a no-op for sqrt rows), so a same-label "
+        "replacement moves a class sum by at most √2·C instead of 2C and the release needs less "
+        "noise",
+    )
     release: ReleaseKind = Field(
         default="prototypes",
         description="rows: noisy projected rows (Algorithm 2); prototypes: noisy per-class sums"
@@ -246,6 +253,12 @@ class SessionTerms(BaseModel):
             )
         if self.release != "rows" and self.batch_size != 0:
             raise ValueError("batch_size: aggregate releases are whole-dataset releases")
+        if self.nonnegative_rows and self.projection != "source":
+            # a projection (the target's basis, a JL matrix) takes rows out of the orthant
+            raise ValueError(
+                "nonnegative_rows: offered with projection = 'source' only (a projected row "
+                "is not non-negative)"
+            )
         if self.projection == "source" and (
             self.release not in SOURCE_SPACE_RELEASES
             or self.cost == "metric"

@@ -213,6 +213,8 @@ class SourceReleaser(PateAnswers):
             ),
             "scaling_std_sha256": array_digest(std),
             **({"insecure_seed": True} if self.insecure_seed else {}),
+            # the √2·C bound rests on the clamp the source applies to every row
+            **({"nonnegative_rows": True} if terms.nonnegative_rows else {}),
         }
         return PreparedSession(terms, disclosure.scaling, m, plan, bound)
 

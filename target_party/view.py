@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from dpda.data.loaders import Domain
-from dpda.data.preprocessing import Scaling, per_row
+from dpda.data.preprocessing import NONNEGATIVE_REPRESENTATIONS, Scaling, per_row
 from dpda.dp.target_disclosure import Disclosure
 from dpda.errors import ConfigError
 from dpda.service.config import TargetJob
@@ -245,12 +245,15 @@ def session_terms(
     and, under the record unit, the clipping norm as a quantile of its projected rows."""
     most = min(view.x.shape)
     if terms.source_space:  # nothing of the target is sent; C is a public bound
-        terms = terms.model_copy(
-            update={
-                "projection_dim": min(terms.projection_dim, most),
-                "clip_norm": natural_clip(view.representation, terms.clip_norm),
-            }
-        )
+        update: dict[str, Any] = {
+            "projection_dim": min(terms.projection_dim, most),
+            "clip_norm": natural_clip(view.representation, terms.clip_norm),
+        }
+        if "nonnegative_rows" not in terms.model_fields_set:
+            # rows that are non-negative by construction: the source's clamp changes nothing
+            # and the same-label bound is √2·C (a public rule of the representation)
+            update["nonnegative_rows"] = view.representation in NONNEGATIVE_REPRESENTATIONS
+        terms = terms.model_copy(update=update)
         return terms, None
     if terms.projection == "target-pca" and terms.projection_dim > most:
         log.warning(
@@ -261,7 +264,7 @@ def session_terms(
             view.x.shape[0],
             most,
         )
-        update: dict[str, Any] = {"projection_dim": most}
+        update = {"projection_dim": most}
         if terms.metric_dim > most:  # W has at most as many rows as the projected space
             update["metric_dim"] = most
         terms = terms.model_copy(update=update)
