@@ -128,7 +128,9 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
             target, self.representation, scaling_mode=resolve_scaling(self.scaling, terms),
             terms=terms,
         )  # fmt: skip
-        self.model_ = model_pipeline(self.representation, view.scaling, res.model, view.clip_norm)
+        self.model_ = model_pipeline(
+            self.representation, view.scaling, res.model, view.clip_norm, view.standardization
+        )
         return self
 
     def predict(self, X: Any) -> np.ndarray:

@@ -114,6 +114,8 @@ class SimulationOutcome:
     target_row_queries: str = "exact"  # what PATE sent about the target's rows
     baseline_scaling: str | None = None  # the scaling the non-private baselines ran under
     baseline_by_scaling: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # what the source's DP preprocessing estimated (its own record), or what it was not
+    preprocessing: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dpda(self) -> DPDAResult:
@@ -134,6 +136,7 @@ class SimulationOutcome:
             "baseline_by_scaling": self.baseline_by_scaling,
             **d.summary(terms),
             "accuracy": acc,
+            "preprocessing": self.preprocessing,
             "epsilon_spent": max(r.epsilon_spent for r in self.runs.values()),
             "epsilon_by_method": {m: r.epsilon_spent for m, r in self.runs.items()},
             "epsilon_budget": terms.epsilon,
@@ -248,6 +251,7 @@ def simulate(
     view = target_view(target, representation, scaling_mode=scaling_mode, disclosure=privacy)
     runs: dict[str, DPDAResult] = {}
     ledgers: dict[str, list[LedgerEntry]] = {}
+    pre_report: dict[str, Any] = {}
     for method, t in by_method.items():
         rng, public = testing_streams(seed) if seed is not None else (secure_rng(), public_rng())
         store = MemoryLedgerStore()
@@ -270,6 +274,9 @@ def simulate(
             own = target_view(target, representation, scaling_mode=mode, terms=t)
         runs[method] = run_dpda(releaser, own, t, cfg, spent, progress, rq, compute)
         ledgers[method] = store.entries(t.dataset)
+        if method == "dpda" or not pre_report:
+            reports = list(releaser.preprocessing_reports.values())
+            pre_report = reports[0] if reports else {"mode": "none"}
     kept: str | None = None
     by_scaling: dict[str, dict[str, float | None]] = {}
     if baselines:
@@ -277,7 +284,7 @@ def simulate(
     so = by_scaling[kept]["source_only"] if kept else None
     ot_acc = by_scaling[kept]["otda"] if kept else None
     return SimulationOutcome(
-        so, ot_acc, runs, ledgers, t_spent, target_delta, rq.mode, kept, by_scaling
+        so, ot_acc, runs, ledgers, t_spent, target_delta, rq.mode, kept, by_scaling, pre_report
     )
 
 

@@ -197,7 +197,9 @@ def run_job(
         source.close()
     outdir = job_dir(cfg, job_id)
     model = save_model(
-        model_pipeline(cfg.job.representation, view.scaling, res.model, view.clip_norm),
+        model_pipeline(
+            cfg.job.representation, view.scaling, res.model, view.clip_norm, view.standardization
+        ),
         outdir / "model.skops",
     )
     preds = write_predictions(outdir / "predictions.csv", table.ids, res.predictions)

@@ -15,6 +15,7 @@ import numpy as np
 
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import NONNEGATIVE_REPRESENTATIONS, Scaling, per_row
+from dpda.dp.preprocessing_dp import Standardization, exact_standardization
 from dpda.dp.target_disclosure import Disclosure
 from dpda.errors import ConfigError
 from dpda.service.config import TargetJob
@@ -149,6 +150,9 @@ class TargetView:
     # a source-space session's C: the target's rows are clipped to it as the source's are, so
     # the release, the OT space and the classifier (and the saved model) share one space
     clip_norm: float | None = None
+    # preprocessing = standardize: the target's own exact statistics of the kind the source
+    # learns under DP (``dpda.dp.preprocessing_dp``); ``x`` is computed from the rows they map
+    standardization: Standardization | None = None
 
     @cached_property
     def x32(self) -> np.ndarray:
@@ -177,15 +181,32 @@ def target_view(
 
     rep = per_row(target.x, representation)
     clip = None
-    if terms is not None and terms.source_space:
+    st = None
+    if terms is not None and resolve_preprocessing(terms, representation) == "standardize":
+        st = exact_standardization(rep)
+        rep, clip = st.apply(rep), 1.0  # every row in the unit ball, as the source's
+    elif terms is not None and terms.source_space:
         clip = natural_clip(representation, terms.clip_norm)
         rep = clip_rows(rep, clip)
     kn = np.full(rep.shape[0], -1, dtype=np.int64) if known is None else known
     if disclosure is not None:
         d = disclosure
-        return TargetView(d.scaling.apply(rep), d.scaling, target.y, kn, d, representation, clip)
+        return TargetView(
+            d.scaling.apply(rep), d.scaling, target.y, kn, d, representation, clip, st
+        )
     scaling = Scaling.of(rep, scaling_mode)
-    return TargetView(scaling.apply(rep), scaling, target.y, kn, None, representation, clip)
+    return TargetView(scaling.apply(rep), scaling, target.y, kn, None, representation, clip, st)
+
+
+def resolve_preprocessing(terms: SessionTerms, representation: str) -> str:
+    """The preprocessing a source-space session runs under: the terms' own when they say,
+    else ``standardize`` for raw rows (columns of any scale, no natural row bound) released
+    with the exact calibration, and ``none`` otherwise (a public rule of the representation)."""
+    if not terms.source_space:
+        return "none"
+    if "preprocessing" in terms.model_fields_set:
+        return terms.preprocessing
+    return "standardize" if representation == "raw" and terms.calibration == "exact" else "none"
 
 
 @dataclass(frozen=True)
@@ -245,14 +266,21 @@ def session_terms(
     and, under the record unit, the clipping norm as a quantile of its projected rows."""
     most = min(view.x.shape)
     if terms.source_space:  # nothing of the target is sent; C is a public bound
+        pre = resolve_preprocessing(terms, view.representation)
         update: dict[str, Any] = {
             "projection_dim": min(terms.projection_dim, most),
-            "clip_norm": natural_clip(view.representation, terms.clip_norm),
+            # standardized rows are divided by their C: the unit ball
+            "clip_norm": 1.0
+            if pre != "none"
+            else natural_clip(view.representation, terms.clip_norm),
+            "preprocessing": pre,
         }
         if "nonnegative_rows" not in terms.model_fields_set:
             # rows that are non-negative by construction: the source's clamp changes nothing
             # and the same-label bound is √2·C (a public rule of the representation)
-            update["nonnegative_rows"] = view.representation in NONNEGATIVE_REPRESENTATIONS
+            update["nonnegative_rows"] = (
+                pre == "none" and view.representation in NONNEGATIVE_REPRESENTATIONS
+            )
         terms = terms.model_copy(update=update)
         return terms, None
     if terms.projection == "target-pca" and terms.projection_dim > most:
