@@ -32,7 +32,8 @@ are set to 0 (the noise alone rarely reaches that in any of the B bins); the med
 quartiles are read off the rest, interpolated linearly inside a bin; the scale
 is the larger of IQR/1.349 and 1.2533 × the mean absolute deviation from the median (both are σ
 for a normal column; the second stays positive for sparse columns whose quartiles are all 0),
-floored at ``SCALE_FLOOR`` × the median column scale and at ``ABSOLUTE_FLOOR``. Only where the
+floored at ``SCALE_FLOOR`` × the column's own median magnitude (a column centred at 0:
+× the median column scale) and at ``ABSOLUTE_FLOOR``. Only where the
 columns' extents spread widely (``SPREAD_RULE``: a table of mixed units) does each column keep
 its own scale; otherwise every column takes their root mean square (features in one unit:
 pixels, term frequencies), as the target's ``uniform`` scaling does. C is the
@@ -63,7 +64,7 @@ THRESHOLD = 3.0  # counts below this many noise stds are read as 0 (pooled count
 # a column's own counts: d × B bins of noise, so a higher bar (a lone bin of noise that clears
 # it would set that column's statistics)
 COLUMN_THRESHOLD = 4.0
-SCALE_FLOOR = 0.1  # a column's scale is at least this × the median column scale
+SCALE_FLOOR = 0.1  # a scale is at least this × its column's median (× the median scale at 0)
 # per-column scales only where the columns' extents (their medians' magnitudes, zero medians
 # left out) spread by more than this factor between the first and the third quartile column;
 # else one scale for every column (features that share units: pixels, term frequencies)
@@ -153,7 +154,8 @@ class Standardization:
         """Rows standardized, clipped to C and divided by it: every row in the unit ball."""
         from dpda.dp.mechanisms import clip_rows
 
-        return clip_rows(self.standardized(x), self.clip_norm) / self.clip_norm
+        with np.errstate(over="ignore"):  # (see ``norm_histogram``)
+            return clip_rows(self.standardized(x), self.clip_norm) / self.clip_norm
 
     def summary(self) -> dict[str, Any]:
         """What a report says of it (no row, only the statistics themselves)."""
@@ -186,7 +188,8 @@ def norm_histogram(z: np.ndarray) -> np.ndarray:
 
     z = finite_rows(z)
     # norms without overflow: clip to the grid's top first (a per-row map)
-    norms = np.linalg.norm(clip_rows(z, float(NORM_GRID[-1]) * 2), axis=1)
+    with np.errstate(over="ignore"):  # a row near 1e308: its ‖x‖ > C test overflows to inf
+        norms = np.linalg.norm(clip_rows(z, float(NORM_GRID[-1]) * 2), axis=1)
     return np.bincount(
         np.searchsorted(NORM_GRID, norms, side="right"), minlength=NORM_GRID.size + 1
     )
@@ -226,6 +229,7 @@ def _spread(c: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[float, float
 
 
 KNOWN_SHARE = 0.5  # a column is read from its own counts when this share of rows clears noise
+MIN_KNOWN = 0.25  # and per-column scales need at least this share of columns read
 
 
 def read_columns(hist: np.ndarray, noise_std: float) -> tuple[np.ndarray, np.ndarray]:
@@ -240,29 +244,33 @@ def read_columns(hist: np.ndarray, noise_std: float) -> tuple[np.ndarray, np.nda
     kept = np.where(hist >= COLUMN_THRESHOLD * noise_std, np.maximum(hist, 0.0), 0.0)
     loc, spread, extent = np.zeros(d), np.zeros(d), np.zeros(d)
     known = np.zeros(d, dtype=bool)
-    rows = float(np.median(np.sum(kept, axis=1)))  # a column's counted rows, typically
+    pooled = hist.sum(axis=0)
+    pooled = np.where(pooled >= THRESHOLD * noise_std * np.sqrt(d), np.maximum(pooled, 0.0), 0.0)
+    rows = float(np.sum(pooled)) / d  # the rows, as the pooled counts estimate them
     for j in range(d):
         c = kept[j]
         # a column is read only where at least half the typical count clears the noise (a
         # lone bin of noise that clears it carries far less)
-        if np.sum(c) > 0 and np.sum(c) >= KNOWN_SHARE * rows:
+        if np.sum(c) > 0 and np.sum(c) >= KNOWN_SHARE * rows:  # (rows > 0: the sum is)
             known[j] = True
             loc[j], spread[j], extent[j] = _spread(c, lo, hi)
-    pooled = hist.sum(axis=0)
-    pooled = np.where(pooled >= THRESHOLD * noise_std * np.sqrt(d), np.maximum(pooled, 0.0), 0.0)
     if not np.any(pooled > 0):  # nothing clears the noise: the identity scaling
         return np.zeros(d), np.ones(d)
     p_loc, p_scale, _ = _spread(pooled, lo, hi)
     if not np.any(known):
         return np.full(d, p_loc), np.full(d, max(p_scale, ABSOLUTE_FLOOR))
     loc[~known] = float(np.median(loc[known]))
-    if not mixed_units(extent[known]):
+    if np.mean(known) < MIN_KNOWN or not mixed_units(extent[known]):
+        # too few columns clear the noise to tell units apart (those that do may be a lone bin
+        # of noise each), or the columns share a unit
         # one unit: each column's location within a few pooled scales of the pooled one
         near = np.clip(loc, p_loc - 3 * p_scale, p_loc + 3 * p_scale)
         return near, np.full(d, max(p_scale, ABSOLUTE_FLOOR))
     spread[~known] = float(np.median(spread[known]))
-    floor = max(SCALE_FLOOR * float(np.median(spread)), ABSOLUTE_FLOOR)
-    return loc, np.maximum(spread, floor)
+    # a column centred away from 0 keeps at least SCALE_FLOOR of its own magnitude; one
+    # centred at 0 (constant or sparse) at least SCALE_FLOOR × the median column scale
+    floor = np.where(extent > 0, SCALE_FLOOR * np.abs(loc), SCALE_FLOOR * float(np.median(spread)))
+    return loc, np.maximum(spread, np.maximum(floor, ABSOLUTE_FLOOR))
 
 
 def mixed_units(extent: np.ndarray) -> bool:
@@ -295,18 +303,28 @@ def read_norms(hist: np.ndarray, noise_std: float) -> tuple[float, float, float]
     return c, above, float(np.sum(kept))
 
 
+def noisy_columns(x: np.ndarray, spec: PreprocessingSpec, rng: np.random.Generator) -> np.ndarray:
+    """Part 1 of the mechanism: the column histograms with ``N(0, (σ_c·√(2d))²)`` noise."""
+    h = column_histograms(x)
+    return np.asarray(h + gaussian_noise(h.shape, spec.columns_noise_std, rng))
+
+
+def noisy_norms(z: np.ndarray, spec: PreprocessingSpec, rng: np.random.Generator) -> np.ndarray:
+    """Part 2: the norm histogram of rows ``z`` (standardized by part 1's output) with
+    ``N(0, (σ_n·√2)²)`` noise."""
+    n = norm_histogram(z).astype(np.float64)
+    return np.asarray(n + gaussian_noise(n.shape, spec.norms_noise_std, rng))
+
+
 def fit(x: np.ndarray, spec: PreprocessingSpec, rng: np.random.Generator) -> Standardization:
     """The source's DP standardization: the two noisy histograms of the spec (its charge must
     be durable before this is called), then post-processing only."""
     x = finite_rows(np.asarray(x, dtype=np.float64))
     if x.shape[1] != spec.columns:
         raise ValueError("the rows do not have the spec's number of columns")
-    h = column_histograms(x)
-    h = h + gaussian_noise(h.shape, spec.columns_noise_std, rng)
-    loc, scale = read_columns(h, spec.columns_noise_std)
+    loc, scale = read_columns(noisy_columns(x, spec, rng), spec.columns_noise_std)
     partial = Standardization(loc, scale, 1.0, 0.0, 0.0)
-    n = norm_histogram(partial.standardized(x)).astype(np.float64)
-    n = n + gaussian_noise(n.shape, spec.norms_noise_std, rng)
+    n = noisy_norms(partial.standardized(x), spec, rng)
     c, above, rows = read_norms(n, spec.norms_noise_std)
     return Standardization(loc, scale, c, above, rows)
 
