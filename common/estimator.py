@@ -128,8 +128,13 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
             target, self.representation, scaling_mode=resolve_scaling(self.scaling, terms),
             terms=terms,
         )  # fmt: skip
+        fitted = res.view if res.view is not None else view  # the space the model was fitted in
         self.model_ = model_pipeline(
-            self.representation, view.scaling, res.model, view.clip_norm, view.standardization
+            self.representation,
+            fitted.scaling,
+            res.model,
+            fitted.clip_norm,
+            fitted.standardization,
         )
         return self
 

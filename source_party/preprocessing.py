@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from dpda.dp.events import event_from_json
 from dpda.dp.preprocessing_dp import Standardization, fit
 from dpda.errors import PolicyRefused
+from dpda.protocol import BatchRelease
 
 
 class SessionPreprocessing:
@@ -115,6 +117,16 @@ class SessionPreprocessing:
                 **st.summary(),
             }
             return x
+
+    def with_statistics(self, session_id: str, rel: BatchRelease) -> BatchRelease:
+        """The release with the session's DP statistics beside it (post-processing of the
+        preprocessing entry's output, sent so that the target can put its rows in the same
+        space), or as it is."""
+        done = self._standardized.get(session_id)
+        if done is None:
+            return rel
+        st = done[0]
+        return replace(rel, standardization=(st.loc.copy(), st.scale.copy(), st.clip_norm))
 
     def _close_preprocessing(self, session_id: str) -> None:
         self._standardized.pop(session_id, None)

@@ -424,7 +424,7 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
             rel = draw_metric(x, y, terms, spec, info, index, entry, rng)
         else:
             rel = draw_rows(x, y, terms, spec, info, index, entry, rng)
-        return rel
+        return self.with_statistics(session_id, rel)
 
     def close_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)

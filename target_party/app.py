@@ -198,7 +198,11 @@ def run_job(
     outdir = job_dir(cfg, job_id)
     model = save_model(
         model_pipeline(
-            cfg.job.representation, view.scaling, res.model, view.clip_norm, view.standardization
+            cfg.job.representation,
+            (res.view or view).scaling,
+            res.model,
+            (res.view or view).clip_norm,
+            (res.view or view).standardization,
         ),
         outdir / "model.skops",
     )

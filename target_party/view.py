@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -153,6 +153,21 @@ class TargetView:
     # preprocessing = standardize: the target's own exact statistics of the kind the source
     # learns under DP (``dpda.dp.preprocessing_dp``); ``x`` is computed from the rows they map
     standardization: Standardization | None = None
+    # with a standardization: the rows before it and the column scaling's mode, so that the
+    # view can move into the source's standardized space (``adopt``)
+    raw: np.ndarray | None = None
+    scaling_mode: str = "zscore"
+
+    def adopt(self, loc: np.ndarray, scale: np.ndarray, clip_norm: float) -> TargetView:
+        """The same rows standardized with the source's DP statistics (sent with its release,
+        already paid for) instead of the target's own: both parties' rows in one space, as the
+        non-private baselines put them (post-processing on the target's side)."""
+        if self.raw is None:
+            return self
+        st = Standardization(loc, scale, clip_norm, 0.0, 0.0)
+        rep = st.apply(self.raw)
+        scaling = Scaling.of(rep, self.scaling_mode)
+        return replace(self, x=scaling.apply(rep), scaling=scaling, standardization=st)
 
     @cached_property
     def x32(self) -> np.ndarray:
@@ -182,8 +197,9 @@ def target_view(
     rep = per_row(target.x, representation)
     clip = None
     st = None
+    raw = None
     if terms is not None and resolve_preprocessing(terms, representation) == "standardize":
-        st = exact_standardization(rep)
+        st, raw = exact_standardization(rep), rep
         rep, clip = st.apply(rep), 1.0  # every row in the unit ball, as the source's
     elif terms is not None and terms.source_space:
         clip = natural_clip(representation, terms.clip_norm)
@@ -192,10 +208,14 @@ def target_view(
     if disclosure is not None:
         d = disclosure
         return TargetView(
-            d.scaling.apply(rep), d.scaling, target.y, kn, d, representation, clip, st
-        )
+            d.scaling.apply(rep), d.scaling, target.y, kn, d, representation, clip, st, raw,
+            scaling_mode,
+        )  # fmt: skip
     scaling = Scaling.of(rep, scaling_mode)
-    return TargetView(scaling.apply(rep), scaling, target.y, kn, None, representation, clip, st)
+    return TargetView(
+        scaling.apply(rep), scaling, target.y, kn, None, representation, clip, st, raw,
+        scaling_mode,
+    )  # fmt: skip
 
 
 def resolve_preprocessing(terms: SessionTerms, representation: str) -> str:

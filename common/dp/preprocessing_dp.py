@@ -135,8 +135,9 @@ def preprocessing_spec(
 @dataclass(frozen=True)
 class Standardization:
     """Per-column location and scale and a row bound: ``clip((x − loc) / scale, C) / C`` maps a
-    row into the unit ball. The source's are DP (``fit``); the target's are exact
-    (``exact_standardization``), of the same robust kind, from its own rows."""
+    row into the unit ball. The source's are DP (``fit``) and come with its release, so that
+    the target maps its own rows with them too; before that, the target plans with its own
+    exact ones (``exact_standardization``), of the same robust kind."""
 
     loc: np.ndarray  # (d,)
     scale: np.ndarray  # (d,) > 0

@@ -195,3 +195,27 @@ def test_the_target_standardizes_its_own_rows_and_the_saved_model_does_too() -> 
     assert np.array_equal(model.predict(x), clf.predict(view.x))
     sqrt_view = target_view(Domain("t", np.abs(x), y, 2), "sqrt", terms=base)
     assert sqrt_view.standardization is None  # rows with a natural bound: none by default
+
+
+def test_the_release_brings_the_source_statistics_and_the_model_applies_them() -> None:
+    """The source's DP statistics come with the release; the job moves the target's rows into
+    that space (its view, OT space and saved model), and the saved model on raw rows predicts
+    what its classifier predicts on the job's view of them."""
+    from dpda.simulation import simulate
+    from dpda.target_party.training import model_pipeline
+    from dpda.target_party.view import AdaptConfig
+
+    x, y = _mixed(300, seed=5)
+    xt, yt = _mixed(200, seed=6)
+    s, t = Domain("d", x, y, 2), Domain("t", xt * 1.5, yt, 2)
+    terms = SessionTerms(dataset="d", epsilon=8.0, delta=1e-4)
+    out = simulate(s, t, terms, "raw", AdaptConfig(seed=0), 0, baselines=False)
+    res = out.dpda
+    assert out.to_json(terms)["preprocessing"]["mode"] == "standardize"
+    assert res.view is not None and res.view.standardization is not None
+    assert res.view.standardization.clip_norm == out.preprocessing["clip_norm"]
+    v = res.view
+    model = model_pipeline("raw", v.scaling, res.model, v.clip_norm, v.standardization)
+    assert np.array_equal(model.predict(xt * 1.5), res.model.predict(v.x))  # type: ignore[attr-defined]
+    own = exact_standardization(xt * 1.5)
+    assert not np.allclose(v.standardization.loc, own.loc)  # the source's, not the target's
