@@ -38,7 +38,9 @@ columns' extents spread widely (``SPREAD_RULE``: a table of mixed units) does ea
 its own scale; otherwise every column takes their root mean square (features in one unit:
 pixels, term frequencies), as the target's ``uniform`` scaling does. C is the
 ``NORM_QUANTILE`` quantile of the thresholded norm counts, and the rows it clips are estimated
-from the same counts. Nothing here reads a row again.
+from the same counts; where those counts hold less than half the rows the column counts hold
+(few rows, small ε), C is √d, the norm of a row with every standardized coordinate at 1.
+Nothing here reads a row again.
 """
 
 from __future__ import annotations
@@ -167,7 +169,10 @@ class Standardization:
             "scale_median": float(np.median(self.scale)) if self.scale.size else 0.0,
             "scale_max": float(np.max(self.scale)) if self.scale.size else 0.0,
             "clip_norm": self.clip_norm,
-            "rows_clipped_estimate": round(self.clipped_rows, 1),
+            # None: the norms' counts were below their noise, and C the public fallback √d
+            "rows_clipped_estimate": (
+                None if math.isnan(self.clipped_rows) else round(self.clipped_rows, 1)
+            ),
             "rows_estimate": round(self.rows, 1),
         }
 
@@ -323,10 +328,19 @@ def fit(x: np.ndarray, spec: PreprocessingSpec, rng: np.random.Generator) -> Sta
     x = finite_rows(np.asarray(x, dtype=np.float64))
     if x.shape[1] != spec.columns:
         raise ValueError("the rows do not have the spec's number of columns")
-    loc, scale = read_columns(noisy_columns(x, spec, rng), spec.columns_noise_std)
+    h = noisy_columns(x, spec, rng)
+    loc, scale = read_columns(h, spec.columns_noise_std)
     partial = Standardization(loc, scale, 1.0, 0.0, 0.0)
     n = noisy_norms(partial.standardized(x), spec, rng)
     c, above, rows = read_norms(n, spec.norms_noise_std)
+    d = x.shape[1]
+    pooled = h.sum(axis=0)
+    counted = float(np.sum(pooled[pooled >= THRESHOLD * spec.columns_noise_std * np.sqrt(d)])) / d
+    if rows < KNOWN_SHARE * counted:
+        # the norms' counts are mostly below their noise (few rows, small ε): C is the norm of
+        # a row with every standardized coordinate at 1, a public rule, and nothing is estimated
+        # of the rows it clips
+        return Standardization(loc, scale, float(np.sqrt(d)), float("nan"), counted)
     return Standardization(loc, scale, c, above, rows)
 
 
