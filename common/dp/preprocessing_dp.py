@@ -39,7 +39,9 @@ its own scale; otherwise every column takes their root mean square (features in 
 pixels, term frequencies), as the target's ``uniform`` scaling does. C is the
 ``NORM_QUANTILE`` quantile of the thresholded norm counts, and the rows it clips are estimated
 from the same counts; where those counts hold less than half the rows the column counts hold
-(few rows, small ε), C is √d, the norm of a row with every standardized coordinate at 1.
+(few rows, small ε), C is √d, the norm of a row with every standardized coordinate at 1. Where
+fewer than ``MIN_KNOWN`` of the columns clear their noise at all, the statistics are the
+identity and C = 1: the rows as a session without preprocessing releases them.
 Nothing here reads a row again.
 """
 
@@ -238,8 +240,9 @@ KNOWN_SHARE = 0.5  # a column is read from its own counts when this share of row
 MIN_KNOWN = 0.25  # and per-column scales need at least this share of columns read
 
 
-def read_columns(hist: np.ndarray, noise_std: float) -> tuple[np.ndarray, np.ndarray]:
-    """(location, scale) per column from (noisy or exact) histograms (d, B): post-processing.
+def read_columns(hist: np.ndarray, noise_std: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(location, scale) per column from (noisy or exact) histograms (d, B), and the share of
+    columns whose own counts cleared the noise: post-processing.
 
     A column none of whose counts clears the threshold takes the median of the others'
     locations and scales. Features in one unit (``mixed_units`` false) share one scale, read
@@ -261,22 +264,22 @@ def read_columns(hist: np.ndarray, noise_std: float) -> tuple[np.ndarray, np.nda
             known[j] = True
             loc[j], spread[j], extent[j] = _spread(c, lo, hi)
     if not np.any(pooled > 0):  # nothing clears the noise: the identity scaling
-        return np.zeros(d), np.ones(d)
+        return np.zeros(d), np.ones(d), 0.0
     p_loc, p_scale, _ = _spread(pooled, lo, hi)
     if not np.any(known):
-        return np.full(d, p_loc), np.full(d, max(p_scale, ABSOLUTE_FLOOR))
+        return np.full(d, p_loc), np.full(d, max(p_scale, ABSOLUTE_FLOOR)), 0.0
     loc[~known] = float(np.median(loc[known]))
     if np.mean(known) < MIN_KNOWN or not mixed_units(extent[known]):
         # too few columns clear the noise to tell units apart (those that do may be a lone bin
         # of noise each), or the columns share a unit
         # one unit: each column's location within a few pooled scales of the pooled one
         near = np.clip(loc, p_loc - 3 * p_scale, p_loc + 3 * p_scale)
-        return near, np.full(d, max(p_scale, ABSOLUTE_FLOOR))
+        return near, np.full(d, max(p_scale, ABSOLUTE_FLOOR)), float(np.mean(known))
     spread[~known] = float(np.median(spread[known]))
     # a column centred away from 0 keeps at least SCALE_FLOOR of its own magnitude; one
     # centred at 0 (constant or sparse) at least SCALE_FLOOR × the median column scale
     floor = np.where(extent > 0, SCALE_FLOOR * np.abs(loc), SCALE_FLOOR * float(np.median(spread)))
-    return loc, np.maximum(spread, np.maximum(floor, ABSOLUTE_FLOOR))
+    return loc, np.maximum(spread, np.maximum(floor, ABSOLUTE_FLOOR)), float(np.mean(known))
 
 
 def mixed_units(extent: np.ndarray) -> bool:
@@ -329,13 +332,17 @@ def fit(x: np.ndarray, spec: PreprocessingSpec, rng: np.random.Generator) -> Sta
     if x.shape[1] != spec.columns:
         raise ValueError("the rows do not have the spec's number of columns")
     h = noisy_columns(x, spec, rng)
-    loc, scale = read_columns(h, spec.columns_noise_std)
+    loc, scale, share = read_columns(h, spec.columns_noise_std)
     partial = Standardization(loc, scale, 1.0, 0.0, 0.0)
     n = noisy_norms(partial.standardized(x), spec, rng)
     c, above, rows = read_norms(n, spec.norms_noise_std)
     d = x.shape[1]
     pooled = h.sum(axis=0)
     counted = float(np.sum(pooled[pooled >= THRESHOLD * spec.columns_noise_std * np.sqrt(d)])) / d
+    if share < MIN_KNOWN:
+        # too few columns' counts clear their noise (few rows, small ε) to standardize by: the
+        # identity and C = 1, the rows as a session without preprocessing releases them
+        return Standardization(np.zeros(d), np.ones(d), 1.0, float("nan"), counted)
     if rows < KNOWN_SHARE * counted:
         # the norms' counts are mostly below their noise (few rows, small ε): C is the norm of
         # a row with every standardized coordinate at 1, a public rule, and nothing is estimated
@@ -348,7 +355,7 @@ def exact_standardization(x: np.ndarray) -> Standardization:
     """The same statistics computed exactly: what the target uses on its own rows (nothing
     sent, no noise: its own data)."""
     x = finite_rows(np.asarray(x, dtype=np.float64))
-    loc, scale = read_columns(column_histograms(x), 0.0)
+    loc, scale, _ = read_columns(column_histograms(x), 0.0)
     partial = Standardization(loc, scale, 1.0, 0.0, 0.0)
     c, above, rows = read_norms(norm_histogram(partial.standardized(x)).astype(np.float64), 0.0)
     return Standardization(loc, scale, c, above, rows)
