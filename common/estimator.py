@@ -204,8 +204,12 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         self.mapped_ = res.mapped
         self.mapped_labels_ = self.classes_[res.mapped_labels]
         self.target_predictions_ = self.classes_[res.predictions]
-        view = out.views[self.method]  # the target's view the job ran on
-        self.model_ = model_pipeline(rep, view.scaling, res.model, view.clip_norm)
+        # the space the model was fitted in: the job's view, or the one it adopted from the
+        # source's DP standardization
+        fitted = res.view if res.view is not None else out.views[self.method]
+        self.model_ = model_pipeline(
+            rep, fitted.scaling, res.model, fitted.clip_norm, fitted.standardization
+        )
         return self
 
     def _rows(self, X: Any) -> np.ndarray:

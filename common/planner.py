@@ -39,6 +39,7 @@ from dpda.dp.mechanisms import (
 )
 from dpda.dp.metric import replace_one_sensitivity
 from dpda.dp.pate import calibrate_pate
+from dpda.dp.preprocessing_dp import PreprocessingSpec, preprocessing_spec
 from dpda.dp.sinkhorn_synthetic import GRADIENT_CLIP
 from dpda.terms import SessionTerms
 
@@ -74,6 +75,21 @@ class ReleasePlan(BaseModel):
     metric_noise_multiplier: float | None = None
     metric_sensitivity: float = 0.0
     metric_steps: int = 0
+    # preprocessing = standardize: the one Gaussian its two histograms compose to, and the
+    # number of columns it counts (``dpda.dp.preprocessing_dp``); charged once per session
+    preprocessing_noise_multiplier: float | None = None
+    preprocessing_columns: int = 0
+
+    def preprocessing_spec(self, terms: SessionTerms) -> PreprocessingSpec | None:
+        """The session's preprocessing mechanism, or None."""
+        if self.preprocessing_noise_multiplier is None:
+            return None
+        return preprocessing_spec(
+            self.preprocessing_noise_multiplier,
+            self.preprocessing_columns,
+            terms.neighbouring,
+            terms.preprocessing_share,
+        )
 
     @property
     def releases(self) -> int:
@@ -100,8 +116,11 @@ class ReleasePlan(BaseModel):
         return spec if spec is not None else self.spec(terms)
 
     def events(self, terms: SessionTerms) -> list[Any]:
-        """Every event the session's DPDA releases charge (PATE aside)."""
-        out = [self.spec(terms).dp_event()] * self.steps
+        """Every event the session's DPDA releases charge (PATE aside), the preprocessing
+        first."""
+        pre = self.preprocessing_spec(terms)
+        out = [] if pre is None else [pre.dp_event()]
+        out += [self.spec(terms).dp_event()] * self.steps
         metric = self.metric_spec(terms)
         return out + ([metric.dp_event()] if metric is not None else [])
 
@@ -145,12 +164,16 @@ def feature_sensitivity(
     if terms.release == "class-gaussians":
         # [sums / C, sums of squares / C²] per class: replace-one, same class 3/√2 (proved in
         # class_gaussians_sensitivity); add/remove √2. A label change: label_change_sensitivity.
-        return class_gaussians_sensitivity(terms.neighbouring)
+        return class_gaussians_sensitivity(terms.neighbouring, nonnegative=terms.nonnegative_rows)
     if terms.privacy_unit == "attribute":
         std = np.ones(projection.shape[0]) if scaling_std is None else scaling_std
         return attribute_sensitivity(projection, std, attribute_bound)
     return projection_sensitivity(
-        projection, terms.privacy_unit, terms.neighbouring, clip_norm=terms.clip_norm
+        projection,
+        terms.privacy_unit,
+        terms.neighbouring,
+        clip_norm=terms.clip_norm,
+        nonnegative=terms.nonnegative_rows,
     )
 
 
@@ -160,8 +183,9 @@ def label_change_sensitivity(terms: SessionTerms, same_label: float) -> float | 
     whole-dataset prototypes and class-gaussians under replace-one; None for every other.
 
     ``same_label`` is ``feature_sensitivity`` (the same-label case, which sets the noise).
-    Prototypes: rows clipped to C, so the same label moves one class sum by ≤ 2C and a label
-    change moves two class sums by ≤ C each, √2·C together: ``same_label / √2``.
+    Prototypes: rows clipped to C, so the same label moves one class sum by ≤ 2C (√2·C with
+    enforced non-negative rows) and a label change moves two class sums by ≤ C each, √2·C
+    together, whether or not the rows are non-negative.
     Class-gaussians: two blocks of norm ≤ √2 each, 2 together (``class_gaussians_sensitivity``).
     """
     if (
@@ -171,7 +195,8 @@ def label_change_sensitivity(terms: SessionTerms, same_label: float) -> float | 
     ):
         return None
     if terms.release == "prototypes":
-        return same_label / float(np.sqrt(2.0))
+        # same_label is 2C, or √2·C itself with enforced non-negative rows
+        return same_label if terms.nonnegative_rows else same_label / float(np.sqrt(2.0))
     if terms.release == "class-gaussians":
         return class_gaussians_sensitivity(terms.neighbouring, label_change=True)
     return None
@@ -286,6 +311,15 @@ def plan_batches(
             **common,
         )
     eps_dpda = terms.epsilon - terms.pate_epsilon
+    if terms.preprocessing != "none":
+        if not (terms.source_space and terms.batch_size == 0):
+            raise PlanRefused("preprocessing: offered with whole-dataset source-space releases")
+        # its Gaussian alone spends the share; the release is then calibrated on both together
+        # (exact), so the session spends ε, not ε(1 − share) plus a loose remainder
+        common["preprocessing_noise_multiplier"] = calibrate_sigma(
+            terms.preprocessing_share * eps_dpda, terms.delta, CalibrationMethod.ANALYTIC
+        )
+        common["preprocessing_columns"] = int(projection.shape[0])
     sens = feature_sensitivity(terms, projection, attribute_bound, scaling_std)
     if not (np.isfinite(sens) and sens > 0):
         raise PlanRefused("the feature sensitivity is not a finite positive number")

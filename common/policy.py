@@ -79,6 +79,8 @@ class PrivacyPolicy(BaseModel):
     min_pate_sigma: float = Field(default=1.0, gt=0)
     max_pate_gamma: float = Field(default=10.0, gt=0)
     clip_norm_range: tuple[float, float] = (1e-6, 1e6)
+    # the share of a session's ε the source's DP standardization may take (terms ask)
+    preprocessing_share_range: tuple[float, float] = (0.02, 0.3)
     # sinkhorn-synthetic: the source's own bound on one release's work, in multiply-adds of its
     # gradient steps (``synthetic_work``); the release runs under the daemon's lock, so a peer
     # must not be able to ask for minutes of it (measured at the bound: 0.18–0.37 s over five
@@ -152,6 +154,13 @@ def check_terms(policy: PrivacyPolicy, terms: Any, *, allow_raw_queries: bool = 
         )
     if terms.dpda and terms.release not in policy.releases:
         _refuse(f"release {terms.release!r} is not offered (allowed: {', '.join(policy.releases)})")
+    if getattr(terms, "preprocessing", "none") != "none":
+        lo, hi = policy.preprocessing_share_range
+        if not (lo <= terms.preprocessing_share <= hi):
+            _refuse(
+                f"preprocessing_share {terms.preprocessing_share:g} is outside this source's "
+                f"range [{lo:g}, {hi:g}]"
+            )
     if terms.batch_size > 0 and not policy.allow_minibatches:
         _refuse("batch_size: this source does not offer minibatch releases")
     if policy.max_session_epsilon is not None and terms.epsilon > policy.max_session_epsilon:

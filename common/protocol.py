@@ -63,6 +63,10 @@ class BatchRelease:
     noisy_counts: np.ndarray  # (q,) int64
     spec: BatchSpec | MetricSpec  # MetricSpec: z is the learned W (d′ × ℓ), no counts
     ledger_seq: int
+    # preprocessing = standardize: the source's DP statistics the release was computed with
+    # (loc, scale, C), already paid for by the session's preprocessing entry, whose payload
+    # digest binds them; in-process only (not on the wire)
+    standardization: tuple[np.ndarray, np.ndarray, float] | None = None
 
     def payload_bytes(self) -> bytes:
         return (

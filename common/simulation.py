@@ -155,6 +155,8 @@ class SimulationOutcome:
     views: dict[str, TargetView] = field(default_factory=dict)
     # whether the non-private references ran and how (``reference_method``), or why not
     references: dict[str, Any] = field(default_factory=dict)
+    # what the source's DP preprocessing estimated (its own record), or what it was not
+    preprocessing: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dpda(self) -> DPDAResult:
@@ -176,6 +178,7 @@ class SimulationOutcome:
             "references": self.references,
             **d.summary(terms),
             "accuracy": acc,
+            "preprocessing": self.preprocessing,
             "epsilon_spent": max(r.epsilon_spent for r in self.runs.values()),
             "epsilon_by_method": {m: r.epsilon_spent for m, r in self.runs.items()},
             "epsilon_budget": terms.epsilon,
@@ -306,6 +309,7 @@ def simulate(
     runs: dict[str, DPDAResult] = {}
     ledgers: dict[str, list[LedgerEntry]] = {}
     views: dict[str, TargetView] = {}
+    pre_report: dict[str, Any] = {}
     for method, t in by_method.items():
         rng, public = testing_streams(seed) if seed is not None else (secure_rng(), public_rng())
         store = MemoryLedgerStore()
@@ -331,6 +335,9 @@ def simulate(
             views[method] = own
         del own
         ledgers[method] = store.entries(t.dataset)
+        if method == "dpda" or not pre_report:
+            reports = list(releaser.preprocessing_reports.values())
+            pre_report = reports[0] if reports else {"mode": "none"}
     kept: str | None = None
     by_scaling: dict[str, dict[str, float | None]] = {}
     run_refs = target.y is not None if baselines is None else baselines
@@ -362,6 +369,7 @@ def simulate(
         by_scaling,
         views=views,
         references=references,
+        preprocessing=pre_report,
     )
 
 

@@ -55,6 +55,10 @@ SOURCE_SPACE_DIM = 20
 # source's records, which need no statistic of the target (DESIGN.md §2b)
 SOURCE_SPACE_RELEASES = ("prototypes", "class-gaussians")
 
+# the share of a session's ε a source-space release on raw rows gives to the source's DP
+# column standardization and row bound (``dpda.dp.preprocessing_dp``)
+PREPROCESSING_SHARE = 0.1
+
 # a minibatch is one release of up to this many rows (the target's job API bounds it too)
 MAX_BATCH_SIZE = 100_000
 # the ε a rehearsal (``dpda simulate``, ``DPDAClassifier``) asks for when none is given; the
@@ -121,6 +125,28 @@ class SessionTerms(BaseModel):
         "prototypes, class-gaussians and sinkhorn-synthetic, 0.5 otherwise",
     )
     clip_norm: float = Field(default=1.0, gt=0, le=1e12)
+    nonnegative_rows: bool = Field(
+        default=False,
+        description="source-space aggregates: the source maps every row to max(x, 0) after its "
+        "per-row representation and before clipping (a no-op for sqrt rows), so a same-label "
+        "replacement moves a class sum by at most √2·C instead of 2C and the release needs less "
+        "noise",
+    )
+    preprocessing: Literal["none", "standardize"] = Field(
+        default="none",
+        description="source-space releases: standardize, the source learns each column's "
+        "location and scale and the row bound C from its own rows under DP (one more ledger "
+        "entry, from preprocessing_share of ε) and releases its rows standardized, clipped to "
+        "C and divided by it; the target standardizes its own rows with its own exact "
+        "statistics of the same kind. Default: standardize for raw rows, none otherwise",
+    )
+    preprocessing_share: float = Field(
+        default=PREPROCESSING_SHARE,
+        gt=0,
+        lt=1,
+        description="standardize: the share of ε its statistics are planned from (the source's "
+        "policy bounds it)",
+    )
     release: ReleaseKind = Field(
         default="prototypes",
         description="rows: noisy projected rows (Algorithm 2); prototypes: noisy per-class sums"
@@ -246,6 +272,26 @@ class SessionTerms(BaseModel):
             )
         if self.release != "rows" and self.batch_size != 0:
             raise ValueError("batch_size: aggregate releases are whole-dataset releases")
+        if self.preprocessing != "none" and self.projection != "source":
+            raise ValueError(
+                "preprocessing: offered with projection = 'source' only (the release is "
+                "computed in the source's own space)"
+            )
+        if self.preprocessing != "none" and self.calibration != "exact":
+            raise ValueError(
+                "preprocessing: the release is calibrated together with it (calibration = 'exact')"
+            )
+        if self.nonnegative_rows and self.preprocessing != "none":
+            raise ValueError(
+                "nonnegative_rows: standardized rows are not non-negative (ask for one or the "
+                "other)"
+            )
+        if self.nonnegative_rows and self.projection != "source":
+            # a projection (the target's basis, a JL matrix) takes rows out of the orthant
+            raise ValueError(
+                "nonnegative_rows: offered with projection = 'source' only (a projected row "
+                "is not non-negative)"
+            )
         if self.projection == "source" and (
             self.release not in SOURCE_SPACE_RELEASES
             or self.cost == "metric"

@@ -22,6 +22,7 @@ from dpda.dp.mechanisms import (
     finite_rows,
     gaussian_noise,
     label_counts,
+    nonnegative_rows,
 )
 from dpda.dp.metric import train_metric
 from dpda.dp.sinkhorn_synthetic import train_synthetic
@@ -102,8 +103,12 @@ def draw_aggregate(
     DP-Sinkhorn synthetic points (``dpda.dp.sinkhorn_synthetic``) trained on those rows."""
     c = terms.clip_norm
     with np.errstate(over="ignore", invalid="ignore"):
-        # the source's own space: the identity map, applied as what it is
-        z = clip_rows(finite_rows(x) if terms.source_space else x @ info.projection, c)
+        # the source's own space: the identity map, applied as what it is; with enforced
+        # non-negative rows every row is max(x, 0) first (the √2·C bound of the spec)
+        if terms.nonnegative_rows:
+            z = clip_rows(nonnegative_rows(x), c)
+        else:
+            z = clip_rows(finite_rows(x) if terms.source_space else x @ info.projection, c)
     if terms.release == "sinkhorn-synthetic":
         # counts first: they set the points per class and the gradients' scale
         noisy = noisy_counts(label_counts(y, info.n_classes), spec, rng)

@@ -28,6 +28,7 @@ import numpy as np
 
 from dpda.data.preprocessing import Scaling
 from dpda.dp.ledger import LedgerEntry, PrivacyLedger
+from dpda.errors import PolicyRefused
 from dpda.protocol import PateAnswer, SessionInfo, TargetDisclosure
 from dpda.service import signing
 from dpda.service.config import Peer, SourceLimits
@@ -101,7 +102,14 @@ class SourceHandlers:
         disclosure: TargetDisclosure,
         projection: np.ndarray | None = None,
     ) -> PreparedSession:
-        """Policy checks and the release plan (``Workers.plan``)."""
+        """Policy checks and the release plan (``Workers.plan``). The DP standardization's own
+        ledger entry is not yet signed and synced over the service: such terms are refused
+        before anything is charged."""
+        if terms.preprocessing != "none":
+            raise PolicyRefused(
+                "preprocessing: the DP standardization is offered in-process (dpda simulate, "
+                "DPDAClassifier) only; ask for preprocessing = 'none'"
+            )
         return self.workers.plan(releaser, terms, disclosure, projection)
 
     def _release_one(

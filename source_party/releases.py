@@ -46,6 +46,7 @@ from dpda.protocol import (
 from dpda.source_party.batch_draws import draw_metric, draw_rows
 from dpda.source_party.features import check_scaling, scaled_features
 from dpda.source_party.pate_answers import PateAnswers
+from dpda.source_party.preprocessing import SessionPreprocessing
 from dpda.terms import SessionTerms
 
 
@@ -64,7 +65,7 @@ class PreparedSession:
 FEATURE_CACHE = 4
 
 
-class SourceReleaser(PateAnswers):
+class SourceReleaser(PateAnswers, SessionPreprocessing):
     """One source dataset behind the ledger and its privacy policy. Used in-process and by the
     gRPC handlers.
 
@@ -88,6 +89,7 @@ class SourceReleaser(PateAnswers):
     ) -> None:
         self.allow_raw_queries = allow_raw_queries
         self._init_pate()
+        self._init_preprocessing()
         self.domain = domain
         self.dataset = dataset
         self.ledger = ledger
@@ -213,6 +215,8 @@ class SourceReleaser(PateAnswers):
             ),
             "scaling_std_sha256": array_digest(std),
             **({"insecure_seed": True} if self.insecure_seed else {}),
+            # the √2·C bound rests on the clamp the source applies to every row
+            **({"nonnegative_rows": True} if terms.nonnegative_rows else {}),
         }
         return PreparedSession(terms, disclosure.scaling, m, plan, bound)
 
@@ -245,6 +249,9 @@ class SourceReleaser(PateAnswers):
         """The session's prepared features (per-row map, the target's scaling, clamp): one
         read-only copy per distinct scaling, at most ``FEATURE_CACHE`` of them kept, computed
         outside the cache's lock (a session with another scaling does not wait for it)."""
+        own = self.standardized_rows(session_id)
+        if own is not None:  # the session's DP standardization (one array per session)
+            return own
         scaling = self._sessions[session_id][2]
         key = "" if scaling is None else array_digest(scaling.mean) + array_digest(scaling.std)
         with self._feat_lock:
@@ -364,6 +371,7 @@ class SourceReleaser(PateAnswers):
         if not (0 <= index < info.plan.releases):
             raise InvalidInput("batch index out of range")
         spec = info.plan.release_spec(terms, index)
+        self.charge_preprocessing(session_id, spec.dp_event(), peer, extra_caps)
         prior = [
             event_from_json(e.dp_event)
             for e in self.ledger.store.entries(self.dataset)
@@ -416,10 +424,11 @@ class SourceReleaser(PateAnswers):
             rel = draw_metric(x, y, terms, spec, info, index, entry, rng)
         else:
             rel = draw_rows(x, y, terms, spec, info, index, entry, rng)
-        return rel
+        return self.with_statistics(session_id, rel)
 
     def close_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
         self._close_pate(session_id)
+        self._close_preprocessing(session_id)
         self._bound.pop(session_id, None)
         self._noise.pop(session_id, None)

@@ -213,7 +213,13 @@ def run_job(
         source.close()
     outdir = job_dir(cfg, job_id)
     model = save_model(
-        model_pipeline(cfg.job.representation, view.scaling, res.model, view.clip_norm),
+        model_pipeline(
+            cfg.job.representation,
+            (res.view or view).scaling,
+            res.model,
+            (res.view or view).clip_norm,
+            (res.view or view).standardization,
+        ),
         outdir / "model.skops",
     )
     preds = write_predictions(outdir / "predictions.csv", table.ids, res.predictions)

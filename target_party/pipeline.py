@@ -68,6 +68,8 @@ class DPDAResult:
     )
     target_projected: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
     fit_traffic: FitTraffic = field(default_factory=FitTraffic)
+    # the view the model was fitted in (its scaling and standardization: the saved model's)
+    view: TargetView | None = field(default=None, repr=False)
 
     def summary(self, asked: SessionTerms) -> dict[str, Any]:
         """The numbers of one run, as ``results.json`` and ``dpda simulate --json`` report them
@@ -137,6 +139,11 @@ def _release_all(
         t0 = time.perf_counter()
         rel = s.source.release(s.info.session_id, i)
         out.release_seconds += time.perf_counter() - t0
+        if i == 0 and rel.standardization is not None and s.space is not None:
+            # the source's DP statistics came with the release: the target's rows move into
+            # the same standardized space, and its OT space with them
+            s.view = s.view.adopt(*rel.standardization)
+            s.space, s.xt_proj = local_space(s.view, s.terms.clip_norm, s.terms.projection_dim)
         out.releases.append(rel)
         # in-process: fitted now; on Dask: a task, while this process asks for the next release
         pending.append(s.submit(rel, s.view))
@@ -272,4 +279,5 @@ def _result(
         session_id=s.info.session_id,
         selection=selection,
         fit_traffic=FitTraffic.of(fits),
+        view=view,
     )

@@ -12,6 +12,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import FunctionTransformer
 
 from dpda.data.preprocessing import Scaling, per_row
+from dpda.dp.preprocessing_dp import Standardization
 
 CLASSIFIERS = ("1nn", "logistic", "mlp")
 
@@ -54,17 +55,30 @@ def scale_columns(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarra
 
 
 def model_pipeline(
-    representation: str, scaling: Scaling, classifier: object, clip_norm: float | None = None
+    representation: str,
+    scaling: Scaling,
+    classifier: object,
+    clip_norm: float | None = None,
+    standardization: Standardization | None = None,
 ) -> Pipeline:
-    """The job's model as one pipeline on *raw* rows: the per-row transform, the rows clipped
+    """The job's model as one pipeline on *raw* rows: the per-row transform, the target's own
+    standardization (preprocessing = standardize: rows into the unit ball), the rows clipped
     to ``clip_norm`` (a source-space session's C), the target's scaling, then the fitted
     classifier — ``model.predict(raw_rows)`` is the job's prediction."""
     from dpda.dp.mechanisms import clip_rows
+    from dpda.dp.preprocessing_dp import standardize_rows
 
     rows = FunctionTransformer(per_row, kw_args={"representation": representation})
     cols = FunctionTransformer(scale_columns, kw_args={"mean": scaling.mean, "std": scaling.std})
     one = np.zeros((1, scaling.mean.shape[0]))
     steps: list[tuple[str, object]] = [("per_row", rows.fit(one))]
+    if standardization is not None:
+        st = standardization
+        std = FunctionTransformer(
+            standardize_rows,
+            kw_args={"loc": st.loc, "scale": st.scale, "clip_norm": st.clip_norm},
+        )
+        steps.append(("standardize", std.fit(one)))
     if clip_norm is not None:
         clip = FunctionTransformer(clip_rows, kw_args={"clip_norm": clip_norm})
         steps.append(("clip", clip.fit(one)))
@@ -76,6 +90,7 @@ _TRUSTED_PREFIXES = (
     "dpda.data.preprocessing.per_row",
     "dpda.target_party.training.scale_columns",
     "dpda.dp.mechanisms.clip_rows",
+    "dpda.dp.preprocessing_dp.standardize_rows",
 )
 
 

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from dpda.data.loaders import Domain
-from dpda.data.preprocessing import Scaling, per_row
+from dpda.data.preprocessing import NONNEGATIVE_REPRESENTATIONS, Scaling, per_row
+from dpda.dp.preprocessing_dp import Standardization, exact_standardization
 from dpda.dp.target_disclosure import Disclosure
 from dpda.errors import ConfigError
 from dpda.service.config import TargetJob
@@ -149,6 +150,24 @@ class TargetView:
     # a source-space session's C: the target's rows are clipped to it as the source's are, so
     # the release, the OT space and the classifier (and the saved model) share one space
     clip_norm: float | None = None
+    # preprocessing = standardize: the target's own exact statistics of the kind the source
+    # learns under DP (``dpda.dp.preprocessing_dp``); ``x`` is computed from the rows they map
+    standardization: Standardization | None = None
+    # with a standardization: the rows before it and the column scaling's mode, so that the
+    # view can move into the source's standardized space (``adopt``)
+    raw: np.ndarray | None = None
+    scaling_mode: str = "zscore"
+
+    def adopt(self, loc: np.ndarray, scale: np.ndarray, clip_norm: float) -> TargetView:
+        """The same rows standardized with the source's DP statistics (sent with its release,
+        already paid for) instead of the target's own: both parties' rows in one space, as the
+        non-private baselines put them (post-processing on the target's side)."""
+        if self.raw is None:
+            return self
+        st = Standardization(loc, scale, clip_norm, 0.0, 0.0)
+        rep = st.apply(self.raw)
+        scaling = Scaling.of(rep, self.scaling_mode)
+        return replace(self, x=scaling.apply(rep), scaling=scaling, standardization=st)
 
     @cached_property
     def x32(self) -> np.ndarray:
@@ -176,7 +195,12 @@ def target_view(
     from dpda.dp.mechanisms import clip_rows
 
     clip = None
-    if terms is not None and terms.source_space:
+    st = None
+    raw = None
+    standardize = (
+        terms is not None and resolve_preprocessing(terms, representation) == "standardize"
+    )
+    if not standardize and terms is not None and terms.source_space:
         clip = natural_clip(representation, terms.clip_norm)
 
     def rows(part: np.ndarray) -> np.ndarray:
@@ -186,15 +210,21 @@ def target_view(
     # per-row maps, a block of rows at a time into one array: the view's memory is its rows
     # and a block, not the several whole-table temporaries the maps make
     rep = _by_blocks(target.x, rows)
+    if standardize:
+        st, raw = exact_standardization(rep), rep
+        rep, clip = st.apply(rep), 1.0  # every row in the unit ball, as the source's
     kn = np.full(rep.shape[0], -1, dtype=np.int64) if known is None else known
     if disclosure is not None:
         d = disclosure
         scaled = _scale_inplace(rep, d.scaling)
-        return TargetView(scaled, d.scaling, target.y, kn, d, representation, clip)
+        return TargetView(
+            scaled, d.scaling, target.y, kn, d, representation, clip, st, raw, scaling_mode
+        )
     scaling = Scaling.of(rep, scaling_mode)
     return TargetView(
-        _scale_inplace(rep, scaling), scaling, target.y, kn, None, representation, clip
-    )
+        _scale_inplace(rep, scaling), scaling, target.y, kn, None, representation, clip, st,
+        raw, scaling_mode,
+    )  # fmt: skip
 
 
 ROW_BLOCK = 65_536  # rows a per-row map reads at a time (a few tens of MB of temporaries)
@@ -214,6 +244,17 @@ def _scale_inplace(x: np.ndarray, scaling: Scaling) -> np.ndarray:
     x -= scaling.mean
     x /= scaling.std
     return x
+
+
+def resolve_preprocessing(terms: SessionTerms, representation: str) -> str:
+    """The preprocessing a source-space session runs under: the terms' own when they say,
+    else ``standardize`` for raw rows (columns of any scale, no natural row bound) released
+    with the exact calibration, and ``none`` otherwise (a public rule of the representation)."""
+    if not terms.source_space:
+        return "none"
+    if "preprocessing" in terms.model_fields_set:
+        return terms.preprocessing
+    return "standardize" if representation == "raw" and terms.calibration == "exact" else "none"
 
 
 @dataclass(frozen=True)
@@ -296,12 +337,22 @@ def session_terms(
     and, under the record unit, the clipping norm as a quantile of its projected rows."""
     most = min(view.x.shape)
     if terms.source_space:  # nothing of the target is sent; C is a public bound
-        terms = terms.model_copy(
-            update={
-                "projection_dim": min(terms.projection_dim, most),
-                "clip_norm": natural_clip(view.representation, terms.clip_norm),
-            }
-        )
+        pre = resolve_preprocessing(terms, view.representation)
+        update: dict[str, Any] = {
+            "projection_dim": min(terms.projection_dim, most),
+            # standardized rows are divided by their C: the unit ball
+            "clip_norm": 1.0
+            if pre != "none"
+            else natural_clip(view.representation, terms.clip_norm),
+            "preprocessing": pre,
+        }
+        if "nonnegative_rows" not in terms.model_fields_set:
+            # rows that are non-negative by construction: the source's clamp changes nothing
+            # and the same-label bound is √2·C (a public rule of the representation)
+            update["nonnegative_rows"] = (
+                pre == "none" and view.representation in NONNEGATIVE_REPRESENTATIONS
+            )
+        terms = terms.model_copy(update=update)
         return terms, None
     if terms.projection == "target-pca" and terms.projection_dim > most:
         log.warning(
@@ -312,7 +363,7 @@ def session_terms(
             view.x.shape[0],
             most,
         )
-        update: dict[str, Any] = {"projection_dim": most}
+        update = {"projection_dim": most}
         if terms.metric_dim > most:  # W has at most as many rows as the projected space
             update["metric_dim"] = most
         terms = terms.model_copy(update=update)

@@ -89,6 +89,11 @@ def per_row(x: np.ndarray, representation: str) -> np.ndarray:
     raise ValueError(f"unknown representation {representation!r}")
 
 
+# per-row representations whose rows are non-negative for every input: ``sqrt`` is
+# √(max(x, 0) / Σ max(x, 0)); their source-space releases ask for ``nonnegative_rows`` (the
+# source's clamp at 0 is then a no-op, and the same-label bound √2·C)
+NONNEGATIVE_REPRESENTATIONS = frozenset({"sqrt"})
+
 DEFAULT_REPRESENTATION = {"office-caltech": "sqrt", "mnist-usps": "l2", "synthetic": "raw"}
 # How the target scales its own columns (and so the scale the source's rows are expressed in).
 DEFAULT_SCALING = {"office-caltech": "zscore", "mnist-usps": "uniform", "synthetic": "zscore"}

@@ -19,6 +19,11 @@ Neighbouring relations and units (DESIGN.md §2)
 * Aggregate releases (record unit): per-class sums of clipped rows — disjoint classes, so one
   record moves one class sum by at most ``C`` (L2) — and per-class counts (L1 sensitivity 1).
 * Label histogram: integer counts, L1 sensitivity 1 (2 under replace-one).
+* Enforced non-negative rows (terms ``nonnegative_rows``, source-space aggregates): the source
+  maps every row to ``max(x, 0)`` after making it finite and before clipping (one per-row map,
+  the same for every row, whatever the data), so every clipped row lies in the non-negative
+  orthant and a same-label replacement moves a class sum by at most √2·C, not 2C
+  (``aggregate_sensitivity``, ``class_gaussians_sensitivity``).
 """
 
 from __future__ import annotations
@@ -80,26 +85,67 @@ def projection_sensitivity(
     *,
     feature_bound: float = 1.0,
     clip_norm: float = 1.0,
+    nonnegative: bool = False,
 ) -> float:
     """L2 sensitivity of one released row ``x·M`` (no column scaling; see module doc).
 
-    Record unit: rows clipped to C, so ``C`` (add/remove) or ``2C`` (replace-one). Attribute
-    unit: the attribute relation is its own (one feature moves by ≤ b; the record stays), so no
-    relation factor applies: ``b · max_j ‖M_j‖`` (``attribute_sensitivity`` with unit scale).
+    Record unit: rows clipped to C, so ``C`` (add/remove) or ``2C`` (replace-one); with
+    ``nonnegative`` (rows the source maps into the non-negative orthant, source space only)
+    replace-one is ``√2·C`` (``aggregate_sensitivity``). Attribute unit: the attribute relation
+    is its own (one feature moves by ≤ b; the record stays), so no relation factor applies:
+    ``b · max_j ‖M_j‖`` (``attribute_sensitivity`` with unit scale).
     """
     unit = PrivacyUnit(unit)
     if unit is PrivacyUnit.ATTRIBUTE:
         return attribute_sensitivity(m, np.ones(m.shape[0]), feature_bound)
     if not (np.isfinite(clip_norm) and clip_norm > 0):
         raise ValueError("clip_norm must be > 0")
-    return relation_factor(relation) * clip_norm
+    return aggregate_sensitivity(relation, clip_norm, nonnegative)
+
+
+def aggregate_sensitivity(
+    relation: Neighbouring | str, clip_norm: float, nonnegative: bool = False
+) -> float:
+    """L2 sensitivity of one record's row in a sum of rows clipped to ‖x‖ ≤ C (same class).
+
+    * add/remove: the row appears or not, ``C``.
+    * replace-one: x → x′ moves the sum by ``‖x − x′‖ ≤ ‖x‖ + ‖x′‖ ≤ 2C`` (x′ = −x attains it).
+    * replace-one with enforced non-negative rows (``nonnegative``: the source maps every row
+      to ``max(x, 0)`` before clipping, so x, x′ ≥ 0 coordinate-wise for *every* dataset):
+
+          ‖x − x′‖² = ‖x‖² + ‖x′‖² − 2⟨x, x′⟩ ≤ 2C²,  since ⟨x, x′⟩ = Σ x_i x′_i ≥ 0,
+
+      so ``√2·C``, attained by two orthogonal rows of norm C (x = C·e₁, x′ = C·e₂). Clipping
+      scales a row by a positive factor and so keeps it non-negative. Add/remove stays ``C``
+      (one row of norm C). The bound is a property of the *mechanism* (the clamp runs on every
+      row of every dataset), never of the data: a source that switched it on after looking at
+      its rows would leak that bit.
+    """
+    if not (np.isfinite(clip_norm) and clip_norm > 0):
+        raise ValueError("clip_norm must be > 0")
+    if Neighbouring(relation) is Neighbouring.ADD_REMOVE:
+        return float(clip_norm)
+    return float((math.sqrt(2.0) if nonnegative else 2.0) * clip_norm)
+
+
+def nonnegative_rows(x: np.ndarray) -> np.ndarray:
+    """Every row mapped into the non-negative orthant, ``max(x, 0)`` entry by entry, after
+    rows with a non-finite entry became zero rows (``finite_rows``): one per-row map applied
+    to every row, so the √2·C bound of ``aggregate_sensitivity`` holds on every dataset."""
+    return np.asarray(np.maximum(finite_rows(np.asarray(x, dtype=np.float64)), 0.0))
 
 
 #: max ‖x − x′‖² + ‖x∘x − x′∘x′‖² over ‖x‖, ‖x′‖ ≤ 1 (``class_gaussians_sensitivity``)
 CLASS_GAUSSIANS_SAME_LABEL_SQUARED = 4.5
 
 
-def class_gaussians_sensitivity(relation: Neighbouring | str, label_change: bool = False) -> float:
+#: max ‖u − v‖² + ‖u∘u − v∘v‖² over ‖u‖, ‖v‖ ≤ 1 with u, v ≥ 0 (``class_gaussians_sensitivity``)
+CLASS_GAUSSIANS_NONNEGATIVE_SQUARED = 4.0
+
+
+def class_gaussians_sensitivity(
+    relation: Neighbouring | str, label_change: bool = False, nonnegative: bool = False
+) -> float:
     """L2 sensitivity of the class-gaussians release, one block ``[x/C, (x∘x)/C²]`` per row
     summed per class (rows clipped to ‖x‖ ≤ C, so u = x/C has ‖u‖ ≤ 1).
 
@@ -126,11 +172,20 @@ def class_gaussians_sensitivity(relation: Neighbouring | str, label_change: bool
     2(1 + sin 2θ) = 3 and ‖u∘u − v∘v‖² = 2cos² 2θ = 3/2. (tests/unit/test_aggregates.py checks
     the bound by numerical optimisation in 2–6 dimensions.) The √6 charged before adds the two
     parts' separate maxima (4 and 2), which no single pair reaches together.
+
+    * replace-one, same label, enforced non-negative rows (``nonnegative``: every row is
+      ``max(x, 0)`` before clipping, for every dataset): u, v ≥ 0 coordinate-wise, so
+      (u_i − v_i)² ≤ u_i² + v_i² and (u_i² − v_i²)² ≤ u_i⁴ + v_i⁴ (the cross terms 2u_iv_i and
+      2u_i²v_i² are ≥ 0), and Σu_i⁴ ≤ (Σu_i²)² ≤ 1: the objective is at most 1 + 1 + 1 + 1 = 4,
+      sensitivity 2, attained by u = e₁, v = e₂. The other two cases are unchanged (their
+      maxima, a block with u = e₁ and two such blocks, are non-negative already).
     """
     if Neighbouring(relation) is Neighbouring.ADD_REMOVE:
         return math.sqrt(2.0)
     if label_change:
         return 2.0
+    if nonnegative:
+        return math.sqrt(CLASS_GAUSSIANS_NONNEGATIVE_SQUARED)
     return math.sqrt(CLASS_GAUSSIANS_SAME_LABEL_SQUARED)
 
 
