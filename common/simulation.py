@@ -6,7 +6,7 @@ machine, no network. The DPDA arm runs the same job code as the service, against
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -81,8 +81,10 @@ def best_scaling_baselines(
     scores: dict[str, dict[str, float | None]] = {}
     for mode in BASELINE_SCALINGS:
         view = target_view(target, representation, scaling_mode=mode)
+        logistic = replace(cfg, classifier="logistic")
         runs[mode] = {
             "source_only": source_only_predictions(source, view, representation, cfg),
+            "source_only_logistic": source_only_predictions(source, view, representation, logistic),
             "otda": otda_predictions(source, view, representation, cfg),
         }
         scores[mode] = {k: _scored(v, view) for k, v in runs[mode].items()}
@@ -114,6 +116,7 @@ class SimulationOutcome:
     target_row_queries: str = "exact"  # what PATE sent about the target's rows
     baseline_scaling: str | None = None  # the scaling the non-private baselines ran under
     baseline_by_scaling: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    source_only_logistic: float | None = None  # non-private, logistic, the baselines' scaling
 
     @property
     def dpda(self) -> DPDAResult:
@@ -123,17 +126,26 @@ class SimulationOutcome:
     def to_json(self, terms: SessionTerms) -> dict[str, Any]:
         d = self.dpda
         acc: dict[str, float | None] = {"source_only": self.source_only, "otda": self.otda}
+        if self.source_only_logistic is not None:
+            acc["source_only_logistic"] = self.source_only_logistic
         for m, r in self.runs.items():
             acc[m.replace("+", "_")] = r.accuracy
+        if "dpda" in d.accuracy_by_method:  # DPDA's own model, whichever arm the job keeps
+            acc["dpda"] = d.accuracy_by_method["dpda"]
         if "dp_no_adaptation" in d.accuracy_by_method:
             acc["dp_no_adaptation"] = d.accuracy_by_method["dp_no_adaptation"]
         if d.adaptation.get("kept_accuracy") is not None:
             acc["kept"] = d.adaptation["kept_accuracy"]  # the model the job keeps
+        elif d.accuracy is not None:
+            acc["kept"] = d.accuracy
+        choice = d.adaptation.get("choice")
         return {
             "baseline_scaling": self.baseline_scaling,
             "baseline_by_scaling": self.baseline_by_scaling,
             **d.summary(terms),
             "accuracy": acc,
+            "choice": choice,
+            "forecast": d.forecast,
             "epsilon_spent": max(r.epsilon_spent for r in self.runs.values()),
             "epsilon_by_method": {m: r.epsilon_spent for m, r in self.runs.items()},
             "epsilon_budget": terms.epsilon,
@@ -276,8 +288,9 @@ def simulate(
         _, kept, by_scaling = best_scaling_baselines(source, target, representation, cfg)
     so = by_scaling[kept]["source_only"] if kept else None
     ot_acc = by_scaling[kept]["otda"] if kept else None
+    so_lr = by_scaling[kept]["source_only_logistic"] if kept else None
     return SimulationOutcome(
-        so, ot_acc, runs, ledgers, t_spent, target_delta, rq.mode, kept, by_scaling
+        so, ot_acc, runs, ledgers, t_spent, target_delta, rq.mode, kept, by_scaling, so_lr
     )
 
 

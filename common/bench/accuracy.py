@@ -371,11 +371,17 @@ def run_bench_accuracy(args: argparse.Namespace) -> int:
     from dpda.bench.accuracy_tpami import summarize_tpami, tpami_pair
     from dpda.data.loaders import require_data_dir
 
+    jobs = args.jobs or os.cpu_count() or 1
+    if args.protocol == ["devsuite"]:  # the offline suite: no benchmark data needed
+        from dpda.bench.devsuite import run_devsuite
+
+        with ProcessPoolExecutor(jobs, initializer=_worker_init) as pool:
+            write_json(args, {"devsuite": run_devsuite(pool, args)})
+        return 0
     data_dir = require_data_dir(args.data_dir)
     pairs = _pairs(args.pairs)
     names = [f"{s}→{t}" for s, t in pairs]
     result: dict[str, Any] = {"pairs": names}
-    jobs = args.jobs or os.cpu_count() or 1
     with ProcessPoolExecutor(jobs, initializer=_worker_init) as pool:
         for protocol, title in (
             ("dpda-paper", "DPDA paper protocol"),
@@ -442,10 +448,12 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--protocol",
         nargs="+",
-        choices=["dpda-paper", "otda-tpami", "whole-batch", "defaults"],
+        choices=["dpda-paper", "otda-tpami", "whole-batch", "defaults", "devsuite"],
         default=["dpda-paper", "otda-tpami"],
         help="whole-batch: ε = --epsilon, one whole-dataset release; defaults: the job's own "
-        "defaults at each of --epsilons beside every fair baseline",
+        "defaults at each of --epsilons beside every fair baseline; devsuite (alone): the "
+        "same on the offline development suite (--pairs: its names), with the label-free "
+        "criteria against an oracle",
     )
     s.add_argument(
         "--record-release",
