@@ -77,7 +77,12 @@ def fit_on_rows(
             clf.fit(x, seeds)  # type: ignore[attr-defined]
     else:
         raise ValueError(f"unknown classifier {kind!r} (choose from {', '.join(ROW_CLASSIFIERS)})")
-    return clf, np.asarray(clf.predict(x))  # type: ignore[attr-defined]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return clf, np.asarray(clf.predict(x))  # type: ignore[attr-defined]
 
 
 def fit_predict(

@@ -162,7 +162,9 @@ def paper_pair(
 
 
 # ------------------------------------------------------------------- the job's defaults
-DEFAULT_ARMS = ("dpda", "job", "dp_no_adaptation", "pate", "source_only", "otda")
+DEFAULT_ARMS = (
+    "dpda", "job", "dp_no_adaptation", "pate", "source_only", "source_only_logistic", "otda",
+)  # fmt: skip
 
 
 def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) -> dict:
@@ -198,6 +200,7 @@ def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) 
         "kept": d.adaptation.get("kept"),
         "kept_accuracy": d.adaptation.get("kept_accuracy"),
         "estimate": d.adaptation.get("estimate"),
+        "choice": data.get("choice"),
         "seconds": time.perf_counter() - t0,
     }
 
@@ -233,6 +236,7 @@ def summarize_defaults(
             }
             row["job"] = mean_of([r.get("kept_accuracy") for r in runs])  # the model kept
             row["source_only"] = by_pair[p]["source_only"]
+            row["source_only_logistic"] = by_pair[p].get("source_only_logistic")
             row["otda"] = by_pair[p]["otda"]
             row["baseline_scaling"] = by_pair[p]["baseline_scaling"]
             row["epsilon_spent"] = mean_of([r["epsilon_spent"] for r in runs])

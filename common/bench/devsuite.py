@@ -62,18 +62,19 @@ def criteria_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per criterion: the share of runs whose pick is the best arm, and the mean and worst
     accuracy lost against the oracle's pick; the same for two fixed rules (the job's own
     DPDA arm, the release without adaptation) for scale."""
-    from dpda.target_party.choice import CRITERIA
+    from dpda.target_party.choice import CRITERIA, CRITERION
 
     out: dict[str, Any] = {}
     runs = [r for r in rows if r["choice"] and r["choice"]["arms"]]
-    rules: dict[str, Any] = {c: (lambda arms, c=c: pick(arms, c)) for c in CRITERIA}
-    rules.update({f"{c} (no gate)": (lambda arms, c=c: pick(arms, c, 1.0)) for c in CRITERIA})
+    names = list(dict.fromkeys([CRITERION, *CRITERIA]))
+    rules: dict[str, Any] = {c: (lambda arms, c=c: pick(arms, c)) for c in names}
+    rules.update({f"{c} (no gate)": (lambda arms, c=c: pick(arms, c, 1.0)) for c in names})
     rules["always-dpda"] = lambda arms: arms[0]
     rules["always-no-adaptation"] = lambda arms: next(a for a in arms if not a["adapt"])
     for name, rule in rules.items():
         lost, best = [], 0
         for r in runs:
-            arms = r["choice"]["arms"]
+            arms = [dict(a) for a in r["choice"]["arms"]]
             oracle = max(a["accuracy"] for a in arms)
             got = rule(arms)["accuracy"]
             lost.append(oracle - got)

@@ -238,6 +238,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"{est['dpda']:.3f}, without adaptation {est['dp_no_adaptation']:.3f}; "
             f"the job keeps {ad['kept']} (--keep {ad['rule']})"
             + (f": {_pct(ad['kept_accuracy'])}" if ad.get("kept_accuracy") is not None else "")
+            + (" by the label-free choice below" if data.get("choice") else "")
         )
     ch = data.get("choice")
     if ch:

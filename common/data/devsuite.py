@@ -22,6 +22,7 @@ function of its name and ``seed`` (the split and the shift are drawn from it).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -88,12 +89,16 @@ def classification(seed: int) -> tuple[Domain, Domain]:
 
 def skada_covariate(seed: int) -> tuple[Domain, Domain]:
     """skada's ``make_shifted_datasets`` under covariate shift (2 columns, 2 classes)."""
+    import warnings
+
     from skada.datasets import make_shifted_datasets
 
-    x, y, sample_domain = make_shifted_datasets(
-        n_samples_source=200, n_samples_target=200, shift="covariate_shift", noise=0.3,
-        label="binary", random_state=seed,
-    )  # fmt: skip
+    with warnings.catch_warnings():  # skada's own call to its deprecated return_X_y
+        warnings.simplefilter("ignore", DeprecationWarning)
+        x, y, sample_domain = make_shifted_datasets(
+            n_samples_source=200, n_samples_target=200, shift="covariate_shift", noise=0.3,
+            label="binary", random_state=seed,
+        )  # fmt: skip
     src, tgt = sample_domain > 0, sample_domain < 0
     return (
         Domain("skada-covariate:source", x[src], y[src].astype(np.int64), 2),
@@ -194,3 +199,17 @@ def pair(name: str, seed: int = 0) -> tuple[Domain, Domain]:
     if name not in PAIRS:
         raise ConfigError(f"unknown development pair {name!r} (choose from {', '.join(PAIRS)})")
     return PAIRS[name](seed)
+
+
+def write_csv(domain: Domain, path: str | Path) -> Path:
+    """``domain`` as a CSV ``dpda simulate --source-file/--target-file`` reads: a header of
+    ``f0 … f{k-1}`` and ``label``, one row per record."""
+    path = Path(path)
+    k = domain.x.shape[1]
+    header = ",".join([*(f"f{j}" for j in range(k)), "label"])
+    y = domain.labels()
+    with path.open("w") as f:
+        f.write(header + "\n")
+        for row, label in zip(domain.x, y, strict=True):
+            f.write(",".join(repr(float(v)) for v in row) + f",{int(label)}\n")
+    return path

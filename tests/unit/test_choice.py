@@ -162,3 +162,82 @@ def test_the_guard_does_not_keep_an_arm_that_names_one_class(monkeypatch) -> Non
     assert not kept["collapsed"] and kept["largest_share"] <= 0.9
     assert "one class" in ch["guard"]
     assert any(a["collapsed"] for a in ch["arms"])
+
+
+def test_the_rehearsal_writes_the_forecast_the_plan_prints(tmp_path) -> None:
+    """``dpda simulate``'s forecast is ``dpda target plan``'s: the same function of the same
+    public facts (the session's terms, the release plan both parties compute, the sizes)."""
+    from dpda.cli.main import main
+    from dpda.data.devsuite import pair, write_csv
+    from dpda.planner import plan_batches
+    from dpda.target_party.planning import forecast
+
+    s, t = pair("iris", 1)
+    write_csv(s, tmp_path / "s.csv")
+    write_csv(t, tmp_path / "t.csv")
+    out = tmp_path / "out.json"
+    files = ["--source-file", str(tmp_path / "s.csv"), "--target-file", str(tmp_path / "t.csv")]
+    argv = ["simulate", *files, "--label-column", "label", "--seed", "0", "--json", str(out)]
+    assert main(argv) == 0
+    import json
+
+    r = json.loads(out.read_text())
+    terms = _terms(dataset="source", delta=r["delta"], projection_dim=r["projection_dim"])
+    plan = plan_batches(terms, s.x.shape[0], np.eye(s.x.shape[1], 1))
+    expected = forecast(terms, plan, s.x.shape[0], s.n_classes, t.x.shape[0])
+    assert r["forecast"]["noise_to_signal"] == pytest.approx(expected.pop("noise_to_signal"))
+    assert {k: r["forecast"][k] for k in expected} == expected
+    for key in ("dpda", "kept", "dp_no_adaptation", "source_only", "source_only_logistic", "otda"):
+        assert isinstance(r["accuracy"][key], float), key
+    assert r["choice"]["kept"] in {a["arm"] for a in r["choice"]["arms"]}
+    assert {"epsilon_spent", "epsilon_budget", "target_epsilon_spent"} <= set(r)
+
+
+@pytest.mark.parametrize("classifier", ["1nn", "target-logistic"])
+def test_the_estimators_saved_model_reads_raw_rows_as_the_job_labels_them(
+    classifier: str, tmp_path
+) -> None:
+    from dpda.data.devsuite import pair
+    from dpda.estimator import DPDAClassifier
+    from dpda.target_party.training import load_model, save_model
+
+    s, t = pair("iris", 0)
+    clf = DPDAClassifier(epsilon=8.0, classifier=classifier, random_state=0).fit(s.x, s.y, t.x)
+    assert np.array_equal(clf.predict(t.x), clf.target_predictions_)
+    loaded = load_model(save_model(clf.model_, tmp_path / "m.skops"))
+    assert np.array_equal(clf.classes_[loaded.predict(t.x)], clf.target_predictions_)
+
+
+def test_the_development_suite_is_small_offline_and_a_function_of_its_seed() -> None:
+    from dpda.data.devsuite import MAX_ROWS, PAIRS, pair
+    from dpda.errors import ConfigError
+
+    assert len(PAIRS) >= 6
+    for name in PAIRS:
+        s, t = pair(name, 0)
+        assert s.x.shape[0] <= MAX_ROWS and t.x.shape[0] <= MAX_ROWS, name
+        assert s.x.shape[1] == t.x.shape[1] and s.n_classes == t.n_classes >= 2, name
+        assert set(np.unique(s.y)) == set(range(s.n_classes)), name
+        assert not np.allclose(s.x.mean(axis=0), t.x.mean(axis=0)), name  # shifted
+    a, b, c = pair("text", 3), pair("text", 3), pair("text", 4)
+    assert np.array_equal(a[1].x, b[1].x) and not np.array_equal(a[1].x, c[1].x)
+    assert 0.0 <= a[0].x.min() and a[0].x.max() <= 1.0 and np.mean(a[0].x == 0) > 0.5
+    norms = np.linalg.norm(pair("images", 0)[0].x, axis=1)
+    assert 10 < np.median(norms) < 18
+    with pytest.raises(ConfigError, match="wine"):
+        pair("mnist", 0)
+
+
+def test_the_bench_replays_the_jobs_rule_and_scores_it_against_the_oracle() -> None:
+    from dpda.bench.devsuite import criteria_table
+
+    def arm(name, acc, ent, counts, adapt=True):
+        scores = dict.fromkeys(CRITERIA, 0.0) | {"entropy": ent, "counts": counts}
+        return {"arm": name, "adapt": adapt, "collapsed": False, "scores": scores, "accuracy": acc}
+
+    run = {"choice": {"arms": [arm("a", 70.0, -0.5, 0.9), arm("b", 90.0, -0.4, 0.85),
+                               arm("c", 50.0, -0.1, 0.3, adapt=False)]}}  # fmt: skip
+    t = criteria_table([run, run])
+    assert t["entropy"]["picks_best"] == "2/2" and t["entropy"]["mean_loss"] == 0.0
+    assert t["entropy (no gate)"]["mean_loss"] == 40.0  # c: best entropy, far from the counts
+    assert t["always-dpda"]["mean_loss"] == 20.0 and t["always-no-adaptation"]["worst_loss"] == 40
