@@ -46,9 +46,11 @@ log = logging.getLogger("dpda.target")
 CRITERIA = ("silhouette", "entropy", "snd", "consistency", "counts")
 # the rule the job keeps an arm by: the sum of the standardized entropy and consistency scores
 # among the arms whose predicted class shares are within COUNT_GATE (total variation) of the
-# noisy counts' (any arm when none is); chosen on the suite's first seed, checked on two more
+# noisy counts' (any arm when none is). The pair of criteria: the best on the suite's first
+# seed, checked on two more; the gate: 0.2, where 0.25 does 0.4 better on the suite and 2.0
+# worse on Office-Caltech (docs/results.md)
 CRITERION = "entropy+consistency"
-COUNT_GATE = 0.25
+COUNT_GATE = 0.2
 SCALINGS = ("uniform", "zscore")  # the target's column scalings an arm may use
 DIMS = (10, 20, 50)  # the OT space's ℓ an arm may use (at most what the data allow)
 ARM_CLASSIFIERS = ("1nn", "target-logistic", "target-spread")
