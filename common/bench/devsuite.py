@@ -66,7 +66,7 @@ def criteria_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     runs = [r for r in rows if r["choice"] and r["choice"]["arms"]]
-    names = list(dict.fromkeys([CRITERION, *CRITERIA]))
+    names = list(dict.fromkeys([CRITERION, "entropy+consistency", *CRITERIA]))
     rules: dict[str, Any] = {c: (lambda arms, c=c: pick(arms, c)) for c in names}
     rules.update({f"{c} (no gate)": (lambda arms, c=c: pick(arms, c, 1.0)) for c in names})
     rules["always-dpda"] = lambda arms: arms[0]
