@@ -6,7 +6,7 @@ machine, no network. The DPDA arm runs the same job code as the service, against
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -118,8 +118,10 @@ def best_scaling_baselines(
     scores: dict[str, dict[str, float | None]] = {}
     for mode in BASELINE_SCALINGS:
         view = target_view(target, representation, scaling_mode=mode)
+        logistic = replace(cfg, classifier="logistic")
         runs[mode] = {
             "source_only": source_only_predictions(source, view, representation, cfg),
+            "source_only_logistic": source_only_predictions(source, view, representation, logistic),
             "otda": otda_predictions(source, view, representation, cfg, max_rows),
         }
         scores[mode] = {k: _scored(v, view) for k, v in runs[mode].items()}
@@ -157,6 +159,7 @@ class SimulationOutcome:
     references: dict[str, Any] = field(default_factory=dict)
     # what the source's DP preprocessing estimated (its own record), or what it was not
     preprocessing: dict[str, Any] = field(default_factory=dict)
+    source_only_logistic: float | None = None  # non-private, logistic, the baselines' scaling
 
     @property
     def dpda(self) -> DPDAResult:
@@ -166,12 +169,19 @@ class SimulationOutcome:
     def to_json(self, terms: SessionTerms) -> dict[str, Any]:
         d = self.dpda
         acc: dict[str, float | None] = {"source_only": self.source_only, "otda": self.otda}
+        if self.source_only_logistic is not None:
+            acc["source_only_logistic"] = self.source_only_logistic
         for m, r in self.runs.items():
             acc[m.replace("+", "_")] = r.accuracy
+        if "dpda" in d.accuracy_by_method:  # DPDA's own model, whichever arm the job keeps
+            acc["dpda"] = d.accuracy_by_method["dpda"]
         if "dp_no_adaptation" in d.accuracy_by_method:
             acc["dp_no_adaptation"] = d.accuracy_by_method["dp_no_adaptation"]
         if d.adaptation.get("kept_accuracy") is not None:
             acc["kept"] = d.adaptation["kept_accuracy"]  # the model the job keeps
+        elif d.accuracy is not None:
+            acc["kept"] = d.accuracy
+        choice = d.adaptation.get("choice")
         return {
             "baseline_scaling": self.baseline_scaling,
             "baseline_by_scaling": self.baseline_by_scaling,
@@ -179,6 +189,8 @@ class SimulationOutcome:
             **d.summary(terms),
             "accuracy": acc,
             "preprocessing": self.preprocessing,
+            "choice": choice,
+            "forecast": d.forecast,
             "epsilon_spent": max(r.epsilon_spent for r in self.runs.values()),
             "epsilon_by_method": {m: r.epsilon_spent for m, r in self.runs.items()},
             "epsilon_budget": terms.epsilon,
@@ -357,6 +369,7 @@ def simulate(
         )
     so = by_scaling[kept]["source_only"] if kept else None
     ot_acc = by_scaling[kept]["otda"] if kept else None
+    so_lr = by_scaling[kept]["source_only_logistic"] if kept else None
     return SimulationOutcome(
         so,
         ot_acc,
@@ -370,6 +383,7 @@ def simulate(
         views=views,
         references=references,
         preprocessing=pre_report,
+        source_only_logistic=so_lr,
     )
 
 

@@ -1,6 +1,6 @@
 """The job's arms beside DPDA, on the same session: PATE labels for target rows (asked of the
 source's teachers as the target's row-query policy allows) and the same release used without
-adaptation, which the job keeps instead of DPDA when the label-free estimate prefers it."""
+adaptation (the job's label-free choice among these and its other arms: ``choice``)."""
 
 from __future__ import annotations
 
@@ -120,8 +120,8 @@ def without_adaptation(s: JobSession, done: Fitted, by_method: dict[str, float |
     """The same release used without adaptation: a nearest-class-mean classifier whose class
     means are the release's own (in the OT space, then lifted into the target's space so the
     saved model reads raw rows), next to DPDA; both scored by the label-free cluster estimate
-    (``selection.cluster_score``). With ``keep = "better"`` the job keeps the one the estimate
-    prefers. Post-processing of one release: no budget."""
+    (``selection.cluster_score``), reported; with ``keep = "better"`` the choice among every
+    arm is ``choice.choose``'s. Post-processing of one release: no budget."""
     from sklearn.neighbors import KNeighborsClassifier
 
     from dpda.target_party.selection import cluster_score
@@ -145,16 +145,12 @@ def without_adaptation(s: JobSession, done: Fitted, by_method: dict[str, float |
         "dpda": cluster_score(s.xt_proj, done.pred, s.cfg.seed),
         "dp_no_adaptation": cluster_score(s.xt_proj, pred, s.cfg.seed),
     }
-    kept = "dpda"
-    if s.cfg.keep == "better" and scores["dp_no_adaptation"] > scores["dpda"]:
-        kept = "dp_no_adaptation"
-        done.model, done.pred = model, pred
-    agree = float(np.mean(pred == done.pred)) if kept == "dpda" else 1.0
+    agree = float(np.mean(pred == done.pred))
     return {
         "estimate": scores,
         "estimate_method": "silhouette",
-        "kept": kept,
-        "kept_accuracy": by_method.get(kept),
+        "kept": "dpda",  # ``choice.choose`` decides under keep = "better"
+        "kept_accuracy": by_method.get("dpda"),
         "rule": s.cfg.keep,
         "agreement": agree,
         "predictions": pred,

@@ -21,7 +21,7 @@ from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import OTResult, one_hot, sinkhorn_group_lasso, uniform
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo
 from dpda.target_party.compute import Compute, split_rows
-from dpda.target_party.training import accuracy, fit_predict
+from dpda.target_party.training import ROW_CLASSIFIERS, accuracy, fit_on_rows, fit_predict
 from dpda.target_party.view import AdaptConfig, LocalSpace, TargetView
 from dpda.terms import SessionTerms, synthetic_params
 
@@ -442,6 +442,20 @@ class Fitted:
         if self.aggregate:
             self.mapped = self_label_step(self.mapped, view.x, cfg.refine)
         self.model, self.pred = train_classifier(view, self.mapped, self.mapped_labels, cfg)
+        if cfg.classifier in ROW_CLASSIFIERS:  # then on the target's own rows, so labeled
+            mass = np.sum([f.class_mass for f in self.fits], axis=0)
+            got = fit_on_rows(view.x, self.pred, row_confidence(mass, self.pred), cfg.classifier)
+            if got is not None:
+                self.model, self.pred = got
+
+
+def row_confidence(class_mass: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each target row's soft label read at ``labels``: the share of the mass the row receives
+    under the plan that comes from the class it is labeled (``class_mass``: (q, m))."""
+    total = np.maximum(class_mass.sum(axis=0), 1e-300)
+    q = class_mass.shape[0]
+    at = np.clip(np.asarray(labels, dtype=np.int64), 0, q - 1)
+    return np.asarray(class_mass[at, np.arange(labels.size)] / total)
 
 
 def self_label_step(points: np.ndarray, x: np.ndarray, step: float) -> np.ndarray:

@@ -29,6 +29,7 @@ from dpda.target_party.fitting import (
     release_workspace,
     view_accuracy,
 )
+from dpda.target_party.forecast import forecast
 from dpda.target_party.selection import select
 from dpda.target_party.view import AdaptConfig, RowQueries, TargetView, local_space, session_terms
 from dpda.terms import SessionTerms
@@ -70,6 +71,8 @@ class DPDAResult:
     fit_traffic: FitTraffic = field(default_factory=FitTraffic)
     # the view the model was fitted in (its scaling and standardization: the saved model's)
     view: TargetView | None = field(default=None, repr=False)
+    # what the release was forecast to be worth (``forecast.forecast``: as ``dpda target plan``)
+    forecast: dict[str, Any] = field(default_factory=dict)
 
     def summary(self, asked: SessionTerms) -> dict[str, Any]:
         """The numbers of one run, as ``results.json`` and ``dpda simulate --json`` report them
@@ -189,6 +192,16 @@ def run_dpda(
             done.train(view, s.cfg)
             by_method["dpda"] = view_accuracy(done.pred, view) if done.pred is not None else None
             adaptation = without_adaptation(s, done, by_method)
+            if s.cfg.keep == "better":
+                from dpda.target_party.choice import choose
+
+                picked = choose(s, done)
+                adaptation["choice"] = picked
+                adaptation["kept"] = "dpda" if picked["kept_adapts"] else "dp_no_adaptation"
+                adaptation["kept_arm"] = picked["kept"]
+                assert done.pred is not None
+                adaptation["kept_accuracy"] = view_accuracy(done.pred, view)
+                adaptation["agreement"] = float(np.mean(adaptation["predictions"] == done.pred))
             done.spend.append(spent())  # before any PATE answer is charged
         if s.info.plan.pate_queries > 0:
             pate(s, done, by_method, row_queries or RowQueries())
@@ -280,4 +293,5 @@ def _result(
         selection=selection,
         fit_traffic=FitTraffic.of(fits),
         view=view,
+        forecast=forecast(s.terms, s.info.plan, s.info.n_rows, s.info.n_classes, view.x.shape[0]),
     )

@@ -14,10 +14,21 @@ from sklearn.preprocessing import FunctionTransformer
 from dpda.data.preprocessing import Scaling, per_row
 from dpda.dp.preprocessing_dp import Standardization
 
-CLASSIFIERS = ("1nn", "logistic", "mlp")
+# trained on the adapted class points (or mapped source rows)
+POINT_CLASSIFIERS = ("1nn", "logistic", "mlp")
+# trained on the target's own rows, labeled by what the transport (or the release without
+# adaptation) gives each of them: post-processing of the release and the target's rows
+ROW_CLASSIFIERS = ("target-logistic", "target-knn", "target-spread")
+CLASSIFIERS = POINT_CLASSIFIERS + ROW_CLASSIFIERS
+ROW_NEIGHBOURS = 10  # target-knn and target-spread: neighbours among the target's rows
+CONFIDENT_SHARE = 0.5  # target-spread: the share of rows whose label it keeps (most certain)
 
 
 def make_classifier(kind: str, seed: int = 0):
+    """A classifier of ``POINT_CLASSIFIERS``; a row classifier stands on 1-NN (its rows'
+    labels come from it, ``fit_on_rows``)."""
+    if kind in ROW_CLASSIFIERS:
+        kind = "1nn"
     if kind == "1nn":
         return KNeighborsClassifier(n_neighbors=1)
     if kind == "logistic":
@@ -25,6 +36,54 @@ def make_classifier(kind: str, seed: int = 0):
     if kind == "mlp":
         return MLPClassifier(hidden_layer_sizes=(128,), max_iter=500, random_state=seed)
     raise ValueError(f"unknown classifier {kind!r} (choose from {', '.join(CLASSIFIERS)})")
+
+
+def fit_on_rows(
+    x: np.ndarray,
+    labels: np.ndarray,
+    confidence: np.ndarray | None,
+    kind: str,
+    seed: int = 0,
+) -> tuple[object, np.ndarray] | None:
+    """A classifier trained on the target's own rows ``x`` with the soft labels a plan gives
+    them: ``labels`` (each row's class) and ``confidence`` (the share of the row's received
+    mass that class holds, in [0, 1]; None: every row alike). ``target-logistic``: logistic
+    regression, each row weighted by its confidence; ``target-knn``: a vote of each row's
+    ``ROW_NEIGHBOURS`` nearest rows; ``target-spread``: label spreading over the rows' kNN
+    graph from the ``CONFIDENT_SHARE`` most confident rows. None when the labels name fewer
+    than two classes (nothing to learn from them)."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if np.unique(labels).size < 2:
+        return None
+    w = np.ones(labels.size) if confidence is None else np.clip(confidence, 0.05, 1.0)
+    if kind == "target-logistic":
+        clf: object = LogisticRegression(max_iter=1000, C=1.0)
+        clf.fit(x, labels, sample_weight=w * (w.size / w.sum()))  # type: ignore[attr-defined]
+    elif kind == "target-knn":
+        clf = KNeighborsClassifier(n_neighbors=min(ROW_NEIGHBOURS, labels.size))
+        clf.fit(x, labels)  # type: ignore[attr-defined]
+    elif kind == "target-spread":
+        from sklearn.semi_supervised import LabelSpreading
+
+        seeds = np.full(labels.size, -1, dtype=np.int64)
+        keep = np.argsort(-w, kind="stable")[: max(1, int(CONFIDENT_SHARE * labels.size))]
+        seeds[keep] = labels[keep]
+        if np.unique(seeds[keep]).size < 2:
+            return None
+        import warnings
+
+        clf = LabelSpreading(kernel="knn", n_neighbors=min(ROW_NEIGHBOURS, labels.size - 1))
+        with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)  # rows no seed reaches: class 0
+            clf.fit(x, seeds)  # type: ignore[attr-defined]
+    else:
+        raise ValueError(f"unknown classifier {kind!r} (choose from {', '.join(ROW_CLASSIFIERS)})")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return clf, np.asarray(clf.predict(x))  # type: ignore[attr-defined]
 
 
 def fit_predict(

@@ -162,7 +162,9 @@ def paper_pair(
 
 
 # ------------------------------------------------------------------- the job's defaults
-DEFAULT_ARMS = ("dpda", "job", "dp_no_adaptation", "pate", "source_only", "otda")
+DEFAULT_ARMS = (
+    "dpda", "job", "dp_no_adaptation", "pate", "source_only", "source_only_logistic", "otda",
+)  # fmt: skip
 
 
 def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) -> dict:
@@ -198,6 +200,7 @@ def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) 
         "kept": d.adaptation.get("kept"),
         "kept_accuracy": d.adaptation.get("kept_accuracy"),
         "estimate": d.adaptation.get("estimate"),
+        "choice": data.get("choice"),
         "seconds": time.perf_counter() - t0,
     }
 
@@ -233,6 +236,7 @@ def summarize_defaults(
             }
             row["job"] = mean_of([r.get("kept_accuracy") for r in runs])  # the model kept
             row["source_only"] = by_pair[p]["source_only"]
+            row["source_only_logistic"] = by_pair[p].get("source_only_logistic")
             row["otda"] = by_pair[p]["otda"]
             row["baseline_scaling"] = by_pair[p]["baseline_scaling"]
             row["epsilon_spent"] = mean_of([r["epsilon_spent"] for r in runs])
@@ -371,11 +375,17 @@ def run_bench_accuracy(args: argparse.Namespace) -> int:
     from dpda.bench.accuracy_tpami import summarize_tpami, tpami_pair
     from dpda.data.loaders import require_data_dir
 
+    jobs = args.jobs or os.cpu_count() or 1
+    if args.protocol == ["devsuite"]:  # the offline suite: no benchmark data needed
+        from dpda.bench.devsuite import run_devsuite
+
+        with ProcessPoolExecutor(jobs, initializer=_worker_init) as pool:
+            write_json(args, {"devsuite": run_devsuite(pool, args)})
+        return 0
     data_dir = require_data_dir(args.data_dir)
     pairs = _pairs(args.pairs)
     names = [f"{s}→{t}" for s, t in pairs]
     result: dict[str, Any] = {"pairs": names}
-    jobs = args.jobs or os.cpu_count() or 1
     with ProcessPoolExecutor(jobs, initializer=_worker_init) as pool:
         for protocol, title in (
             ("dpda-paper", "DPDA paper protocol"),
@@ -442,10 +452,12 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--protocol",
         nargs="+",
-        choices=["dpda-paper", "otda-tpami", "whole-batch", "defaults"],
+        choices=["dpda-paper", "otda-tpami", "whole-batch", "defaults", "devsuite"],
         default=["dpda-paper", "otda-tpami"],
         help="whole-batch: ε = --epsilon, one whole-dataset release; defaults: the job's own "
-        "defaults at each of --epsilons beside every fair baseline",
+        "defaults at each of --epsilons beside every fair baseline; devsuite (alone): the "
+        "same on the offline development suite (--pairs: its names), with the label-free "
+        "criteria against an oracle",
     )
     s.add_argument(
         "--record-release",

@@ -252,8 +252,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print("  no accuracies: the target has no labels to score against")
         print(f"  predictions and the figures below: seed {data['seeds'][0]}")
     else:
+        logistic = (
+            f" (logistic {_pct(a['source_only_logistic'])})" if "source_only_logistic" in a else ""
+        )
         print(
-            f"{where}  source-only {_pct(a['source_only'])}  OTDA {_pct(a['otda'])}  "
+            f"{where}  source-only {_pct(a['source_only'])}{logistic}  OTDA {_pct(a['otda'])}  "
             f"DP without adaptation {_pct(a.get('dp_no_adaptation'))}  {private}"
         )
     scored = tgt.y is not None
@@ -287,6 +290,28 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"{est['dpda']:.3f}, without adaptation {est['dp_no_adaptation']:.3f}; "
             f"the job keeps {ad['kept']} (--keep {ad['rule']})"
             + (f": {_pct(ad['kept_accuracy'])}" if ad.get("kept_accuracy") is not None else "")
+            + (" by the label-free choice below" if data.get("choice") else "")
+        )
+    ch = data.get("choice")
+    if ch:
+        kept = next(a for a in ch["arms"] if a["arm"] == ch["kept"])
+        print(
+            f"  label-free choice ({ch['criterion']}, {len(ch['arms'])} arms): the job keeps "
+            f"{ch['kept']} (score {kept['score']:.3f})"
+            + (f": {_pct(a.get('kept'))}" if a.get("kept") is not None else "")
+        )
+        if ch.get("guard"):
+            print(f"  collapse guard: {ch['guard']}")
+    fc = data.get("forecast")
+    if fc:
+        print(
+            f"  forecast: noise-to-signal of a {fc['per']} {fc['noise_to_signal']:.3f} "
+            f"({fc['rows_per_class']:.0f} rows per class on average); "
+            + (
+                "noise-dominated: expect little better than chance. " + " ".join(fc["advice"])
+                if fc["noise_dominated"]
+                else f"under the noise-dominated line {fc['threshold']:g}"
+            )
         )
     print(
         f"  the real job would charge ε {data['epsilon_spent']:.3f} of {terms.epsilon} "

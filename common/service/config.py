@@ -282,7 +282,9 @@ class TargetJob(_Strict):
     clip_norm: float = _term("clip_norm")
     reg_e: float = Field(default=0.02, gt=0)
     reg_g: float = Field(default=0.5, ge=0)
-    classifier: Literal["1nn", "logistic", "mlp"] = "1nn"
+    classifier: Literal[
+        "1nn", "logistic", "mlp", "target-logistic", "target-knn", "target-spread"
+    ] = "1nn"
     transport_step: float = Field(
         default=0.5,
         ge=0,

@@ -195,8 +195,10 @@ def test_simulate_office_caltech_pair(data_dir, tmp_path) -> None:
     assert r["accuracy"]["dpda"] > r["accuracy"]["source_only"]  # the better-scaled one
     # C→A over seeds 0–2: 46.4 against 45.4 (docs/results.md); seed 0 alone: 45.2 against 45.4
     assert r["accuracy"]["dpda"] >= r["accuracy"]["dp_no_adaptation"] - 1.0
-    kept = r["adaptation"]["kept"]  # the job keeps one of the two, and says which
-    assert r["adaptation"]["rule"] == "better" and r["accuracy"]["kept"] == r["accuracy"][kept]
+    ch = r["choice"]  # the job keeps one of its arms, and says which
+    kept = next(a for a in ch["arms"] if a["arm"] == ch["kept"])
+    assert r["adaptation"]["rule"] == "better" and r["accuracy"]["kept"] == kept["accuracy"]
+    assert r["adaptation"]["kept"] == ("dpda" if kept["adapt"] else "dp_no_adaptation")
     assert r["projection_dim"] == 20 and r["sigma"] > 0
     assert np.isfinite(r["w_tilde"])
 
@@ -271,23 +273,37 @@ def test_minibatch_fits_warm_start_from_the_first_fit_and_count_their_passes() -
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rule", ["better", "dpda"])
-def test_keep_better_keeps_the_release_without_adaptation_when_it_clusters_better(
+def test_keep_better_keeps_the_release_without_adaptation_when_the_criterion_prefers_it(
     rule, monkeypatch
 ) -> None:
-    import dpda.target_party.selection as selection
+    import dpda.target_party.choice as choice
 
-    # the estimate at the edge: here it prefers the labels of the release without adaptation
-    def prefers_no_adaptation(x, pred, seed, calls=[]):  # noqa: B006 (counts the calls)
-        calls.append(pred)
-        return float(len(calls) % 2 == 0)  # DPDA scored first: 0, then the other arm: 1
+    real = choice.scores_of
+    plain: list[np.ndarray] = []
 
-    monkeypatch.setattr(selection, "cluster_score", prefers_no_adaptation)
+    def prefers_no_adaptation(x, pred, shares, seed):
+        got = real(x, pred, shares, seed)
+        liked = any(np.array_equal(pred, p) for p in plain)
+        return {**got, choice.CRITERION: 1.0 if liked else 0.0, "counts": 1.0}
+
+    real_no_adaptation = choice._no_adaptation
+
+    def recorded(s, fits):
+        model, pred = real_no_adaptation(s, fits)
+        plain.append(pred)
+        return model, pred
+
+    monkeypatch.setattr(choice, "scores_of", prefers_no_adaptation)
+    monkeypatch.setattr(choice, "_no_adaptation", recorded)
     s, t = two_domains(n_source=200, n_target=150)
     out = simulate(s, t, _terms(), "raw", AdaptConfig(keep=rule), seed=0, baselines=False)
     ad, d = out.dpda.adaptation, out.dpda
-    assert ad["rule"] == rule and ad["estimate"] == {"dpda": 0.0, "dp_no_adaptation": 1.0}
+    assert ad["rule"] == rule
     kept = "dp_no_adaptation" if rule == "better" else "dpda"
-    assert ad["kept"] == kept and ad["kept_accuracy"] == d.accuracy_by_method[kept]
-    assert out.to_json(_terms())["accuracy"]["kept"] == d.accuracy_by_method[kept]
-    if rule == "better":  # the job's predictions are the other arm's
-        assert np.array_equal(d.predictions, ad["predictions"])
+    assert ad["kept"] == kept
+    if rule == "better":  # the job's predictions are an arm without adaptation's
+        assert ad["choice"]["kept"].startswith("dp_no_adaptation/")
+        assert any(np.array_equal(d.predictions, p) for p in plain)
+        assert out.to_json(_terms())["accuracy"]["kept"] == d.accuracy
+    else:
+        assert "choice" not in ad and ad["kept_accuracy"] == d.accuracy_by_method["dpda"]

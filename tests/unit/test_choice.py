@@ -1,0 +1,248 @@
+"""The target's row classifiers, the label-free criteria, the collapse guard and the choice's
+report (``dpda.target_party.choice``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpda.data.preprocessing import Scaling
+from dpda.target_party.choice import CRITERIA, _Rescaled, scores_of
+from dpda.target_party.training import fit_on_rows
+
+
+def _clusters(n: int = 300, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, size=n)
+    x = rng.normal(size=(n, 5)) + 4.0 * y[:, None] * np.eye(5)[0]
+    return x, y
+
+
+@pytest.mark.parametrize("kind", ["target-logistic", "target-knn", "target-spread"])
+def test_a_row_classifier_cleans_labels_the_plan_is_unsure_of(kind: str) -> None:
+    x, y = _clusters()
+    rng = np.random.default_rng(1)
+    flipped = rng.random(y.size) < 0.2
+    noisy = np.where(flipped, 1 - y, y)
+    confidence = np.where(flipped, 0.1, 0.9)  # the plan was unsure where it was wrong
+    got = fit_on_rows(x, noisy, confidence, kind)
+    assert got is not None
+    _, pred = got
+    assert np.mean(pred == y) > np.mean(noisy == y) + 0.1
+
+
+def test_a_row_classifier_refuses_labels_of_one_class() -> None:
+    x, _ = _clusters()
+    assert fit_on_rows(x, np.zeros(x.shape[0], dtype=int), None, "target-logistic") is None
+    with pytest.raises(ValueError, match="target-logistic"):
+        fit_on_rows(x, np.arange(x.shape[0]) % 2, None, "svm")
+
+
+def test_the_rule_keeps_the_best_score_among_arms_near_the_noisy_counts() -> None:
+    from dpda.target_party.choice import pick
+
+    def arm(name, score, counts, adapt=True, collapsed=False):
+        scores = {"entropy": score, "counts": counts}
+        return {"arm": name, "adapt": adapt, "collapsed": collapsed, "scores": scores}
+
+    arms = [arm("a", -0.5, 0.9), arm("b", -0.1, 0.5), arm("c", -0.3, 0.85, adapt=False)]
+    assert pick(arms, "entropy", 0.2) == (2, None)  # b scores best but is far from the counts
+    assert pick(arms, "entropy", 1.0) == (1, None)  # no gate: the best score
+    arms[2]["collapsed"] = True
+    at, guard = pick(arms, "entropy", 0.2)
+    assert at == 0 and "not kept: c" in guard
+    none = [arm("a", float("nan"), 0.9), arm("n", float("nan"), 0.9, adapt=False)]
+    at, guard = pick(none, "entropy", 0.2)
+    assert at == 1 and "undefined" in guard
+
+
+def test_labels_that_follow_the_rows_score_above_random_ones() -> None:
+    x, y = _clusters()
+    shares = np.bincount(y) / y.size
+    right = scores_of(x, y, shares, 0)
+    wrong = scores_of(x, np.random.default_rng(2).integers(0, 2, size=y.size), shares, 0)
+    for c in ("silhouette", "entropy", "consistency"):
+        assert right[c] > wrong[c], c
+    one = scores_of(x, np.zeros(y.size, dtype=int), shares, 0)
+    assert all(np.isnan(one[c]) for c in CRITERIA if c != "counts")
+    assert one["counts"] == pytest.approx(shares[0])  # 1 − TV: the shares that agree
+
+
+def test_a_model_of_another_scaling_reads_the_job_views_rows() -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(3)
+    rows = rng.normal(size=(200, 4)) * np.array([1.0, 10.0, 0.1, 3.0]) + 5.0
+    job, own = Scaling.of(rows, "uniform"), Scaling.of(rows, "zscore")
+    y = (rows[:, 1] + 10 * rows[:, 2] > 55).astype(int)
+    model = LogisticRegression().fit(own.apply(rows), y)
+    wrapped = _Rescaled.wrap(model, job, own)
+    assert np.array_equal(wrapped.predict(job.apply(rows)), model.predict(own.apply(rows)))
+    assert _Rescaled.wrap(model, job, job) is model
+
+
+def _terms(**kw):
+    from dpda.terms import SessionTerms
+
+    return SessionTerms(**{"dataset": "syn", "epsilon": 8.0, "delta": 1 / 2000, **kw})
+
+
+def test_the_rehearsal_reports_every_arm_and_keeps_the_best_scored_one() -> None:
+    from dpda.data.devsuite import pair
+    from dpda.simulation import simulate
+    from dpda.target_party.choice import COUNT_GATE, CRITERION
+    from dpda.target_party.view import AdaptConfig
+
+    s, t = pair("iris", 0)
+    out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
+    data = out.to_json(_terms())
+    ch = data["choice"]
+    assert ch["criterion"] == CRITERION and len(ch["arms"]) >= 6
+    fine = [a for a in ch["arms"] if not a["collapsed"] and np.isfinite(a["score"])]
+    near = [a for a in fine if 1 - a["scores"]["counts"] <= COUNT_GATE] or fine
+    kept = next(a for a in ch["arms"] if a["arm"] == ch["kept"])
+    assert kept["score"] == max(a["score"] for a in near)  # the best of those near the counts
+    assert 1 - kept["scores"]["counts"] <= COUNT_GATE or near == fine
+    assert data["accuracy"]["kept"] == kept["accuracy"] == out.dpda.accuracy
+    assert {"dpda", "dp_no_adaptation", "source_only", "source_only_logistic", "otda"} <= set(
+        data["accuracy"]
+    )
+    assert {a["adapt"] for a in ch["arms"]} == {True, False}
+    assert {a["scaling"] for a in ch["arms"]} == {"uniform", "zscore"}
+
+
+def test_the_guard_keeps_the_release_without_adaptation_when_no_arm_is_scored(
+    monkeypatch, caplog
+) -> None:
+    import dpda.target_party.choice as choice
+    from dpda.data.devsuite import pair
+    from dpda.simulation import simulate
+    from dpda.target_party.view import AdaptConfig
+
+    def undefined(x, pred, shares, seed):
+        return dict.fromkeys(CRITERIA, float("nan"))
+
+    monkeypatch.setattr(choice, "scores_of", undefined)
+    s, t = pair("iris", 0)
+    out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
+    ch = out.to_json(_terms())["choice"]
+    assert ch["kept"].startswith("dp_no_adaptation/") and not ch["kept_adapts"]
+    assert "undefined" in ch["guard"] and "undefined" in caplog.text
+    assert out.dpda.adaptation["kept"] == "dp_no_adaptation"
+
+
+def test_the_guard_does_not_keep_an_arm_that_names_one_class(monkeypatch) -> None:
+    import dpda.target_party.choice as choice
+    from dpda.data.devsuite import pair
+    from dpda.simulation import simulate
+    from dpda.target_party.view import AdaptConfig
+
+    real = choice.scores_of
+
+    def one_class_wins(x, pred, shares, seed):  # the labelling into one class scores best
+        got = real(x, pred, shares, seed)
+        return {**got, choice.CRITERION: 10.0 if np.unique(pred).size == 1 else 0.0}
+
+    monkeypatch.setattr(choice, "scores_of", one_class_wins)
+    s, t = pair("iris", 0)
+    real_arms = choice._arms_of
+
+    def with_a_collapsed_arm(*args):
+        arms = real_arms(*args)
+        bad = arms[0]
+        arms.append(
+            choice.Arm(bad.adapt, bad.scaling, bad.dim, "1nn", bad.model, np.zeros_like(bad.pred))
+        )
+        return arms
+
+    monkeypatch.setattr(choice, "_arms_of", with_a_collapsed_arm)
+    out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
+    ch = out.to_json(_terms())["choice"]
+    kept = next(a for a in ch["arms"] if a["arm"] == ch["kept"])
+    assert not kept["collapsed"] and kept["largest_share"] <= 0.9
+    assert "one class" in ch["guard"]
+    assert any(a["collapsed"] for a in ch["arms"])
+
+
+def test_the_rehearsal_writes_the_forecast_the_plan_prints(tmp_path) -> None:
+    """``dpda simulate``'s forecast is ``dpda target plan``'s: the same function of the same
+    public facts (the session's terms, the release plan both parties compute, the sizes)."""
+    from dpda.cli.main import main
+    from dpda.data.devsuite import pair, write_csv
+    from dpda.planner import plan_batches
+    from dpda.target_party.planning import forecast
+
+    s, t = pair("iris", 1)
+    write_csv(s, tmp_path / "s.csv")
+    write_csv(t, tmp_path / "t.csv")
+    out = tmp_path / "out.json"
+    files = ["--source-file", str(tmp_path / "s.csv"), "--target-file", str(tmp_path / "t.csv")]
+    argv = ["simulate", *files, "--label-column", "label", "--seed", "0", "--json", str(out)]
+    assert main(argv) == 0
+    import json
+
+    r = json.loads(out.read_text())
+    terms = _terms(
+        dataset="source",
+        delta=r["delta"],
+        projection_dim=r["projection_dim"],
+        preprocessing=r["preprocessing"]["mode"],
+    )
+    plan = plan_batches(terms, s.x.shape[0], np.eye(s.x.shape[1], 1))
+    expected = forecast(terms, plan, s.x.shape[0], s.n_classes, t.x.shape[0])
+    assert r["forecast"]["noise_to_signal"] == pytest.approx(expected.pop("noise_to_signal"))
+    assert {k: r["forecast"][k] for k in expected} == expected
+    for key in ("dpda", "kept", "dp_no_adaptation", "source_only", "source_only_logistic", "otda"):
+        assert isinstance(r["accuracy"][key], float), key
+    assert r["choice"]["kept"] in {a["arm"] for a in r["choice"]["arms"]}
+    assert {"epsilon_spent", "epsilon_budget", "target_epsilon_spent"} <= set(r)
+
+
+@pytest.mark.parametrize("classifier", ["1nn", "target-logistic"])
+def test_the_estimators_saved_model_reads_raw_rows_as_the_job_labels_them(
+    classifier: str, tmp_path
+) -> None:
+    from dpda.data.devsuite import pair
+    from dpda.estimator import DPDAClassifier
+    from dpda.target_party.training import load_model, save_model
+
+    s, t = pair("iris", 0)
+    clf = DPDAClassifier(epsilon=8.0, classifier=classifier, random_state=0).fit(s.x, s.y, t.x)
+    assert np.array_equal(clf.predict(t.x), clf.target_predictions_)
+    loaded = load_model(save_model(clf.model_, tmp_path / "m.skops"))
+    assert np.array_equal(clf.classes_[loaded.predict(t.x)], clf.target_predictions_)
+
+
+def test_the_development_suite_is_small_offline_and_a_function_of_its_seed() -> None:
+    from dpda.data.devsuite import MAX_ROWS, PAIRS, pair
+    from dpda.errors import ConfigError
+
+    assert len(PAIRS) >= 6
+    for name in PAIRS:
+        s, t = pair(name, 0)
+        assert s.x.shape[0] <= MAX_ROWS and t.x.shape[0] <= MAX_ROWS, name
+        assert s.x.shape[1] == t.x.shape[1] and s.n_classes == t.n_classes >= 2, name
+        assert set(np.unique(s.y)) == set(range(s.n_classes)), name
+        assert not np.allclose(s.x.mean(axis=0), t.x.mean(axis=0)), name  # shifted
+    a, b, c = pair("text", 3), pair("text", 3), pair("text", 4)
+    assert np.array_equal(a[1].x, b[1].x) and not np.array_equal(a[1].x, c[1].x)
+    assert 0.0 <= a[0].x.min() and a[0].x.max() <= 1.0 and np.mean(a[0].x == 0) > 0.5
+    norms = np.linalg.norm(pair("images", 0)[0].x, axis=1)
+    assert 10 < np.median(norms) < 18
+    with pytest.raises(ConfigError, match="wine"):
+        pair("mnist", 0)
+
+
+def test_the_bench_replays_the_jobs_rule_and_scores_it_against_the_oracle() -> None:
+    from dpda.bench.devsuite import criteria_table
+
+    def arm(name, acc, ent, counts, adapt=True):
+        scores = dict.fromkeys(CRITERIA, 0.0) | {"entropy": ent, "counts": counts}
+        return {"arm": name, "adapt": adapt, "collapsed": False, "scores": scores, "accuracy": acc}
+
+    run = {"choice": {"arms": [arm("a", 70.0, -0.5, 0.9), arm("b", 90.0, -0.4, 0.85),
+                               arm("c", 50.0, -0.1, 0.3, adapt=False)]}}  # fmt: skip
+    t = criteria_table([run, run])
+    assert t["entropy"]["picks_best"] == "2/2" and t["entropy"]["mean_loss"] == 0.0
+    assert t["entropy (no gate)"]["mean_loss"] == 40.0  # c: best entropy, far from the counts
+    assert t["always-dpda"]["mean_loss"] == 20.0 and t["always-no-adaptation"]["worst_loss"] == 40
