@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpda.data.preprocessing import Scaling
+from dpda.errors import SolverFailed
 from dpda.target_party.training import ROW_CLASSIFIERS, fit_on_rows
 
 if TYPE_CHECKING:
@@ -283,9 +284,18 @@ def choose(s: JobSession, done: Fitted, criterion: str = CRITERION) -> dict[str,
     else:  # a shared basis: the release is in it, the target's scaling and ℓ are fixed
         variants = [(own_mode, ell)]
     arms: list[Arm] = []
+    failed: list[str] = []
     for mode, dim in variants:
-        v = s if (mode, dim) == (own_mode, ell) else _variant(s, mode, dim)
-        arms += _arms_of(v, done, mode, dim, job)
+        own = (mode, dim) == (own_mode, ell)
+        try:
+            v = s if own else _variant(s, mode, dim)
+            arms += _arms_of(v, done, mode, dim, job)
+        except SolverFailed as e:  # another space's transport: that variant is not an arm
+            if own:
+                raise
+            failed.append(f"{mode}/{dim}: {e}")
+    if failed:
+        log.warning("label-free choice: variants whose transport failed: %s", "; ".join(failed))
     for a in arms:
         a.scores = scores_of(s.xt_proj, a.pred, count_share, s.cfg.seed)
         share = np.bincount(a.pred, minlength=counts.size) / a.pred.size
@@ -306,6 +316,7 @@ def choose(s: JobSession, done: Fitted, criterion: str = CRITERION) -> dict[str,
         "kept_adapts": kept.adapt,
         "kept_accuracy": kept.accuracy,
         "guard": guard,
+        "failed": failed,
         "count_gate": COUNT_GATE,
         "arms": rows,
     }

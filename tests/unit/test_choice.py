@@ -131,6 +131,32 @@ def test_the_guard_keeps_the_release_without_adaptation_when_no_arm_is_scored(
     assert out.dpda.adaptation["kept"] == "dp_no_adaptation"
 
 
+def test_a_variant_whose_transport_fails_is_left_out_and_said(monkeypatch, caplog) -> None:
+    """Another space's transport may fail (a degenerate plan): that variant is no arm, the job
+    still keeps one of the others and names what failed."""
+    import dpda.target_party.choice as choice
+    from dpda.data.devsuite import pair
+    from dpda.errors import SolverFailed
+    from dpda.simulation import simulate
+    from dpda.target_party.view import AdaptConfig
+
+    real = choice._variant
+
+    def failing(s, mode, dim):
+        if mode == "zscore":
+            raise SolverFailed("transport plan is degenerate (mass far from 1)")
+        return real(s, mode, dim)
+
+    monkeypatch.setattr(choice, "_variant", failing)
+    s, t = pair("iris", 0)
+    out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
+    ch = out.to_json(_terms())["choice"]
+    assert ch["failed"] and all(f.startswith("zscore/") for f in ch["failed"])
+    assert ch["arms"] and not any(a["arm"].split("/")[1] == "zscore" for a in ch["arms"])
+    assert ch["kept"] in {a["arm"] for a in ch["arms"]}
+    assert "transport failed" in caplog.text
+
+
 def test_the_guard_does_not_keep_an_arm_that_names_one_class(monkeypatch) -> None:
     import dpda.target_party.choice as choice
     from dpda.data.devsuite import pair
