@@ -106,9 +106,30 @@ def _probabilities(x: np.ndarray, pred: np.ndarray) -> np.ndarray:
     return np.asarray(clf.predict_proba(x))
 
 
+SCORE_MEMORY_MB = 1  # the neighbour search's working memory
+SND_BLOCK = 128  # rows of the similarity matrix held at a time (a few MB, not SCORE_ROWS²)
+
+
+def _snd(p: np.ndarray) -> float:
+    """Soft neighbourhood density of the class probabilities ``p``: the mean entropy of each
+    row's softmax similarity to every other row, computed a block of rows at a time."""
+    f = p / np.maximum(np.linalg.norm(p, axis=1, keepdims=True), 1e-12)
+    total = 0.0
+    for i in range(0, f.shape[0], SND_BLOCK):
+        sim = f[i : i + SND_BLOCK] @ f.T / SND_TEMPERATURE
+        rows = np.arange(sim.shape[0])
+        sim[rows, rows + i] = -np.inf
+        sim -= sim.max(axis=1, keepdims=True)
+        e = np.exp(sim)
+        e /= e.sum(axis=1, keepdims=True)
+        total += float(np.sum(e * np.log(np.maximum(e, 1e-300))))
+    return -total / f.shape[0]
+
+
 def scores_of(x: np.ndarray, pred: np.ndarray, count_share: np.ndarray, seed: int) -> dict:
     """Every criterion of ``CRITERIA`` for the labels ``pred`` of the rows ``x`` (higher is
     better; NaN where undefined: fewer than two classes predicted)."""
+    import sklearn
     from sklearn.model_selection import cross_val_score
     from sklearn.neighbors import KNeighborsClassifier
 
@@ -128,18 +149,14 @@ def scores_of(x: np.ndarray, pred: np.ndarray, count_share: np.ndarray, seed: in
     p = _probabilities(xs, ps)
     h = -np.sum(p * np.log(np.maximum(p, 1e-12)), axis=1)
     out["entropy"] = float(-np.mean(h) / np.log(max(q, 2)))
-    f = p / np.maximum(np.linalg.norm(p, axis=1, keepdims=True), 1e-12)
-    sim = f @ f.T / SND_TEMPERATURE
-    np.fill_diagonal(sim, -np.inf)
-    sim -= sim.max(axis=1, keepdims=True)
-    e = np.exp(sim)
-    e /= e.sum(axis=1, keepdims=True)
-    out["snd"] = float(-np.mean(np.sum(e * np.log(np.maximum(e, 1e-300)), axis=1)))
+    out["snd"] = _snd(p)
     smallest = int(np.bincount(ps).clip(0)[np.unique(ps)].min())
     folds = min(5, smallest) if smallest >= 2 else 0
     if folds >= 2:
         knn = KNeighborsClassifier(n_neighbors=min(NEIGHBOURS, xs.shape[0] - 1))
-        out["consistency"] = float(np.mean(cross_val_score(knn, xs, ps, cv=folds)))
+        # the neighbours' distances in blocks of a few MB (the same neighbours)
+        with sklearn.config_context(working_memory=SCORE_MEMORY_MB):
+            out["consistency"] = float(np.mean(cross_val_score(knn, xs, ps, cv=folds)))
     else:
         out["consistency"] = float("nan")
     return out
