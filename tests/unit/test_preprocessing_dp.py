@@ -87,9 +87,7 @@ def _session(x: np.ndarray, y: np.ndarray, **kw: object):
     return rel, ledger, terms, info
 
 
-def test_the_ledger_charges_it_once_with_the_first_release_and_the_session_spends_epsilon() -> (
-    None
-):
+def test_the_ledger_charges_it_once_with_the_first_release_and_the_session_spends_epsilon() -> None:
     from dpda.dp.events import event_to_json
 
     x, y = _mixed()
