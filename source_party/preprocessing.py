@@ -20,7 +20,7 @@ from dpda.protocol import BatchRelease
 
 
 class SessionPreprocessing:
-    """Mixin of ``SourceReleaser``: the preprocessing entry and statistics of each session."""
+    """Mixin of ``SourceReleaser``: the preprocessing statistics of each session."""
 
     def _init_preprocessing(self) -> None:
         self._standardized: dict[str, tuple[Standardization, np.ndarray]] = {}
@@ -82,9 +82,8 @@ class SessionPreprocessing:
             return x
 
     def with_statistics(self, session_id: str, rel: BatchRelease) -> BatchRelease:
-        """The release with the session's DP statistics beside it (post-processing of the
-        preprocessing entry's output, sent so that the target can put its rows in the same
-        space), or as it is."""
+        """The session's first release with its DP statistics beside it (charged in its entry,
+        sent so that the target can put its rows in the same space), or the release as it is."""
         done = self._standardized.get(session_id)
         if done is None or rel.index != 0:
             return rel
