@@ -115,6 +115,21 @@ class ReleasePlan(BaseModel):
         spec = self.metric_spec(terms) if self.is_metric(index) else None
         return spec if spec is not None else self.spec(terms)
 
+    def charged_events(self, terms: SessionTerms, index: int) -> list[Any]:
+        """The events release ``index``'s ledger entry charges: its own, and for the first
+        release of a session with preprocessing the preprocessing's before it (one entry, one
+        composed event, signed, countersigned and synced as every release's is)."""
+        own = [self.release_spec(terms, index).dp_event()]
+        pre = self.preprocessing_spec(terms)
+        return own if pre is None or index != 0 else [pre.dp_event(), *own]
+
+    def charged_event(self, terms: SessionTerms, index: int) -> Any:
+        """``charged_events`` as the one event the entry records (``PrivacyLedger.append``)."""
+        from dp_accounting import dp_event
+
+        evs = self.charged_events(terms, index)
+        return evs[0] if len(evs) == 1 else dp_event.ComposedDpEvent(list(evs))
+
     def events(self, terms: SessionTerms) -> list[Any]:
         """Every event the session's DPDA releases charge (PATE aside), the preprocessing
         first."""

@@ -63,15 +63,24 @@ class BatchRelease:
     noisy_counts: np.ndarray  # (q,) int64
     spec: BatchSpec | MetricSpec  # MetricSpec: z is the learned W (d′ × ℓ), no counts
     ledger_seq: int
-    # preprocessing = standardize: the source's DP statistics the release was computed with
-    # (loc, scale, C), already paid for by the session's preprocessing entry, whose payload
-    # digest binds them; in-process only (not on the wire)
+    # preprocessing = standardize, the session's first release: the source's DP statistics
+    # the session's releases are computed with (loc, scale, C), charged in this release's
+    # entry together with it; its payload digest covers them
     standardization: tuple[np.ndarray, np.ndarray, float] | None = None
 
+    def statistics_vector(self) -> np.ndarray | None:
+        """The statistics as they travel: one (2k + 1,) float64 vector loc, scale, C."""
+        if self.standardization is None:
+            return None
+        loc, scale, c = self.standardization
+        return np.concatenate([loc, scale, [c]]).astype("<f8")
+
     def payload_bytes(self) -> bytes:
+        stats = self.statistics_vector()
         return (
             np.ascontiguousarray(self.z, dtype="<f8").tobytes()
             + np.ascontiguousarray(self.noisy_counts, dtype="<i8").tobytes()
+            + (b"" if stats is None else stats.tobytes())
         )
 
     def sha256(self) -> str:

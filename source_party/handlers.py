@@ -19,6 +19,7 @@ families (``rpc_sessions``, ``rpc_batches``, ``rpc_pate``, ``rpc_reweighting``,
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -28,7 +29,6 @@ import numpy as np
 
 from dpda.data.preprocessing import Scaling
 from dpda.dp.ledger import LedgerEntry, PrivacyLedger
-from dpda.errors import PolicyRefused
 from dpda.protocol import PateAnswer, SessionInfo, TargetDisclosure
 from dpda.service import signing
 from dpda.service.config import Peer, SourceLimits
@@ -89,6 +89,8 @@ class SourceHandlers:
             workers=self.workers,
             max_batches=max_batches_per_request,
         )
+        for name, r in releasers.items():  # a restarted source reads a session's statistics
+            r.stored_statistics = functools.partial(self.ctx.store.statistics, name)
         self.reweighting = self.ctx.reweighting  # the public-source setting's open sessions
         self.sessions = Sessions(self.ctx, self._plan)
         self.reweights = Reweighting(self.ctx)
@@ -102,14 +104,7 @@ class SourceHandlers:
         disclosure: TargetDisclosure,
         projection: np.ndarray | None = None,
     ) -> PreparedSession:
-        """Policy checks and the release plan (``Workers.plan``). The DP standardization's own
-        ledger entry is not yet signed and synced over the service: such terms are refused
-        before anything is charged."""
-        if terms.preprocessing != "none":
-            raise PolicyRefused(
-                "preprocessing: the DP standardization is offered in-process (dpda simulate, "
-                "DPDAClassifier) only; ask for preprocessing = 'none'"
-            )
+        """Policy checks and the release plan (``Workers.plan``)."""
         return self.workers.plan(releaser, terms, disclosure, projection)
 
     def _release_one(

@@ -285,7 +285,7 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
         terms, info = self.session(session_id)
         if not (0 <= index < info.plan.releases):
             return
-        event = info.plan.release_spec(terms, index).dp_event()
+        event = info.plan.charged_event(terms, index)
         prior = [
             event_from_json(e.dp_event)
             for e in self.ledger.store.entries(self.dataset)
@@ -326,7 +326,7 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
             prepared = self.prepare(terms, TargetDisclosure(None), stand_in, plan_seconds)
             if prepared.plan.releases < 1:
                 return
-            event = prepared.plan.release_spec(terms, 0).dp_event()
+            event = prepared.plan.charged_event(terms, 0)
             caps = [("session", terms.epsilon, []), *extra_caps]
             try:
                 self.ledger.check(self.dataset, [event], caps)
@@ -371,7 +371,11 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
         if not (0 <= index < info.plan.releases):
             raise InvalidInput("batch index out of range")
         spec = info.plan.release_spec(terms, index)
-        self.charge_preprocessing(session_id, spec.dp_event(), peer, extra_caps)
+        pre = info.plan.preprocessing_spec(terms)
+        if pre is not None and index > 0 and self.first_entry(session_id) is None:
+            raise InvalidInput(
+                "the session's first release (it charges the preprocessing) comes first"
+            )
         prior = [
             event_from_json(e.dp_event)
             for e in self.ledger.store.entries(self.dataset)
@@ -379,7 +383,7 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
         ]
         entry = self.ledger.charge(
             dataset=self.dataset,
-            events=[spec.dp_event()],
+            events=info.plan.charged_events(terms, index),
             session=session_id,
             peer=peer,
             request_id=f"{session_id}/{index}",
@@ -388,6 +392,7 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
             params={
                 "batch": index,
                 "spec": spec.to_json(),
+                **({"preprocessing": pre.to_json()} if pre is not None and index == 0 else {}),
                 "delta": self.ledger.budgets[self.dataset].delta,
                 **self._bound[session_id],
             },

@@ -52,7 +52,9 @@ class BatchKind:
             return None
         terms, info = self.releaser.session(self.session_id)
         spec = info.plan.release_spec(terms, self.index)
-        return BatchRelease(self.index, found[0], found[1], spec, entry.seq)
+        st = self.ctx.store.statistics(self.releaser.dataset, entry.seq)
+        stats = None if st is None else (st.loc, st.scale, st.clip_norm)
+        return BatchRelease(self.index, found[0], found[1], spec, entry.seq, stats)
 
     def redrawable(self, entry: LedgerEntry) -> bool:
         return True

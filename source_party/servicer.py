@@ -109,7 +109,9 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
                 request.ledger_head,
                 request.ledger_length if request.HasField("ledger_length") else -1,
             ):
+                stats = sr.release.statistics_vector()
                 yield pb.BatchRelease(
+                    standardization=None if stats is None else serde.to_pb(stats),
                     index=sr.release.index,
                     z=serde.to_pb(sr.release.z),
                     noisy_counts=serde.to_pb(sr.release.noisy_counts),

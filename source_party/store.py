@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpda.data.preprocessing import Scaling
+from dpda.dp.preprocessing_dp import Standardization
 from dpda.protocol import BatchRelease, SessionInfo
 from dpda.terms import SessionTerms
 
@@ -46,6 +47,10 @@ CREATE TABLE IF NOT EXISTS reweight_expired (
 CREATE TABLE IF NOT EXISTS payloads (
     dataset TEXT NOT NULL, seq INTEGER NOT NULL, request_id TEXT NOT NULL UNIQUE,
     z BLOB NOT NULL, z_rows INTEGER NOT NULL, counts BLOB NOT NULL,
+    PRIMARY KEY (dataset, seq)
+);
+CREATE TABLE IF NOT EXISTS payload_statistics (
+    dataset TEXT NOT NULL, seq INTEGER NOT NULL, statistics BLOB NOT NULL,
     PRIMARY KEY (dataset, seq)
 );
 """
@@ -154,6 +159,24 @@ class SourceStore:
                 np.ascontiguousarray(rel.noisy_counts, "<i8").tobytes(),
             ),
         )
+        stats = rel.statistics_vector()
+        if stats is not None:  # the session's DP standardization, sent with its first release
+            self.conn.execute(
+                "INSERT INTO payload_statistics VALUES (?, ?, ?)",
+                (dataset, rel.ledger_seq, stats.tobytes()),
+            )
+
+    def statistics(self, dataset: str, seq: int) -> Standardization | None:
+        """The DP standardization stored with the release at ``seq``, or None."""
+        row = self.conn.execute(
+            "SELECT statistics FROM payload_statistics WHERE dataset=? AND seq=?", (dataset, seq)
+        ).fetchone()
+        if row is None:
+            return None
+        v = np.frombuffer(row[0], "<f8")
+        k = (v.size - 1) // 2
+        nan = float("nan")  # the counts' estimates are the first process's report only
+        return Standardization(v[:k].copy(), v[k : 2 * k].copy(), float(v[-1]), nan, nan)
 
     def batch(self, dataset: str, seq: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The stored (features, noisy counts) of the batch release at ``seq``, or None."""

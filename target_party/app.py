@@ -263,6 +263,7 @@ def run_job(
         "target_epsilon_total": ledger.spent(OWN_ROWS) if own else None,
         "target_delta": own[1].params["delta"] if own else None,
         "target_epsilon_cap": cfg.privacy.epsilon_cap if own else None,
+        "preprocessing": preprocessing_report(mine, (res.view or view).standardization),
     }
     (outdir / "results.json").write_text(json.dumps(out, indent=2))
     figures = figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
@@ -321,3 +322,14 @@ def run(
     longer-lived process (tests) leave it off."""
     bar = Progress("releases", enabled=None if progress else False)
     return run_job(cfg, bar, seed, settle)[0]
+
+
+def preprocessing_report(entries: list[Any], st: Any) -> dict[str, Any]:
+    """What the source's DP standardization of the job estimated, as ``dpda simulate --json``
+    reports it: its spec as the signed entry charged it (share, noise) and the statistics the
+    first release carried (C, the scales); the row counts it estimated stay with the source."""
+    spec = next((e.params["preprocessing"] for e in entries if "preprocessing" in e.params), None)
+    if spec is None or st is None:
+        return {"mode": "none"}
+    summary = {k: v for k, v in st.summary().items() if not k.startswith("rows_")}
+    return {"mode": "standardize", "share": spec.get("share"), "spec": spec, **summary}

@@ -288,7 +288,7 @@ class GrpcReleaseSource:
                 m = np.eye(k, min(terms.projection_dim, k, n_rows))
                 plan = plan_batches(terms, n_rows, m, scaling_std=scaling_std)
                 if plan.releases > 0:
-                    self.ledger.would_spend(self.dataset, [plan.release_spec(terms, 0).dp_event()])
+                    self.ledger.would_spend(self.dataset, [plan.charged_event(terms, 0)])
             except Exception:  # caches only: the real plan and check report for themselves
                 log.debug("composing the first charge ahead failed", exc_info=True)
 
@@ -327,9 +327,8 @@ class GrpcReleaseSource:
         terms, info = self._sessions[session_id]
         if not (0 <= index < info.plan.releases):
             raise InvalidInput("batch index out of range")
-        spec = info.plan.release_spec(terms, index)
         rid = f"{session_id}/{index}"
-        mine, known = self.ledger_sync.precheck(rid, spec.dp_event())  # (1)
+        mine, known = self.ledger_sync.precheck(rid, info.plan.charged_event(terms, index))
         req = pb.ReleaseBatchesRequest(
             session_id=session_id,
             start=index,
@@ -404,17 +403,41 @@ class GrpcReleaseSource:
                 ).sum()
             )
         z = serde.from_pb(msg.z, dtype="<f8", ndim=2, shape=(rows, width))
-        digest = payload_digest(msg.z.data, msg.noisy_counts.data)
+        stats, stats_bytes = self._statistics(msg, terms, info, index)
+        digest = payload_digest(msg.z.data, msg.noisy_counts.data, stats_bytes)
         entry = LedgerEntry.from_json(msg.entry_json)
         if int(msg.index) != index:
             raise PeerMisbehaved("ledger entry is for another request")
         more = index + 1 < info.plan.releases
         catch_up = [LedgerEntry.from_json(t) for t in msg.catch_up_json]
         self.ledger_sync.verify_entry(
-            entry, digest, msg.payload_sha256, rid, spec.dp_event(), known, more, catch_up,
+            entry, digest, msg.payload_sha256, rid, info.plan.charged_event(terms, index), known,
+            more, catch_up,
             info.projection, self._scalings.get(info.session_id),
         )  # fmt: skip
-        return BatchRelease(index, z, counts, spec, entry.seq)
+        return BatchRelease(index, z, counts, spec, entry.seq, stats)
+
+    @staticmethod
+    def _statistics(
+        msg: pb.BatchRelease, terms: SessionTerms, info: SessionInfo, index: int
+    ) -> tuple[tuple[np.ndarray, np.ndarray, float] | None, bytes]:
+        """The DP standardization a session's first release carries (loc, scale, C), checked:
+        present exactly when the plan charges it, one finite location and one finite positive
+        scale per source column and a finite C > 0; and its wire bytes (the payload digest
+        covers them)."""
+        want = index == 0 and info.plan.preprocessing_spec(terms) is not None
+        if not msg.HasField("standardization"):
+            if want:
+                raise PeerMisbehaved("the first release lacks the source's standardization")
+            return None, b""
+        if not want:
+            raise PeerMisbehaved("a release carries a standardization the plan does not charge")
+        k = info.plan.preprocessing_columns
+        v = serde.from_pb(msg.standardization, dtype="<f8", ndim=1, shape=(2 * k + 1,))
+        loc, scale, c = v[:k].copy(), v[k : 2 * k].copy(), float(v[-1])
+        if not (np.isfinite(v).all() and (scale > 0).all() and c > 0):
+            raise PeerMisbehaved("the source's standardization is not finite and positive")
+        return (loc, scale, c), msg.standardization.data
 
     # ---------------------------------------------------- reweighting (the public-source setting)
     def open_reweighting(

@@ -73,6 +73,11 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
     events = []
     spec = plan.spec(terms)
     channels: dict[str, list[Any]] = {"features": [], "histogram": [], "metric": [], "pate": []}
+    channels["preprocessing"] = []
+    pre = plan.preprocessing_spec(terms) if terms.dpda else None
+    if pre is not None:  # the source's DP standardization, charged with the first release
+        events.append(pre.dp_event())
+        channels["preprocessing"] = [pre.dp_event()]
     if terms.dpda:
         events += [spec.dp_event()] * plan.steps
         if terms.privacy_unit == "attribute":  # the histogram is uncharged under this unit
@@ -120,6 +125,14 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
         "projection_dim": terms.projection_dim,
         "privacy_unit": str(terms.privacy_unit),
         "pate_queries": plan.pate_queries,
+        # what the source estimates under DP before the release (its C and scales come with the
+        # first release; the job's result reports them)
+        "preprocessing": {
+            "mode": terms.preprocessing if pre is not None else "none",
+            "share": pre.share if pre is not None else None,
+            "noise_multiplier": plan.preprocessing_noise_multiplier,
+            "columns": plan.preprocessing_columns if pre is not None else 0,
+        },
         "epsilon_charge": charge,  # this job alone
         "epsilon_by_channel": by_channel,  # each alone; their sum exceeds the composed charge
         "epsilon_remaining": max(0.0, min(remaining.values())),  # now, before the job

@@ -123,7 +123,8 @@ def _cmd_target_plan(args: argparse.Namespace) -> int:
     ch = out["epsilon_by_channel"]
     print(
         f"  by channel, each alone: features {ch['features']:.4f}, histogram "
-        f"{ch['histogram']:.4f}, PATE {ch['pate']:.4f} (composed, they make the charge above)"
+        f"{ch['histogram']:.4f}, PATE {ch['pate']:.4f}, the source's DP standardization "
+        f"{ch['preprocessing']:.4f} (composed, they make the charge above)"
     )
     print(
         f"remaining now on the source's dataset: its cap {by['source_dataset']:.4f}, this "

@@ -225,6 +225,7 @@ class BatchRelease(_message.Message):
     PAYLOAD_SHA256_FIELD_NUMBER: _builtins.int
     SOURCE_SIG_FIELD_NUMBER: _builtins.int
     CATCH_UP_JSON_FIELD_NUMBER: _builtins.int
+    STANDARDIZATION_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     entry_json: _builtins.str
     """the ledger entry that charged this release"""
@@ -242,6 +243,12 @@ class BatchRelease(_message.Message):
     def catch_up_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """entries before this one the target lacked (other sessions)"""
 
+    @_builtins.property
+    def standardization(self) -> Global___NDArray:
+        """preprocessing = standardize, the session's first release: the source's DP statistics
+        (loc, scale, C) as one (2k + 1,) vector, charged in this entry, covered by payload_sha256
+        """
+
     def __init__(
         self,
         *,
@@ -252,10 +259,11 @@ class BatchRelease(_message.Message):
         payload_sha256: _builtins.str = ...,
         source_sig: _builtins.str = ...,
         catch_up_json: _abc.Iterable[_builtins.str] | None = ...,
+        standardization: Global___NDArray | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["noisy_counts", b"noisy_counts", "z", b"z"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["noisy_counts", b"noisy_counts", "standardization", b"standardization", "z", b"z"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["catch_up_json", b"catch_up_json", "entry_json", b"entry_json", "index", b"index", "noisy_counts", b"noisy_counts", "payload_sha256", b"payload_sha256", "source_sig", b"source_sig", "z", b"z"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catch_up_json", b"catch_up_json", "entry_json", b"entry_json", "index", b"index", "noisy_counts", b"noisy_counts", "payload_sha256", b"payload_sha256", "source_sig", b"source_sig", "standardization", b"standardization", "z", b"z"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -355,10 +355,6 @@ class TargetJob(_Strict):
         """The session terms of this job: every term it sets (``TERMS_OF_JOB``), SessionTerms'
         defaults for the rest, then its method's channels (``method_terms``)."""
         base = terms_of(self)
-        if "preprocessing" not in base.model_fields_set:
-            # the service does not carry the DP standardization's own entry yet (the source's
-            # daemon refuses it): a daemon job releases its rows as they are
-            base = base.model_copy(update={"preprocessing": "none"})
         if self.method == "dpda":
             return base
         return method_terms(base, self.method, self.pate_queries, self.pate_share)

@@ -88,8 +88,18 @@ def verify_ledger(state_dir: str) -> tuple[list[str], list[str], int]:
     payloads: dict[tuple[str, int], str] = {}
     has_payloads = conn.execute("SELECT name FROM sqlite_master WHERE name='payloads'").fetchone()
     if has_payloads:
+        # a session's first release with the source's DP standardization: its statistics are
+        # stored beside it and covered by its payload hash
+        stats: dict[tuple[str, int], bytes] = {}
+        if conn.execute(
+            "SELECT name FROM sqlite_master WHERE name='payload_statistics'"
+        ).fetchone():
+            for ds, seq, v in conn.execute(
+                "SELECT dataset, seq, statistics FROM payload_statistics"
+            ):
+                stats[(ds, seq)] = v
         for ds, seq, z, c in conn.execute("SELECT dataset, seq, z, counts FROM payloads"):
-            payloads[(ds, seq)] = hashlib.sha256(z + c).hexdigest()
+            payloads[(ds, seq)] = hashlib.sha256(z + c + stats.get((ds, seq), b"")).hexdigest()
     if conn.execute("SELECT name FROM sqlite_master WHERE name='reweight_answers'").fetchone():
         for ds, seq, out in conn.execute("SELECT dataset, seq, outputs FROM reweight_answers"):
             payloads[(ds, seq)] = hashlib.sha256(out).hexdigest()

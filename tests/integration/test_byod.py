@@ -86,7 +86,10 @@ def test_two_csv_files_to_predictions_and_a_model(tmp_path: Path) -> None:
         assert plan["epsilon_remaining"] == 10.0 and 0 < plan["epsilon_charge"] <= EPSILON
         ch = plan["epsilon_by_channel"]  # the record unit: features and histogram, no PATE
         assert ch["pate"] == 0 and 0 < ch["features"] <= plan["epsilon_charge"] + 1e-9
-        assert 0 < ch["histogram"] < plan["epsilon_charge"] <= ch["features"] + ch["histogram"]
+        assert 0 < ch["histogram"] < plan["epsilon_charge"]
+        # raw rows in source space: the source's DP standardization is charged too, planned
+        assert plan["preprocessing"]["mode"] == "standardize" and ch["preprocessing"] > 0
+        assert plan["epsilon_charge"] <= ch["features"] + ch["histogram"] + ch["preprocessing"]
         assert not (dep.source_state / "state.sqlite").exists() or not _entries(dep)
         # 5. the real job
         res = run_target(dep, "--json", str(tmp_path / "result.json"))
@@ -97,6 +100,10 @@ def test_two_csv_files_to_predictions_and_a_model(tmp_path: Path) -> None:
     assert out["accuracy"] is None  # no labels on the target
     assert out["sigma"] == plan["sigma"]
     assert abs(out["epsilon_job"] - plan["epsilon_charge"]) < 1e-6
+    # what the source's DP standardization estimated, as the signed entry and release said
+    pre = out["preprocessing"]
+    assert pre["mode"] == "standardize" and pre["share"] == plan["preprocessing"]["share"]
+    assert pre["clip_norm"] > 0 and pre["scale_min"] > 0
     assert abs(out["epsilon_dataset_total"] - plan["epsilon_dataset_after"]) < 1e-6
 
     # 6. the predictions, keyed by the target's row ids, and the model on raw rows

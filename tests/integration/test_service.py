@@ -66,6 +66,14 @@ def test_target_does_not_ask_beyond_its_own_budget(tmp_path) -> None:
         assert rs.handlers.ledger.store.entries("synthetic") == []
 
 
+def _first_gaussian(ev: dict) -> dict:
+    if "noise_multiplier" in ev:
+        return ev
+    if ev["type"] == "LabelBranchDpEvent":
+        return _first_gaussian(ev["same_label"])
+    return _first_gaussian(ev["events"][0] if "events" in ev else ev["event"])
+
+
 class _Tamper(SourceHandlers):
     mode = ""
 
@@ -80,23 +88,36 @@ class _Tamper(SourceHandlers):
             return SignedRelease(rel, dataclasses.replace(entry, source_sig="A" * 86 + "=="))
         if self.mode == "charge":
             d = json.loads(entry.to_json())
-            ev = d["dp_event"]  # the joint event of the default prototypes, or a composition
-            gauss = ev["same_label"] if ev["type"] == "LabelBranchDpEvent" else ev["events"][0]
-            gauss["noise_multiplier"] *= 2  # claims more noise than drawn
+            # the joint event of the default prototypes, or a composition (the preprocessing's
+            # with the first release's): its first Gaussian claims more noise than drawn
+            _first_gaussian(d["dp_event"])["noise_multiplier"] *= 2
             forged = LedgerEntry(**d)
             from dpda.service import signing
 
             sig = signing.sign(self.key, forged.signed_message())
             return SignedRelease(rel, dataclasses.replace(forged, source_sig=sig))
+        if self.mode in ("statistics", "no-statistics"):
+            # a hostile standardization (a scale ≤ 0), or none, under a digest and signature
+            # that match it: the target's own checks refuse it
+            assert rel.standardization is not None
+            loc, scale, c = rel.standardization
+            bad = (loc, -scale, c) if self.mode == "statistics" else None
+            forged_rel = dataclasses.replace(rel, standardization=bad)
+            forged = dataclasses.replace(entry, payload_sha256=forged_rel.sha256(), source_sig="")
+            from dpda.service import signing
+
+            sig = signing.sign(self.key, forged.signed_message())
+            return SignedRelease(forged_rel, dataclasses.replace(forged, source_sig=sig))
         return sr
 
 
-@pytest.mark.parametrize("mode", ["payload", "signature", "charge"])
+@pytest.mark.parametrize("mode", ["payload", "signature", "charge", "statistics", "no-statistics"])
 def test_target_detects_a_misbehaving_source(tmp_path, mode: str) -> None:
     dep = synthetic_deployment(tmp_path)
     cls = type(f"Tamper_{mode}", (_Tamper,), {"mode": mode})
+    why = {"statistics": "not finite and positive", "no-statistics": "lacks the source's"}
     with run_server(load_source(dep.source_config), cls) as rs:
-        with pytest.raises(PeerMisbehaved):
+        with pytest.raises(PeerMisbehaved, match=why.get(mode)):
             _run_target(dep, rs.port)
     target_ledger, _ = open_state(load_target(dep.target_config))
     assert target_ledger.store.entries("synthetic") == []  # nothing accepted

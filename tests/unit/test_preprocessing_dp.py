@@ -22,7 +22,7 @@ from dpda.dp.preprocessing_dp import (
 )
 from dpda.errors import PolicyRefused
 from dpda.planner import plan_batches
-from dpda.protocol import TargetDisclosure
+from dpda.protocol import BatchRelease, TargetDisclosure
 from dpda.terms import SessionTerms
 from tests.support import memory_releaser
 
@@ -87,15 +87,25 @@ def _session(x: np.ndarray, y: np.ndarray, **kw: object):
     return rel, ledger, terms, info
 
 
-def test_the_ledger_charges_it_once_before_the_release_and_the_session_spends_epsilon() -> None:
+def test_the_ledger_charges_it_once_with_the_first_release_and_the_session_spends_epsilon() -> None:
+    from dpda.dp.events import event_to_json
+
     x, y = _mixed()
     rel, ledger, terms, info = _session(x, y)
-    rel.release(info.session_id, 0)
+    first = rel.release(info.session_id, 0)
     entries = ledger.store.entries("d")
-    assert [e.request_id.split("/")[1] for e in entries] == ["preprocessing", "0"]
+    # one entry: the preprocessing composed with the first release, as every release is signed
+    assert [e.request_id.split("/")[1] for e in entries] == ["0"]
     pre = info.plan.preprocessing_spec(terms)
     assert pre is not None and entries[0].params["preprocessing"] == pre.to_json()
-    assert entries[0].payload_sha256  # the statistics' digest, as for every payload
+    assert entries[0].dp_event == event_to_json(info.plan.charged_event(terms, 0))
+    assert len(info.plan.charged_events(terms, 0)) == 2
+    assert len(info.plan.charged_events(terms, 1)) == 1
+    # the payload digest covers the statistics the release carries
+    assert first.standardization is not None
+    assert entries[0].payload_sha256 == first.sha256()
+    bare = BatchRelease(first.index, first.z, first.noisy_counts, first.spec, first.ledger_seq)
+    assert bare.sha256() != first.sha256()
     spent = ledger.spent("d")
     assert 0.99 * terms.epsilon <= spent <= terms.epsilon
     assert spent == pytest.approx(spend_of(info.plan.events(terms), terms.delta), abs=1e-9)
