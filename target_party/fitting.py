@@ -449,9 +449,12 @@ class Fitted:
                 self.model, self.pred = got
 
 
-def row_confidence(class_mass: np.ndarray, labels: np.ndarray) -> np.ndarray:
+def row_confidence(class_mass: np.ndarray, labels: np.ndarray) -> np.ndarray | None:
     """Each target row's soft label read at ``labels``: the share of the mass the row receives
-    under the plan that comes from the class it is labeled (``class_mass``: (q, m))."""
+    under the plan that comes from the class it is labeled (``class_mass``: (q, m)); None when
+    the plans cover a subset of the rows (``target_batch``): every row then weighs the same."""
+    if class_mass.ndim != 2 or class_mass.shape[1] != np.asarray(labels).size:
+        return None
     total = np.maximum(class_mass.sum(axis=0), 1e-300)
     q = class_mass.shape[0]
     at = np.clip(np.asarray(labels, dtype=np.int64), 0, q - 1)
