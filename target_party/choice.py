@@ -90,12 +90,18 @@ class Arm:
             "scaling": self.scaling,
             "dim": self.dim,
             "classifier": self.classifier,
-            "score": self.scores.get(criterion),
-            "scores": self.scores,
+            "score": _finite_or_none(self.scores.get(criterion)),
+            "scores": {k: _finite_or_none(v) for k, v in self.scores.items()},
             "collapsed": self.collapsed,
             "largest_share": self.largest_share,
             "accuracy": self.accuracy,
         }
+
+
+def _finite_or_none(v: float | None) -> float | None:
+    """A score as JSON has it: ``None`` (null) where the criterion is undefined, since NaN is
+    not JSON and never equals itself."""
+    return None if v is None or not np.isfinite(v) else float(v)
 
 
 # ---------------------------------------------------------------------------- the criteria
@@ -263,7 +269,7 @@ def pick(
     gate = COUNT_GATE if gate is None else gate
     score = combined(arms, criterion)
     for a, v in zip(arms, score, strict=True):
-        a["score"] = float(v)
+        a["score"] = _finite_or_none(v)
     fine = [i for i, a in enumerate(arms) if not a["collapsed"] and np.isfinite(score[i])]
     near = [i for i in fine if 1.0 - arms[i]["scores"]["counts"] <= gate + 1e-12]
     collapsed = [a["arm"] for a in arms if a["collapsed"]]

@@ -297,7 +297,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         kept = next(a for a in ch["arms"] if a["arm"] == ch["kept"])
         print(
             f"  label-free choice ({ch['criterion']}, {len(ch['arms'])} arms): the job keeps "
-            f"{ch['kept']} (score {kept['score']:.3f})"
+            f"{ch['kept']} (score "
+            + ("undefined" if kept["score"] is None else f"{kept['score']:.3f}")
+            + ")"
             + (f": {_pct(a.get('kept'))}" if a.get("kept") is not None else "")
         )
         if ch.get("guard"):

@@ -254,7 +254,8 @@ class _Recording(Compute):
 def test_minibatch_fits_warm_start_from_the_first_fit_and_count_their_passes() -> None:
     s, t = two_domains(n_source=300, n_target=200)
     terms = _terms(batch_size=100, steps=3, privacy_unit="attribute")
-    cfg = AdaptConfig(select="none")
+    # the job's own fits (keep="dpda": the label-free choice's other spaces fit again)
+    cfg = AdaptConfig(select="none", keep="dpda")
     spy = _Recording()
     warm = simulate(s, t, terms, "raw", cfg, seed=2, baselines=False, compute=spy).dpda
     assert spy.warm[0] is None and len(spy.warm) == 3
