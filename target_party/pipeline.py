@@ -184,6 +184,9 @@ def run_dpda(
     try:
         s = _open(source, view, terms, cfg, compute)
         done = _release_all(s, spent, progress)
+        # the view the fits ran in: the source's DP standardization, when one came with the
+        # first release, moved the target's rows (``TargetView.adopt``)
+        view = s.view
         by_method: dict[str, float | None] = {}
         selection: dict[str, Any] = {}
         adaptation: dict[str, Any] = {}

@@ -61,7 +61,9 @@ class PeakMemory:
 
 def job_inputs(spec: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     """The synthetic whole job of a spec (``dpda bench speed --visda``, ``dpda bench scale``):
-    the two domains, attribute-unit minibatch terms and the fixed-λ adaptation config."""
+    the two domains, attribute-unit minibatch terms and the fixed-λ adaptation config, whose
+    model is the adapted one (``keep="dpda"``): the fits of one space are what these benches
+    time, where the label-free choice among spaces would fit each other space again."""
     from dpda.data.synthetic import two_domains
     from dpda.target_party.view import AdaptConfig
     from dpda.terms import SessionTerms
@@ -78,7 +80,10 @@ def job_inputs(spec: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
         privacy_unit=PrivacyUnit.ATTRIBUTE,
     )
     cfg = AdaptConfig(
-        classifier=spec["classifier"], target_batch=spec.get("target_batch", 0), select="none"
+        classifier=spec["classifier"],
+        target_batch=spec.get("target_batch", 0),
+        select="none",
+        keep="dpda",
     )
     return src, tgt, terms, cfg
 
