@@ -260,6 +260,7 @@ _SHOWN_APART = {
     "baselines",
     "spread",
     "selection",
+    "choice",
 }
 RUNNING_TOTAL = "ε spent on the source's dataset in all (its running total, every job)"
 # keys whose bare name misleads: the ε of one job beside the dataset's running total
@@ -335,10 +336,13 @@ def render(summary: dict[str, Any], figures: dict[str, Any]) -> str:
         if k not in _SHOWN_APART
     )
     blocks = "".join(
-        _block(name, summary[name])
+        _block(name, {k: v for k, v in summary[name].items() if k != "choice"})
         for name in ("adaptation", "baselines", "spread")
         if isinstance(summary.get(name), dict)
     )
+    choice = summary.get("choice") or (summary.get("adaptation") or {}).get("choice")
+    if isinstance(choice, dict):
+        blocks += choice_table(choice)
     if isinstance(summary.get("selection"), dict):
         blocks += selection_table(summary["selection"])
     return (
@@ -349,9 +353,9 @@ def render(summary: dict[str, Any], figures: dict[str, Any]) -> str:
         "svg{margin:8px;border:1px solid #eee}.who{color:#444}</style></head>"
         f"<body><h1>dpda job report</h1>{_who(summary)}"
         f"<p><b>Accuracy on the target:</b> {_accuracy(summary.get('accuracy'))}</p>"
-        f"{_privacy(summary)}{blocks}"
+        f"{_privacy(summary)}"
+        f"<h2>Plots</h2><div>{''.join(svgs)}</div>{blocks}"
         f"<p><i>{html.escape(str(summary.get('caveat', '')))}</i></p>"
-        f"<h2>Plots</h2><div>{''.join(svgs)}</div>"
         f"<h2>Every value of results.json</h2><table>{rows}</table></body></html>"
     )
 
@@ -425,6 +429,54 @@ def _privacy(s: dict[str, Any]) -> str:
         "<h2>Privacy</h2><table><tr><th></th><th>ε this job</th>"
         "<th>ε in all, every job (the running total after this one)</th>"
         f"<th>the budget that applies</th></tr>{src}{tgt}</table>"
+    )
+
+
+_ARM_COLUMNS = (
+    ("arm", "arm"),
+    ("score", "score (label-free)"),
+    ("counts", "agreement with the noisy counts"),
+    ("largest_share", "largest class share"),
+    ("collapsed", "collapsed"),
+    ("accuracy", "accuracy"),
+)
+
+
+def choice_table(ch: dict[str, Any]) -> str:
+    """The label-free choice among arms: the rule and the arm kept in a line, what the
+    collapse guard said, then every arm in a row (folded under a summary: there are many)."""
+    arms = [a for a in ch.get("arms") or [] if isinstance(a, dict)]
+    head = (
+        f"<p><b>criterion</b> {html.escape(fmt(ch.get('criterion')))} · <b>kept</b> "
+        f"{html.escape(fmt(ch.get('kept')))} · <b>arms</b> {len(arms)}"
+        + (
+            f" · <b>accuracy of the kept arm</b> {html.escape(fmt(ch['kept_accuracy']))}"
+            if ch.get("kept_accuracy") is not None
+            else ""
+        )
+        + "</p>"
+    )
+    if ch.get("guard"):
+        head += f"<p><b>collapse guard:</b> {html.escape(str(ch['guard']))}</p>"
+    if ch.get("failed"):
+        head += "<p><b>left out:</b> " + html.escape("; ".join(map(str, ch["failed"]))) + "</p>"
+    if not arms:
+        return f"<h2>Label-free choice</h2>{head}"
+
+    def cell(a: dict[str, Any], k: str) -> str:
+        v = (a.get("scores") or {}).get("counts") if k == "counts" else a.get(k)
+        return html.escape(fmt(v))
+
+    header = "".join(f"<th>{html.escape(n)}</th>" for _, n in _ARM_COLUMNS)
+    rows = "".join(
+        "<tr>"
+        + "".join(f"<td class='n'>{cell(a, k)}</td>" for k, _ in _ARM_COLUMNS)
+        + f"<td>{'kept' if a.get('arm') == ch.get('kept') else ''}</td></tr>"
+        for a in arms
+    )
+    return (
+        f"<h2>Label-free choice</h2>{head}<details><summary>every arm</summary>"
+        f"<table class='choice'><tr>{header}<th></th></tr>{rows}</table></details>"
     )
 
 

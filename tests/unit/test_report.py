@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from dpda.target_party.report import bar_chart, line_chart, nice_ticks, scatter
+from dpda.target_party.report import bar_chart, line_chart, nice_ticks, render, scatter
 
 
 @pytest.mark.parametrize(
@@ -185,3 +185,42 @@ def test_the_budget_cells_and_the_selection_read_as_what_they_are() -> None:
     table = table[: table.index("</table>")]
     assert table.count("<tr>") == 3 and table.count(">chosen<") == 1
     assert "candidates" not in page  # not one paragraph of raw candidates
+
+
+def test_the_label_free_choice_is_a_table_of_its_arms_with_the_kept_one_marked() -> None:
+    arms = [
+        {
+            "arm": f"dpda/zscore/{d}/1nn",
+            "adapt": True,
+            "score": s,
+            "largest_share": 0.3,
+            "collapsed": False,
+            "accuracy": 70.0 + d,
+            "scores": {"counts": 0.9},
+        }
+        for d, s in ((10, 0.2), (20, None))
+    ] + [
+        {
+            "arm": "dp_no_adaptation/zscore/10/1nn",
+            "adapt": False,
+            "score": 0.1,
+            "largest_share": 0.95,
+            "collapsed": True,
+            "accuracy": 50.0,
+            "scores": {"counts": 0.4},
+        }
+    ]
+    choice = {
+        "criterion": "silhouette",
+        "kept": arms[0]["arm"],
+        "arms": arms,
+        "guard": "1 arm(s) put more than 90% of the rows in one class",
+        "failed": [],
+    }
+    summary = {"accuracy": 80.0, "adaptation": {"kept": "dpda", "choice": choice}}
+    text = render(summary, {"batch_spend": [1.0], "budget": 1.0})
+    table = text[text.index("<table class='choice'>") :]
+    table = table[: table.index("</table>")]
+    assert table.count("<tr>") == 1 + 3 and table.count(">kept<") == 1
+    assert "collapse guard:</b> 1 arm(s)" in text
+    assert "arm dpda/zscore" not in text  # no paragraph of raw candidates
