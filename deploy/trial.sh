@@ -115,7 +115,7 @@ chmod 0644 "$dir/source.toml" "$dir/target.toml"
 
 step "4/6 compose up: the source daemon, then one job of the target once the source is healthy"
 export DPDA_TRIAL_DIR="$dir" DPDA_VERSION="$version"
-dc=("${compose[@]}" -p dpda-trial -f deploy/docker-compose.yml)
+dc=("${compose[@]}" -p dpda-trial -f deploy/docker-compose.yml -f deploy/trial-fault.yml)
 "${dc[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
 # whatever happens below, the containers and volumes go (DPDA_KEEP=1 keeps them)
 trap 'if [ "${DPDA_KEEP:-0}" != 1 ]; then "${dc[@]}" down -v --remove-orphans >/dev/null 2>&1; fi' EXIT
@@ -123,34 +123,21 @@ trap 'if [ "${DPDA_KEEP:-0}" != 1 ]; then "${dc[@]}" down -v --remove-orphans >/
 cid() { "${dc[@]}" ps -q "$1"; }
 src_id="$(cid source)" tgt_id="$(cid target)"
 
-step "5/6 fault: the source's container killed mid-job, restarted by its restart policy"
-# a charge in the source's ledger: the job is past its first release
-docker exec "$src_id" python -c '
-import sqlite3, sys, time
-deadline = time.monotonic() + 300
-while time.monotonic() < deadline:
-    try:
-        db = sqlite3.connect("file:/var/lib/dpda/source/state.sqlite?mode=ro", uri=True)
-        n = db.execute("SELECT count(*) FROM ledger WHERE dataset = ?", ("synthetic",)).fetchone()[0]
-        db.close()
-    except sqlite3.Error:
-        n = 0
-    if n:
-        sys.exit(0)
-    time.sleep(0.05)
-sys.exit("trial: no release charged in 300 s")'
-[ "$(docker inspect -f '{{.State.Running}}' "$tgt_id")" = true ] \
-  || { echo "trial: the job ended before the fault (give it more releases)" >&2; exit 1; }
+step "5/6 fault: the source crashes mid-job (its first release charged and signed, not yet sent), its restart policy restarts it"
+# deploy/trial-fault.yml: SIGKILL at the crash point source.release.signed in the source's
+# first life only; the job must retry the release and get the stored one, charged once
 restarts="$(docker inspect -f '{{.RestartCount}}' "$src_id")"
-if kill -KILL "$(docker inspect -f '{{.State.Pid}}' "$src_id")" 2>/dev/null; then
-  echo "source killed (SIGKILL to its process, as a crash): its restart policy restarts it"
-  for _ in $(seq 100); do
-    [ "$(docker inspect -f '{{.RestartCount}}' "$src_id")" != "$restarts" ] && break; sleep 0.1
-  done
-else  # not root: docker kill counts as a stop, which the restart policy leaves stopped
-  docker kill --signal KILL "$src_id" >/dev/null && echo "source killed (docker kill)"
-  docker start "$src_id" >/dev/null
-fi
+for _ in $(seq 3000); do
+  [ "$(docker inspect -f '{{.RestartCount}}' "$src_id")" != "$restarts" ] && break; sleep 0.1
+done
+[ "$(docker inspect -f '{{.RestartCount}}' "$src_id")" != "$restarts" ] \
+  || { echo "trial: the source never reached its crash point in 300 s" >&2; exit 1; }
+"${dc[@]}" logs --no-color source | grep -m1 'dpda crash point' \
+  || { echo "trial: the source restarted, but not from its crash point" >&2; exit 1; }
+echo "source killed at its crash point (SIGKILL, as a crash): its restart policy restarted it"
+for _ in $(seq 100); do
+  [ "$(docker inspect -f '{{.State.Running}}' "$src_id")" = true ] && break; sleep 0.1
+done
 echo "source restarted: $(docker inspect -f '{{.State.Status}}, restarts {{.RestartCount}}' "$src_id")"
 job_exit="$(docker wait "$tgt_id")"
 job_log="$("${dc[@]}" logs --no-color target)"
