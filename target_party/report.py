@@ -446,8 +446,11 @@ def choice_table(ch: dict[str, Any]) -> str:
     """The label-free choice among arms: the rule and the arm kept in a line, what the
     collapse guard said, then every arm in a row (folded under a summary: there are many)."""
     arms = [a for a in ch.get("arms") or [] if isinstance(a, dict)]
+    vote = ch.get("vote") if isinstance(ch.get("vote"), dict) else {}
+    members = set(map(str, vote.get("members") or [])) if ch.get("rule") == "vote" else set()
     head = (
-        f"<p><b>criterion</b> {html.escape(fmt(ch.get('criterion')))} · <b>kept</b> "
+        f"<p><b>rule</b> {html.escape(fmt(ch.get('rule') or ch.get('criterion')))} · "
+        f"<b>criterion</b> {html.escape(fmt(ch.get('criterion')))} · <b>kept</b> "
         f"{html.escape(fmt(ch.get('kept')))} · <b>arms</b> {len(arms)}"
         + (
             f" · <b>accuracy of the kept arm</b> {html.escape(fmt(ch['kept_accuracy']))}"
@@ -471,13 +474,20 @@ def choice_table(ch: dict[str, Any]) -> str:
     rows = "".join(
         "<tr>"
         + "".join(f"<td class='n'>{cell(a, k)}</td>" for k, _ in _ARM_COLUMNS)
-        + f"<td>{'kept' if a.get('arm') == ch.get('kept') else ''}</td></tr>"
+        + f"<td>{_arm_mark(a, ch, members)}</td></tr>"
         for a in arms
     )
     return (
         f"<h2>Label-free choice</h2>{head}<details><summary>every arm</summary>"
         f"<table class='choice'><tr>{header}<th></th></tr>{rows}</table></details>"
     )
+
+
+def _arm_mark(a: dict[str, Any], ch: dict[str, Any], members: set[str]) -> str:
+    """How an arm stands in the choice: kept, one of the vote's members, or nothing."""
+    if a.get("arm") == ch.get("kept"):
+        return "kept"
+    return "votes" if str(a.get("arm")) in members else ""
 
 
 def selection_table(sel: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.linear_model import LogisticRegression
 from sklearn.neighbors import KNeighborsClassifier
 from sklearn.neural_network import MLPClassifier
@@ -22,6 +23,55 @@ ROW_CLASSIFIERS = ("target-logistic", "target-knn", "target-spread")
 CLASSIFIERS = POINT_CLASSIFIERS + ROW_CLASSIFIERS
 ROW_NEIGHBOURS = 10  # target-knn and target-spread: neighbours among the target's rows
 CONFIDENT_SHARE = 0.5  # target-spread: the share of rows whose label it keeps (most certain)
+
+
+class ArmVote(ClassifierMixin, BaseEstimator):
+    """The majority vote of fitted models of the same rows (the label-free choice's arms):
+    each model's predicted class is one vote, the first model's counts ``FIRST_WEIGHT``, so
+    that a tie goes to it and a strict majority still wins. ``predict_proba``: each class's
+    share of the weighted votes (its argmax is ``predict``). Fitted already: it is built from
+    fitted models, never ``fit``."""
+
+    FIRST_WEIGHT = 1.5
+
+    def __init__(self, models: list | None = None) -> None:
+        self.models = models
+
+    def fit(self, x: np.ndarray, y: np.ndarray | None = None) -> ArmVote:
+        """The vote is made of fitted models: fitting it leaves it as it is."""
+        return self
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return bool(self.models)
+
+    @property
+    def classes_(self) -> np.ndarray:
+        return np.unique(np.concatenate([np.asarray(m.classes_) for m in self.models or []]))
+
+    def _votes(self, x: np.ndarray) -> np.ndarray:
+        classes = self.classes_
+        votes = np.zeros((np.asarray(x).shape[0], classes.size))
+        rows = np.arange(votes.shape[0])
+        for i, m in enumerate(self.models or []):
+            at = np.searchsorted(classes, np.asarray(m.predict(x)))
+            votes[rows, at] += self.FIRST_WEIGHT if i == 0 else 1.0
+        return votes
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return self.classes_[self._votes(x).argmax(axis=1)]
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        votes = self._votes(x)
+        return votes / np.maximum(votes.sum(axis=1, keepdims=True), 1e-300)
+
+
+def vote(preds: list[np.ndarray], n_classes: int) -> np.ndarray:
+    """``ArmVote``'s rule on predictions already made (class indices in [0, n_classes))."""
+    votes = np.zeros((np.asarray(preds[0]).size, n_classes))
+    rows = np.arange(votes.shape[0])
+    for i, p in enumerate(preds):
+        votes[rows, np.asarray(p, dtype=np.int64)] += ArmVote.FIRST_WEIGHT if i == 0 else 1.0
+    return votes.argmax(axis=1)
 
 
 def make_classifier(kind: str, seed: int = 0):
@@ -150,6 +200,7 @@ _TRUSTED_PREFIXES = (
     "dpda.target_party.training.scale_columns",
     "dpda.dp.mechanisms.clip_rows",
     "dpda.dp.preprocessing_dp.standardize_rows",
+    "dpda.target_party.training.ArmVote",
 )
 
 
@@ -163,8 +214,9 @@ def save_model(model: Pipeline, path: str | Path) -> Path:
 
 
 def load_model(path: str | Path) -> Pipeline:
-    """Load a model ``save_model`` wrote, trusting only scikit-learn's types and dpda's two
-    functions; anything else in the file is refused (skops would otherwise run it)."""
+    """Load a model ``save_model`` wrote, trusting only scikit-learn's types and dpda's own
+    functions and vote (``_TRUSTED_PREFIXES``); anything else in the file is refused (skops
+    would otherwise run it)."""
     import skops.io as sio
 
     from dpda.errors import ConfigError

@@ -293,7 +293,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             + (" by the label-free choice below" if data.get("choice") else "")
         )
     ch = data.get("choice")
-    if ch:
+    if ch and ch.get("rule") == "vote":
+        print(
+            f"  label-free choice ({len(ch['arms'])} arms): the job keeps the {ch['kept']} "
+            f"near the noisy counts"
+            + (f": {_pct(a.get('kept'))}" if a.get("kept") is not None else "")
+        )
+    elif ch:
         kept = next(a for a in ch["arms"] if a["arm"] == ch["kept"])
         print(
             f"  label-free choice ({ch['criterion']}, {len(ch['arms'])} arms): the job keeps "
@@ -302,8 +308,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             + ")"
             + (f": {_pct(a.get('kept'))}" if a.get("kept") is not None else "")
         )
-        if ch.get("guard"):
-            print(f"  collapse guard: {ch['guard']}")
+    if ch and ch.get("guard"):
+        print(f"  collapse guard: {ch['guard']}")
     fc = data.get("forecast")
     if fc:
         print(

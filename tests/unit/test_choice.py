@@ -87,17 +87,19 @@ def _terms(**kw):
     return SessionTerms(**{"dataset": "syn", "epsilon": 8.0, "delta": 1 / 2000, **kw})
 
 
-def test_the_rehearsal_reports_every_arm_and_keeps_the_best_scored_one() -> None:
+def test_the_rehearsal_reports_every_arm_and_keeps_the_best_scored_one(monkeypatch) -> None:
+    import dpda.target_party.choice as choice
     from dpda.data.devsuite import pair
     from dpda.simulation import simulate
     from dpda.target_party.choice import COUNT_GATE, CRITERION
     from dpda.target_party.view import AdaptConfig
 
+    monkeypatch.setattr(choice, "RULE", "criterion")  # one arm, the best scored
     s, t = pair("iris", 0)
     out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
     data = out.to_json(_terms())
     ch = data["choice"]
-    assert ch["criterion"] == CRITERION and len(ch["arms"]) >= 6
+    assert ch["rule"] == ch["criterion"] == CRITERION and len(ch["arms"]) >= 6
     fine = [a for a in ch["arms"] if not a["collapsed"] and a["score"] is not None]
     near = [a for a in fine if 1 - a["scores"]["counts"] <= COUNT_GATE] or fine
     kept = next(a for a in ch["arms"] if a["arm"] == ch["kept"])
@@ -123,6 +125,7 @@ def test_the_guard_keeps_the_release_without_adaptation_when_no_arm_is_scored(
         return dict.fromkeys(CRITERIA, float("nan"))
 
     monkeypatch.setattr(choice, "scores_of", undefined)
+    monkeypatch.setattr(choice, "RULE", "criterion")
     s, t = pair("iris", 0)
     out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
     ch = out.to_json(_terms())["choice"]
@@ -153,7 +156,8 @@ def test_a_variant_whose_transport_fails_is_left_out_and_said(monkeypatch, caplo
     ch = out.to_json(_terms())["choice"]
     assert ch["failed"] and all(f.startswith("zscore/") for f in ch["failed"])
     assert ch["arms"] and not any(a["arm"].split("/")[1] == "zscore" for a in ch["arms"])
-    assert ch["kept"] in {a["arm"] for a in ch["arms"]}
+    assert ch["kept"] in {a["arm"] for a in ch["arms"]} or ch["kept"].startswith("vote of")
+    assert all(m.split("/")[1] == "uniform" for m in ch["vote"]["members"])
     assert "transport failed" in caplog.text
 
 
@@ -170,6 +174,7 @@ def test_the_guard_does_not_keep_an_arm_that_names_one_class(monkeypatch) -> Non
         return {**got, choice.CRITERION: 10.0 if np.unique(pred).size == 1 else 0.0}
 
     monkeypatch.setattr(choice, "scores_of", one_class_wins)
+    monkeypatch.setattr(choice, "RULE", "criterion")  # the guard before the best-scored arm
     s, t = pair("iris", 0)
     real_arms = choice._arms_of
 
@@ -220,7 +225,8 @@ def test_the_rehearsal_writes_the_forecast_the_plan_prints(tmp_path) -> None:
     assert {k: r["forecast"][k] for k in expected} == expected
     for key in ("dpda", "kept", "dp_no_adaptation", "source_only", "source_only_logistic", "otda"):
         assert isinstance(r["accuracy"][key], float), key
-    assert r["choice"]["kept"] in {a["arm"] for a in r["choice"]["arms"]}
+    ch = r["choice"]  # what the job kept: one of its arms, or their vote
+    assert ch["kept"] in {a["arm"] for a in ch["arms"]} | {(ch.get("vote") or {}).get("name")}
     assert {"epsilon_spent", "epsilon_budget", "target_epsilon_spent"} <= set(r)
 
 
@@ -272,3 +278,62 @@ def test_the_bench_replays_the_jobs_rule_and_scores_it_against_the_oracle() -> N
     assert t["entropy"]["picks_best"] == "2/2" and t["entropy"]["mean_loss"] == 0.0
     assert t["entropy (no gate)"]["mean_loss"] == 40.0  # c: best entropy, far from the counts
     assert t["always-dpda"]["mean_loss"] == 20.0 and t["always-no-adaptation"]["worst_loss"] == 40
+
+
+def test_the_job_keeps_the_vote_of_the_adapted_arms_near_the_noisy_counts() -> None:
+    from dpda.data.devsuite import pair
+    from dpda.simulation import simulate
+    from dpda.target_party.choice import COUNT_GATE, voters
+    from dpda.target_party.view import AdaptConfig
+
+    s, t = pair("iris", 0)
+    out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
+    data = out.to_json(_terms())
+    ch = data["choice"]
+    assert ch["rule"] == "vote" and ch["kept_adapts"] and ch["guard"] is None
+    members = [ch["arms"][i] for i in voters(ch["arms"])]
+    assert ch["vote"]["members"][0] == "dpda/uniform/4/1nn"  # the job's own arm breaks ties
+    assert sorted(ch["vote"]["members"]) == sorted(a["arm"] for a in members)
+    assert all(a["adapt"] and not a["collapsed"] for a in members)
+    assert all(1 - a["scores"]["counts"] <= COUNT_GATE for a in members)
+    assert ch["kept"] == f"vote of {len(members)} adapted arms"
+    assert data["accuracy"]["kept"] == ch["vote"]["accuracy"] == out.dpda.accuracy
+    assert out.dpda.adaptation["kept"] == "dpda"
+
+
+def test_a_vote_that_collapses_gives_way_to_the_best_scored_arm(monkeypatch, caplog) -> None:
+    import dpda.target_party.choice as choice
+    import dpda.target_party.training as training
+    from dpda.data.devsuite import pair
+    from dpda.simulation import simulate
+    from dpda.target_party.view import AdaptConfig
+
+    monkeypatch.setattr(training, "vote", lambda preds, q: np.zeros_like(preds[0]))
+    s, t = pair("iris", 0)
+    out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
+    ch = out.to_json(_terms())["choice"]
+    assert ch["vote"]["collapsed"] and ch["rule"] == choice.CRITERION
+    assert ch["kept"] in {a["arm"] for a in ch["arms"]}
+    assert "the vote of" in ch["guard"] and "the vote of" in caplog.text
+
+
+def test_arm_vote_counts_one_vote_a_model_and_gives_ties_to_the_first() -> None:
+    from dpda.target_party.training import ArmVote, vote
+
+    class Fixed:
+        def __init__(self, pred: list[int]) -> None:
+            self.pred, self.classes_ = np.array(pred), np.arange(3)
+
+        def predict(self, x):
+            return self.pred
+
+    x = np.zeros((4, 1))
+    a, b, c = Fixed([0, 1, 2, 2]), Fixed([1, 1, 0, 2]), Fixed([1, 0, 0, 1])
+    m = ArmVote([a, b, c])
+    assert m.predict(x).tolist() == [1, 1, 0, 2]  # the majority, each row
+    assert ArmVote([a, b]).predict(x).tolist() == [0, 1, 2, 2]  # ties: the first model's
+    assert vote([a.pred, b.pred, c.pred], 3).tolist() == m.predict(x).tolist()
+    np.testing.assert_allclose(m.predict_proba(x).sum(axis=1), 1.0)
+    np.testing.assert_allclose(m.predict_proba(x)[0], [1.5 / 3.5, 2 / 3.5, 0.0])  # weighted
+    for two in (m, ArmVote([a, b])):  # the weighted shares' argmax is the vote, ties too
+        assert (two.predict_proba(x).argmax(axis=1) == two.predict(x)).all()

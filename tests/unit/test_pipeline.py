@@ -195,10 +195,12 @@ def test_simulate_office_caltech_pair(data_dir, tmp_path) -> None:
     assert r["accuracy"]["dpda"] > r["accuracy"]["source_only"]  # the better-scaled one
     # C→A over seeds 0–2: 46.4 against 45.4 (docs/results.md); seed 0 alone: 45.2 against 45.4
     assert r["accuracy"]["dpda"] >= r["accuracy"]["dp_no_adaptation"] - 1.0
-    ch = r["choice"]  # the job keeps one of its arms, and says which
-    kept = next(a for a in ch["arms"] if a["arm"] == ch["kept"])
-    assert r["adaptation"]["rule"] == "better" and r["accuracy"]["kept"] == kept["accuracy"]
-    assert r["adaptation"]["kept"] == ("dpda" if kept["adapt"] else "dp_no_adaptation")
+    ch = r["choice"]  # the job keeps the vote of its adapted arms, and says which
+    assert (
+        ch["rule"] == "vote" and ch["kept"] == f"vote of {len(ch['vote']['members'])} adapted arms"
+    )
+    assert r["adaptation"]["rule"] == "better" and r["accuracy"]["kept"] == ch["vote"]["accuracy"]
+    assert r["adaptation"]["kept"] == "dpda"
     assert r["projection_dim"] == 20 and r["sigma"] > 0
     assert np.isfinite(r["w_tilde"])
 
@@ -296,6 +298,7 @@ def test_keep_better_keeps_the_release_without_adaptation_when_the_criterion_pre
 
     monkeypatch.setattr(choice, "scores_of", prefers_no_adaptation)
     monkeypatch.setattr(choice, "_no_adaptation", recorded)
+    monkeypatch.setattr(choice, "RULE", "criterion")  # the vote counts adapted arms only
     s, t = two_domains(n_source=200, n_target=150)
     out = simulate(s, t, _terms(), "raw", AdaptConfig(keep=rule), seed=0, baselines=False)
     ad, d = out.dpda.adaptation, out.dpda

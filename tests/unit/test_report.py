@@ -224,3 +224,13 @@ def test_the_label_free_choice_is_a_table_of_its_arms_with_the_kept_one_marked()
     assert table.count("<tr>") == 1 + 3 and table.count(">kept<") == 1
     assert "collapse guard:</b> 1 arm(s)" in text
     assert "arm dpda/zscore" not in text  # no paragraph of raw candidates
+    voted = dict(
+        choice,
+        rule="vote",
+        kept="vote of 2 adapted arms",
+        vote={"members": [arms[0]["arm"], arms[1]["arm"]], "collapsed": False},
+    )
+    text = render({"adaptation": {"choice": voted}}, {"batch_spend": [1.0], "budget": 1.0})
+    table = text[text.index("<table class='choice'>") :]
+    assert "<b>rule</b> vote" in text and "<b>kept</b> vote of 2 adapted arms" in text
+    assert table.count(">votes<") == 2 and table.count(">kept<") == 0
