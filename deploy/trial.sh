@@ -127,11 +127,19 @@ step "5/6 fault: the source crashes mid-job (its first release charged and signe
 # deploy/trial-fault.yml: SIGKILL at the crash point source.release.signed in the source's
 # first life only; the job must retry the release and get the stored one, charged once
 restarts="$(docker inspect -f '{{.RestartCount}}' "$src_id")"
-for _ in $(seq 3000); do
-  [ "$(docker inspect -f '{{.RestartCount}}' "$src_id")" != "$restarts" ] && break; sleep 0.1
+crashed() { [ "$(docker inspect -f '{{.RestartCount}}' "$src_id")" != "$restarts" ]; }
+for _ in $(seq 6000); do   # 600 s: a loaded machine starts two Python daemons slowly
+  crashed && break
+  # the job ended before the source reached its crash point: nothing more will come
+  [ "$(docker inspect -f '{{.State.Status}}' "$tgt_id")" = exited ] && break
+  sleep 0.1
 done
-[ "$(docker inspect -f '{{.RestartCount}}' "$src_id")" != "$restarts" ] \
-  || { echo "trial: the source never reached its crash point in 300 s" >&2; exit 1; }
+crashed || {
+  echo "trial: the source never reached its crash point (target: $(docker inspect \
+    -f '{{.State.Status}}, exit {{.State.ExitCode}}' "$tgt_id"))" >&2
+  "${dc[@]}" logs --no-color --tail 30 source target >&2
+  exit 1
+}
 "${dc[@]}" logs --no-color source | grep -m1 'dpda crash point' \
   || { echo "trial: the source restarted, but not from its crash point" >&2; exit 1; }
 echo "source killed at its crash point (SIGKILL, as a crash): its restart policy restarted it"
