@@ -16,15 +16,22 @@ other scalings or dimensions are compared on the same rows:
 - ``counts``: one minus the total-variation distance between the predicted class shares and
   the release's noisy class shares.
 
-The job keeps the arm with the best ``CRITERION`` among those whose predicted class shares are
-within ``COUNT_GATE`` of the noisy counts' (measured on the development suite, ``dpda bench
-accuracy --protocol devsuite``, and on Office-Caltech; docs/results.md). A criterion may also
-be several joined by ``+``, each standardized over the arms and summed (``combined``). A
-**collapse guard** comes first: an arm that puts more than ``COLLAPSE_SHARE`` of the rows in
-one class while the noisy counts give that class less than ``COLLAPSE_COUNT_SHARE`` is not
-kept, and when no arm has a defined score the job keeps the release without adaptation; either
-is logged and written in the choice's ``guard``. When the target has labels (a rehearsal),
-each arm's accuracy is recorded beside its scores — for the report only, never for the choice.
+The job keeps the **vote** of the adapted arms (``RULE``): each target row takes the class most
+of them give it, the job's own arm breaking ties (``training.ArmVote``, the model it saves).
+The voters are the adapted arms that did not collapse whose predicted class shares are within
+``COUNT_GATE`` (total variation) of the noisy counts' — every adapted arm that did not collapse
+when none is that close. One arm's labels carry its own space's errors; arms fitted in other
+scalings and dimensions err on different rows: on the development suite and Office-Caltech
+their vote scores above the one arm any criterion keeps (``dpda bench accuracy --protocol
+devsuite`` and ``defaults``; docs/results.md). Where the vote would collapse,
+or no arm adapts, the job keeps the arm with the best ``CRITERION`` among those within
+``COUNT_GATE``; a criterion may also be several joined by ``+``, each standardized over the arms
+and summed (``combined``). A **collapse guard** comes first: an arm (or a vote) that puts more
+than ``COLLAPSE_SHARE`` of the rows in one class while the noisy counts give that class less
+than ``COLLAPSE_COUNT_SHARE`` is not kept, and when no arm has a defined score the job keeps
+the release without adaptation; either is logged and written in the choice's ``guard``. When
+the target has labels (a rehearsal), each arm's accuracy is recorded beside its scores — for
+the report only, never for the choice.
 """
 
 from __future__ import annotations
@@ -45,8 +52,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("dpda.target")
 
 CRITERIA = ("silhouette", "entropy", "snd", "consistency", "counts")
-# the rule the job keeps an arm by: the best silhouette among the arms whose predicted class
-# shares are within COUNT_GATE (total variation) of the noisy counts' (any arm when none is).
+# the criterion that keeps one arm where the vote does not serve: the best silhouette among
+# the arms whose predicted class shares are within COUNT_GATE (total variation) of the noisy
+# counts' (any arm when none is).
 # Measured on the suite (seeds 0–2) and Office-Caltech (seed 0) at ε 8 and 2: the sum of the
 # standardized entropy and consistency ("entropy+consistency") does 0.4 better on the suite
 # and 2.2 worse on Office-Caltech at ε = 2 (docs/results.md)
