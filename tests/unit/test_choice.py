@@ -278,6 +278,10 @@ def test_the_bench_replays_the_jobs_rule_and_scores_it_against_the_oracle() -> N
     assert t["entropy"]["picks_best"] == "2/2" and t["entropy"]["mean_loss"] == 0.0
     assert t["entropy (no gate)"]["mean_loss"] == 40.0  # c: best entropy, far from the counts
     assert t["always-dpda"]["mean_loss"] == 20.0 and t["always-no-adaptation"]["worst_loss"] == 40
+    voted = dict(run, choice=dict(run["choice"], kept_accuracy=92.0))  # a vote beats every arm
+    t = criteria_table([voted, dict(voted, choice=dict(voted["choice"], kept_accuracy=80.0))])
+    job = t["the job's rule (measured)"]
+    assert job["picks_best"] == "1/2" and job["mean_loss"] == 4.0 and job["worst_loss"] == 10.0
 
 
 def test_the_job_keeps_the_vote_of_the_adapted_arms_near_the_noisy_counts() -> None:
