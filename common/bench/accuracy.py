@@ -172,6 +172,7 @@ def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) 
     the terms' defaults, the dataset's representation, the scaling ``auto``, the AdaptConfig
     defaults), the same release without adaptation, and PATE's student as its own session at
     the same ε. The non-private baselines come from ``defaults_baselines``."""
+    from dpda.bench.devsuite import preprocessing_of
     from dpda.data.loaders import load_domain
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION
     from dpda.simulation import simulate
@@ -201,6 +202,7 @@ def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) 
         "kept_accuracy": d.adaptation.get("kept_accuracy"),
         "estimate": d.adaptation.get("estimate"),
         "choice": data.get("choice"),
+        "preprocessing": preprocessing_of(data, epsilon),
         "seconds": time.perf_counter() - t0,
     }
 
@@ -241,6 +243,9 @@ def summarize_defaults(
             row["baseline_scaling"] = by_pair[p]["baseline_scaling"]
             row["epsilon_spent"] = mean_of([r["epsilon_spent"] for r in runs])
             row["target_epsilon_spent"] = max(r["target_epsilon_spent"] or 0.0 for r in runs)
+            row["preprocessing_share"] = mean_of(
+                [(r.get("preprocessing") or {}).get("share") for r in runs]
+            )
             row["kept"] = sorted({r["kept"] for r in runs})
             row["seeds"] = len(runs)
             table[p] = row
@@ -271,19 +276,21 @@ def _print_defaults(summary: dict[str, Any]) -> None:
         print(f"\nThe job's defaults at ε = {eps} (mean over seeds; non-private baselines in their "
               "better scaling)")  # fmt: skip
         print(f"{'pair':<6} {'DPDA':>6} {'job':>6} {'DP no adapt':>11} {'PATE':>6} {'src-only':>8} "
-              f"{'OTDA':>6} {'scaling':>8} {'ε spent':>8} {'target ε':>8}")  # fmt: skip
+              f"{'src LR':>6} {'OTDA':>6} {'scaling':>8} {'ε spent':>8} {'target ε':>8} "
+              f"{'pre. share':>10}")  # fmt: skip
         for p, r in block["pairs"].items():
             print(
                 f"{p:<6} {_f(r['dpda']):>6} {_f(r['job']):>6} {_f(r['dp_no_adaptation']):>11} "
-                f"{_f(r['pate']):>6} "
-                f"{_f(r['source_only']):>8} {_f(r['otda']):>6} {r['baseline_scaling']:>8} "
-                f"{r['epsilon_spent']:>8.3f} {r['target_epsilon_spent']:>8.3f}"
+                f"{_f(r['pate']):>6} {_f(r['source_only']):>8} "
+                f"{_f(r.get('source_only_logistic')):>6} {_f(r['otda']):>6} "
+                f"{r['baseline_scaling']:>8} {r['epsilon_spent']:>8.3f} "
+                f"{r['target_epsilon_spent']:>8.3f} {_share(r.get('preprocessing_share')):>10}"
             )
         m = block["office_mean"]
         print(
             f"{'Office':<6} {_f(m['dpda']):>6} {_f(m['job']):>6} {_f(m['dp_no_adaptation']):>11} "
-            f"{_f(m['pate']):>6} "
-            f"{_f(m['source_only']):>8} {_f(m['otda']):>6}"
+            f"{_f(m['pate']):>6} {_f(m['source_only']):>8} "
+            f"{_f(m.get('source_only_logistic')):>6} {_f(m['otda']):>6}"
         )
         b = block
         print(
@@ -297,6 +304,10 @@ def _print_defaults(summary: dict[str, Any]) -> None:
 
 def _f(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}"
+
+
+def _share(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}"
 
 
 # ------------------------------------------------------------------------------ summary

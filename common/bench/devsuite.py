@@ -44,7 +44,7 @@ def devsuite_pair(name: str, seed: int, epsilon: float) -> dict[str, Any]:
         "epsilon": epsilon,
         **{a: acc.get(a) for a in ARMS},
         "epsilon_spent": data["epsilon_spent"],
-        "preprocessing_epsilon": (data.get("preprocessing") or {}).get("epsilon"),
+        "preprocessing": preprocessing_of(data, epsilon),
         "choice": data["choice"],
         "seconds": time.perf_counter() - t0,
     }
@@ -56,6 +56,20 @@ def pick(arms: list[dict[str, Any]], criterion: str, gate: float | None = None) 
     from dpda.target_party.choice import pick as rule
 
     return arms[rule(arms, criterion, gate)[0]]
+
+
+def preprocessing_of(data: dict[str, Any], epsilon: float) -> dict[str, Any]:
+    """What a run's source estimated under DP before its release: mode, its share of the ε
+    granted and that ε, the row bound C and the rows it clipped (the source's estimate)."""
+    pre = data.get("preprocessing") or {}
+    share = float(pre.get("share") or 0.0) if pre.get("mode", "none") != "none" else 0.0
+    return {
+        "mode": pre.get("mode", "none"),
+        "share": share,
+        "epsilon": share * epsilon,
+        "clip_norm": pre.get("clip_norm"),
+        "rows_clipped_estimate": pre.get("rows_clipped_estimate"),
+    }
 
 
 def criteria_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -110,6 +124,9 @@ def summarize_devsuite(rows: list[dict[str, Any]], epsilons: list[float]) -> dic
             runs = [r for r in at if r["pair"] == p]
             table[p] = {a: mean_of([r[a] for r in runs]) for a in ARMS}
             table[p]["epsilon_spent"] = mean_of([r["epsilon_spent"] for r in runs])
+            table[p]["preprocessing_share"] = mean_of(
+                [(r.get("preprocessing") or {}).get("share") for r in runs]
+            )
             table[p]["kept_arms"] = sorted({r["choice"]["kept"] for r in runs if r["choice"]})
             table[p]["seeds"] = len(runs)
         kept_ok = sum(
@@ -125,19 +142,19 @@ def summarize_devsuite(rows: list[dict[str, Any]], epsilons: list[float]) -> dic
 
 
 def print_devsuite(summary: dict[str, Any]) -> None:
-    from dpda.bench.accuracy import _f
+    from dpda.bench.accuracy import _f, _share
 
     for eps, block in summary.items():
         print(f"\nDevelopment suite at ε = {eps} (mean over seeds)")
         print(f"{'pair':<16} {'DPDA':>6} {'kept':>6} {'DP no ad':>8} {'1-NN':>6} {'logistic':>8} "
-              f"{'OTDA':>6} {'ε spent':>8}  kept arm(s)")  # fmt: skip
+              f"{'OTDA':>6} {'ε spent':>8} {'pre. share':>10}  kept arm(s)")  # fmt: skip
         rows = [*block["pairs"].items(), ("mean", block["mean"])]
         for p, r in rows:
             print(
                 f"{p:<16} {_f(r['dpda']):>6} {_f(r['kept']):>6} {_f(r['dp_no_adaptation']):>8} "
                 f"{_f(r['source_only']):>6} {_f(r['source_only_logistic']):>8} "
-                f"{_f(r['otda']):>6} {_f(r.get('epsilon_spent')):>8}  "
-                + ", ".join(r.get("kept_arms", []))
+                f"{_f(r['otda']):>6} {_f(r.get('epsilon_spent')):>8} "
+                f"{_share(r.get('preprocessing_share')):>10}  " + ", ".join(r.get("kept_arms", []))
             )
         print(
             "kept ≥ DP without adaptation − 1 on "
