@@ -446,8 +446,10 @@ def choice_table(ch: dict[str, Any]) -> str:
     """The label-free choice among arms: the rule and the arm kept in a line, what the
     collapse guard said, then every arm in a row (folded under a summary: there are many)."""
     arms = [a for a in ch.get("arms") or [] if isinstance(a, dict)]
-    vote = ch.get("vote") if isinstance(ch.get("vote"), dict) else {}
-    members = set(map(str, vote.get("members") or [])) if ch.get("rule") == "vote" else set()
+    vote = ch.get("vote")
+    members: set[str] = set()
+    if isinstance(vote, dict) and ch.get("rule") == "vote":
+        members = set(map(str, vote.get("members") or []))
     head = (
         f"<p><b>rule</b> {html.escape(fmt(ch.get('rule') or ch.get('criterion')))} · "
         f"<b>criterion</b> {html.escape(fmt(ch.get('criterion')))} · <b>kept</b> "
