@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from dpda.pb import dpda_pb2 as dpda_dot_pb_dot_dpda__pb2
+from common.pb import dpda_pb2 as common_dot_pb_dot_dpda__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in dpda/pb/dpda_pb2_grpc.py depends on'
+        + ' but the generated code in common/pb/dpda_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,58 +36,58 @@ class SourceServiceStub:
         """
         self.DescribeDataset = channel.unary_unary(
                 '/dpda.v1.SourceService/DescribeDataset',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.DescribeDatasetRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.DescribeDatasetResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.DescribeDatasetRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.DescribeDatasetResponse.FromString,
                 _registered_method=True)
         self.OpenSession = channel.unary_unary(
                 '/dpda.v1.SourceService/OpenSession',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.OpenSessionRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.OpenSessionResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.OpenSessionRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.OpenSessionResponse.FromString,
                 _registered_method=True)
         self.GetProjection = channel.unary_unary(
                 '/dpda.v1.SourceService/GetProjection',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.GetProjectionRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.GetProjectionResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.GetProjectionRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.GetProjectionResponse.FromString,
                 _registered_method=True)
         self.ReleaseBatches = channel.unary_stream(
                 '/dpda.v1.SourceService/ReleaseBatches',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.BatchRelease.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.BatchRelease.FromString,
                 _registered_method=True)
         self.QueryTeachers = channel.unary_unary(
                 '/dpda.v1.SourceService/QueryTeachers',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.QueryTeachersRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.QueryTeachersResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.QueryTeachersRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.QueryTeachersResponse.FromString,
                 _registered_method=True)
         self.Countersign = channel.unary_unary(
                 '/dpda.v1.SourceService/Countersign',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.CountersignRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.CountersignResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.CountersignRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.CountersignResponse.FromString,
                 _registered_method=True)
         self.GetLedger = channel.unary_unary(
                 '/dpda.v1.SourceService/GetLedger',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.GetLedgerRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.GetLedgerResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.GetLedgerRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.GetLedgerResponse.FromString,
                 _registered_method=True)
         self.RestoreLedger = channel.unary_unary(
                 '/dpda.v1.SourceService/RestoreLedger',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.FromString,
                 _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/dpda.v1.SourceService/CloseSession',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.CloseSessionRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.CloseSessionResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
         self.OpenReweighting = channel.unary_unary(
                 '/dpda.v1.SourceService/OpenReweighting',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.OpenReweightingRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.OpenReweightingResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.OpenReweightingRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.OpenReweightingResponse.FromString,
                 _registered_method=True)
         self.ReweightSteps = channel.unary_unary(
                 '/dpda.v1.SourceService/ReweightSteps',
-                request_serializer=dpda_dot_pb_dot_dpda__pb2.ReweightStepsRequest.SerializeToString,
-                response_deserializer=dpda_dot_pb_dot_dpda__pb2.ReweightStepsResponse.FromString,
+                request_serializer=common_dot_pb_dot_dpda__pb2.ReweightStepsRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_dpda__pb2.ReweightStepsResponse.FromString,
                 _registered_method=True)
 
 
@@ -165,58 +165,58 @@ def add_SourceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'DescribeDataset': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeDataset,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.DescribeDatasetRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.DescribeDatasetResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.DescribeDatasetRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.DescribeDatasetResponse.SerializeToString,
             ),
             'OpenSession': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenSession,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.OpenSessionRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.OpenSessionResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.OpenSessionRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.OpenSessionResponse.SerializeToString,
             ),
             'GetProjection': grpc.unary_unary_rpc_method_handler(
                     servicer.GetProjection,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.GetProjectionRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.GetProjectionResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.GetProjectionRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.GetProjectionResponse.SerializeToString,
             ),
             'ReleaseBatches': grpc.unary_stream_rpc_method_handler(
                     servicer.ReleaseBatches,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.BatchRelease.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.BatchRelease.SerializeToString,
             ),
             'QueryTeachers': grpc.unary_unary_rpc_method_handler(
                     servicer.QueryTeachers,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.QueryTeachersRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.QueryTeachersResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.QueryTeachersRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.QueryTeachersResponse.SerializeToString,
             ),
             'Countersign': grpc.unary_unary_rpc_method_handler(
                     servicer.Countersign,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.CountersignRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.CountersignResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.CountersignRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.CountersignResponse.SerializeToString,
             ),
             'GetLedger': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLedger,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.GetLedgerRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.GetLedgerResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.GetLedgerRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.GetLedgerResponse.SerializeToString,
             ),
             'RestoreLedger': grpc.unary_unary_rpc_method_handler(
                     servicer.RestoreLedger,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.CloseSessionRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.CloseSessionResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.CloseSessionRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.CloseSessionResponse.SerializeToString,
             ),
             'OpenReweighting': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenReweighting,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.OpenReweightingRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.OpenReweightingResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.OpenReweightingRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.OpenReweightingResponse.SerializeToString,
             ),
             'ReweightSteps': grpc.unary_unary_rpc_method_handler(
                     servicer.ReweightSteps,
-                    request_deserializer=dpda_dot_pb_dot_dpda__pb2.ReweightStepsRequest.FromString,
-                    response_serializer=dpda_dot_pb_dot_dpda__pb2.ReweightStepsResponse.SerializeToString,
+                    request_deserializer=common_dot_pb_dot_dpda__pb2.ReweightStepsRequest.FromString,
+                    response_serializer=common_dot_pb_dot_dpda__pb2.ReweightStepsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -244,8 +244,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/DescribeDataset',
-            dpda_dot_pb_dot_dpda__pb2.DescribeDatasetRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.DescribeDatasetResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.DescribeDatasetRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.DescribeDatasetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -271,8 +271,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/OpenSession',
-            dpda_dot_pb_dot_dpda__pb2.OpenSessionRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.OpenSessionResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.OpenSessionRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.OpenSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -298,8 +298,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/GetProjection',
-            dpda_dot_pb_dot_dpda__pb2.GetProjectionRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.GetProjectionResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.GetProjectionRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.GetProjectionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -325,8 +325,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/ReleaseBatches',
-            dpda_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.BatchRelease.FromString,
+            common_dot_pb_dot_dpda__pb2.ReleaseBatchesRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.BatchRelease.FromString,
             options,
             channel_credentials,
             insecure,
@@ -352,8 +352,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/QueryTeachers',
-            dpda_dot_pb_dot_dpda__pb2.QueryTeachersRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.QueryTeachersResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.QueryTeachersRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.QueryTeachersResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -379,8 +379,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/Countersign',
-            dpda_dot_pb_dot_dpda__pb2.CountersignRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.CountersignResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.CountersignRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.CountersignResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -406,8 +406,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/GetLedger',
-            dpda_dot_pb_dot_dpda__pb2.GetLedgerRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.GetLedgerResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.GetLedgerRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.GetLedgerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -433,8 +433,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/RestoreLedger',
-            dpda_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.RestoreLedgerRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.RestoreLedgerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -460,8 +460,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/CloseSession',
-            dpda_dot_pb_dot_dpda__pb2.CloseSessionRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.CloseSessionResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.CloseSessionRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.CloseSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -487,8 +487,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/OpenReweighting',
-            dpda_dot_pb_dot_dpda__pb2.OpenReweightingRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.OpenReweightingResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.OpenReweightingRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.OpenReweightingResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -514,8 +514,8 @@ class SourceService:
             request,
             target,
             '/dpda.v1.SourceService/ReweightSteps',
-            dpda_dot_pb_dot_dpda__pb2.ReweightStepsRequest.SerializeToString,
-            dpda_dot_pb_dot_dpda__pb2.ReweightStepsResponse.FromString,
+            common_dot_pb_dot_dpda__pb2.ReweightStepsRequest.SerializeToString,
+            common_dot_pb_dot_dpda__pb2.ReweightStepsResponse.FromString,
             options,
             channel_credentials,
             insecure,
