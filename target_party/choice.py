@@ -144,6 +144,16 @@ def _snd(p: np.ndarray) -> float:
     return -total / f.shape[0]
 
 
+def class_shares(pred: np.ndarray, count_share: np.ndarray) -> tuple[np.ndarray, int, bool]:
+    """Each class's share of the predicted rows, the largest one's class, and whether the
+    labelling collapsed: over ``COLLAPSE_SHARE`` of the rows in a class to which the noisy
+    counts give less than ``COLLAPSE_COUNT_SHARE``."""
+    q = count_share.size
+    share = np.bincount(pred, minlength=q)[:q] / max(pred.size, 1)
+    top = int(np.argmax(share))
+    return share, top, bool(share[top] > COLLAPSE_SHARE and count_share[top] < COLLAPSE_COUNT_SHARE)
+
+
 def scores_of(x: np.ndarray, pred: np.ndarray, count_share: np.ndarray, seed: int) -> dict:
     """Every criterion of ``CRITERIA`` for the labels ``pred`` of the rows ``x`` (higher is
     better; NaN where undefined: fewer than two classes predicted)."""
@@ -153,8 +163,7 @@ def scores_of(x: np.ndarray, pred: np.ndarray, count_share: np.ndarray, seed: in
 
     from dpda.target_party.selection import cluster_score
 
-    q = count_share.size
-    share = np.bincount(pred, minlength=q)[:q] / max(pred.size, 1)
+    share = class_shares(pred, count_share)[0]
     out = {"counts": float(1.0 - 0.5 * np.abs(share - count_share).sum())}
     if np.unique(pred).size < 2:
         return {**dict.fromkeys(CRITERIA, float("nan")), **out}
@@ -166,7 +175,7 @@ def scores_of(x: np.ndarray, pred: np.ndarray, count_share: np.ndarray, seed: in
         return {**dict.fromkeys(CRITERIA, float("nan")), **out}
     p = _probabilities(xs, ps)
     h = -np.sum(p * np.log(np.maximum(p, 1e-12)), axis=1)
-    out["entropy"] = float(-np.mean(h) / np.log(max(q, 2)))
+    out["entropy"] = float(-np.mean(h) / np.log(max(count_share.size, 2)))
     out["snd"] = _snd(p)
     smallest = int(np.bincount(ps).clip(0)[np.unique(ps)].min())
     folds = min(5, smallest) if smallest >= 2 else 0
@@ -338,10 +347,8 @@ def choose(
         log.warning("label-free choice: variants whose transport failed: %s", "; ".join(failed))
     for a in arms:
         a.scores = scores_of(s.xt_proj, a.pred, count_share, s.cfg.seed)
-        share = np.bincount(a.pred, minlength=counts.size) / a.pred.size
-        top = int(np.argmax(share))
+        share, top, a.collapsed = class_shares(a.pred, count_share)
         a.largest_share = float(share[top])
-        a.collapsed = bool(share[top] > COLLAPSE_SHARE and count_share[top] < COLLAPSE_COUNT_SHARE)
         if s.view.labels is not None:
             a.accuracy = accuracy(a.pred, s.view.labels)
     rows = [a.to_json(criterion) for a in arms]
@@ -404,10 +411,8 @@ def _vote(
         return None
     mine = [i for i in members if (arms[i].scaling, arms[i].dim, arms[i].classifier) == own]
     members = mine + [i for i in members if i not in mine]
-    q = count_share.size
-    pred = vote([arms[i].pred for i in members], q)
-    share = np.bincount(pred, minlength=q)[:q] / max(pred.size, 1)
-    top = int(np.argmax(share))
+    pred = vote([arms[i].pred for i in members], count_share.size)
+    share, top, collapsed = class_shares(pred, count_share)
     return {
         "name": arms[members[0]].name
         if len(members) == 1
@@ -415,7 +420,7 @@ def _vote(
         "members": [arms[i].name for i in members],
         "counts": float(1.0 - 0.5 * np.abs(share - count_share).sum()),
         "largest_share": float(share[top]),
-        "collapsed": bool(share[top] > COLLAPSE_SHARE and count_share[top] < COLLAPSE_COUNT_SHARE),
+        "collapsed": collapsed,
         "accuracy": accuracy(pred, s.view.labels) if s.view.labels is not None else None,
         "model": ArmVote([arms[i].model for i in members]),
         "pred": pred,

@@ -50,12 +50,8 @@ class ArmVote(ClassifierMixin, BaseEstimator):
 
     def _votes(self, x: np.ndarray) -> np.ndarray:
         classes = self.classes_
-        votes = np.zeros((np.asarray(x).shape[0], classes.size))
-        rows = np.arange(votes.shape[0])
-        for i, m in enumerate(self.models or []):
-            at = np.searchsorted(classes, np.asarray(m.predict(x)))
-            votes[rows, at] += self.FIRST_WEIGHT if i == 0 else 1.0
-        return votes
+        at = [np.searchsorted(classes, np.asarray(m.predict(x))) for m in self.models or []]
+        return tally(at, classes.size)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self.classes_[self._votes(x).argmax(axis=1)]
@@ -65,13 +61,19 @@ class ArmVote(ClassifierMixin, BaseEstimator):
         return votes / np.maximum(votes.sum(axis=1, keepdims=True), 1e-300)
 
 
-def vote(preds: list[np.ndarray], n_classes: int) -> np.ndarray:
-    """``ArmVote``'s rule on predictions already made (class indices in [0, n_classes))."""
+def tally(preds: list[np.ndarray], n_classes: int) -> np.ndarray:
+    """``ArmVote``'s weighted votes (rows × n_classes) of predictions already made (class
+    indices in [0, n_classes)): one a model, ``FIRST_WEIGHT`` for the first."""
     votes = np.zeros((np.asarray(preds[0]).size, n_classes))
     rows = np.arange(votes.shape[0])
     for i, p in enumerate(preds):
         votes[rows, np.asarray(p, dtype=np.int64)] += ArmVote.FIRST_WEIGHT if i == 0 else 1.0
-    return votes.argmax(axis=1)
+    return votes
+
+
+def vote(preds: list[np.ndarray], n_classes: int) -> np.ndarray:
+    """``ArmVote``'s rule on predictions already made (class indices in [0, n_classes))."""
+    return tally(preds, n_classes).argmax(axis=1)
 
 
 def make_classifier(kind: str, seed: int = 0):
