@@ -115,7 +115,10 @@ chmod 0644 "$dir/source.toml" "$dir/target.toml"
 
 step "4/6 compose up: the source daemon, then one job of the target once the source is healthy"
 export DPDA_TRIAL_DIR="$dir" DPDA_VERSION="$version"
-dc=("${compose[@]}" -p dpda-trial -f deploy/docker-compose.yml -f deploy/trial-fault.yml)
+# one Compose project per trial folder: two trials on one host (two CI runs) never touch
+# each other's containers or volumes
+project="dpda-trial-$(printf %s "$dir" | sha256sum | cut -c1-8)"
+dc=("${compose[@]}" -p "$project" -f deploy/docker-compose.yml -f deploy/trial-fault.yml)
 "${dc[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
 # whatever happens below, the containers and volumes go (DPDA_KEEP=1 keeps them)
 trap 'if [ "${DPDA_KEEP:-0}" != 1 ]; then "${dc[@]}" down -v --remove-orphans >/dev/null 2>&1; fi' EXIT
@@ -161,8 +164,8 @@ step "6/6 verify both ledgers and audit logs on their volumes, each ledger again
 "${dc[@]}" run --rm --no-deps source audit verify /var/lib/dpda/source
 "${dc[@]}" run --rm --no-deps target ledger verify /var/lib/dpda/target
 "${dc[@]}" run --rm --no-deps target audit verify /var/lib/dpda/target
-both=(docker run --rm -v dpda-trial_source-state:/var/lib/dpda/source
-      -v dpda-trial_target-state:/var/lib/dpda/target "$image")
+both=(docker run --rm -v "${project}_source-state":/var/lib/dpda/source
+      -v "${project}_target-state":/var/lib/dpda/target "$image")
 "${both[@]}" ledger verify /var/lib/dpda/source --against /var/lib/dpda/target
 "${both[@]}" ledger verify /var/lib/dpda/target --against /var/lib/dpda/source
 # what each daemon's container sees of the keys: its own, and the peer's public files
@@ -172,7 +175,7 @@ for side in source target; do
   if echo "$files" | grep -q 'ca\.key'; then echo "trial: a CA key in $side" >&2; exit 1; fi
 done
 # the job's results (state_dir/jobs/<id>/), and no release charged twice across the restart
-docker run --rm -v dpda-trial_source-state:/s -v dpda-trial_target-state:/t --entrypoint python \
+docker run --rm -v "${project}_source-state":/s -v "${project}_target-state":/t --entrypoint python \
   "$image" -c '
 import glob, json, os, sqlite3, sys
 jobs = sorted(glob.glob("/t/jobs/*/results.json"), key=os.path.getmtime)
