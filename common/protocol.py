@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -36,6 +36,58 @@ def array_digest(a: np.ndarray | None) -> str:
     if a is None:
         return ""
     return hashlib.sha256(np.ascontiguousarray(a, dtype="<f8").tobytes()).hexdigest()
+
+
+ReleaseKindName = Literal["batch", "pate", "reweight"]
+# the kinds whose printed id carries their name ("<session>/<kind>/<index>"); a batch's has
+# none ("<session>/<index>")
+_NAMED_KINDS: tuple[ReleaseKindName, ...] = ("pate", "reweight")
+
+
+@dataclass(frozen=True)
+class RequestId:
+    """The identity of one release: its kind, its session and its index in the session.
+
+    Both parties' ledgers key a release by its printed form (``str(rid)``): ``<session>/<index>``
+    for a batch, ``<session>/pate/<index>`` for a PATE answer, ``<session>/reweight/<start>``
+    for a block of reweighting steps. A retried request names the same id, which is what
+    replays a stored release instead of drawing it again; ``parse`` reads the printed form
+    back, and is the only reader of it.
+    """
+
+    kind: ReleaseKindName
+    session: str
+    index: int
+
+    def __str__(self) -> str:
+        if self.kind == "batch":
+            return f"{self.session}/{self.index}"
+        return f"{self.session}/{self.kind}/{self.index}"
+
+    @classmethod
+    def batch(cls, session: str, index: int) -> RequestId:
+        return cls("batch", session, index)
+
+    @classmethod
+    def pate(cls, session: str, index: int) -> RequestId:
+        return cls("pate", session, index)
+
+    @classmethod
+    def reweight(cls, session: str, start: int) -> RequestId:
+        return cls("reweight", session, start)
+
+    @classmethod
+    def parse(cls, text: str) -> RequestId | None:
+        """The id a ledger's ``request_id`` prints, or None for one that names no release of a
+        session (the target's own-rows entries, a refusal's code)."""
+        head, _, last = text.rpartition("/")
+        if not head or not last.isdecimal():
+            return None
+        session, _, word = head.rpartition("/")
+        if not session:
+            return cls("batch", head, int(last))
+        kind = next((k for k in _NAMED_KINDS if k == word), None)
+        return cls(kind, session, int(last)) if kind and "/" not in session else None
 
 
 @dataclass(frozen=True)

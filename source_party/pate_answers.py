@@ -17,7 +17,7 @@ from dpda.dp.events import event_from_json
 from dpda.dp.ledger import LedgerEntry, PrivacyLedger
 from dpda.dp.pate import answers_event, noisy_argmax
 from dpda.errors import BudgetExceeded, InvalidInput
-from dpda.protocol import PateAnswer, SessionInfo, array_digest, queries_digest
+from dpda.protocol import PateAnswer, RequestId, SessionInfo, array_digest, queries_digest
 from dpda.source_party.teachers import TeacherCache, TeacherEnsemble, teacher_assignment
 from dpda.terms import SessionTerms
 
@@ -151,7 +151,7 @@ class PateAnswers:
             events=[event],
             session=session_id,
             peer=peer,
-            request_id=f"{session_id}/pate/{index}",
+            request_id=str(RequestId.pate(session_id, index)),
             privacy_unit="record",
             neighbouring=terms.neighbouring,
             params={

@@ -16,7 +16,7 @@ import numpy as np
 
 from dpda.dp.preprocessing_dp import Standardization, fit
 from dpda.errors import PolicyRefused
-from dpda.protocol import BatchRelease
+from dpda.protocol import BatchRelease, RequestId
 
 
 class SessionPreprocessing:
@@ -34,7 +34,7 @@ class SessionPreprocessing:
     def first_entry(self, session_id: str) -> Any:
         """The ledger entry of the session's first release (which charges its preprocessing),
         or None."""
-        ours = f"{session_id}/0"
+        ours = str(RequestId.batch(session_id, 0))
         for e in self.ledger.store.entries(self.dataset):  # type: ignore[attr-defined]
             if e.session == session_id and e.request_id == ours:
                 return e

@@ -39,6 +39,7 @@ from dpda.policy import (
 )
 from dpda.protocol import (
     BatchRelease,
+    RequestId,
     SessionInfo,
     TargetDisclosure,
     array_digest,
@@ -386,7 +387,7 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
             events=info.plan.charged_events(terms, index),
             session=session_id,
             peer=peer,
-            request_id=f"{session_id}/{index}",
+            request_id=str(RequestId.batch(session_id, index)),
             privacy_unit=terms.privacy_unit,
             neighbouring=terms.neighbouring,
             params={

@@ -23,6 +23,7 @@ from typing import Generic, Protocol, TypeVar
 
 from dpda.dp.ledger import LedgerEntry
 from dpda.errors import LedgerCorrupt
+from dpda.protocol import RequestId
 from dpda.service.crashpoints import crash_point
 from dpda.source_party.ledger_desk import LedgerDesk
 
@@ -57,6 +58,10 @@ class ReleaseKind(Protocol[P]):
     stored: str
     draw_unlocked: bool
 
+    @property
+    def request_id(self) -> RequestId:
+        """The release this request names (its ledger entry's ``request_id`` printed)."""
+
     def check_replay(self, entry: LedgerEntry) -> None:
         """Refuse a replayed request id whose content differs from the charged one."""
 
@@ -76,11 +81,10 @@ class ReleaseKind(Protocol[P]):
         """Store the payload of the entry at ``seq`` durably."""
 
 
-def replay_or_charge(
-    desk: LedgerDesk, dataset: str, request_id: str, kind: ReleaseKind[P]
-) -> Released[P]:
+def replay_or_charge(desk: LedgerDesk, dataset: str, kind: ReleaseKind[P]) -> Released[P]:
     """The request's payload, signed: the stored one for a replay, else charged (or found
     charged), drawn, stored and signed — steps 1–6 above."""
+    request_id = str(kind.request_id)
     with desk.lock:
         entries = desk.entries(dataset)
         existing = next((e for e in entries if e.request_id == request_id), None)

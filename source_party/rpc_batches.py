@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dpda.dp.ledger import LedgerEntry
 from dpda.errors import InvalidInput
-from dpda.protocol import BatchRelease
+from dpda.protocol import BatchRelease, RequestId
 from dpda.service.crashpoints import crash_point
 from dpda.source_party.context import SourceContext
 from dpda.source_party.ledger_desk import SignedRelease
@@ -42,6 +42,10 @@ class BatchKind:
     drawn: str = "source.release.drawn"
     stored: str = "source.release.stored"
     draw_unlocked: bool = False
+
+    @property
+    def request_id(self) -> RequestId:
+        return RequestId.batch(self.session_id, self.index)
 
     def check_replay(self, entry: LedgerEntry) -> None:
         return None  # a batch's request id names its content
@@ -83,7 +87,7 @@ class BatchKind:
     def store(self, seq: int, payload: BatchRelease) -> None:
         if self.draw_unlocked:
             self.releaser.record_payload(seq, payload)
-        rid = f"{self.session_id}/{self.index}"
+        rid = str(self.request_id)
         self.ctx.store.put_batch(self.releaser.dataset, payload, rid)
 
 
@@ -100,7 +104,7 @@ def release_one(
     ``release_batches`` holds the session's own lock)."""
     unlocked = releaser.draws_unlocked(session_id, index)
     kind = BatchKind(ctx, peer, releaser, session_id, index, call, draw_unlocked=unlocked)
-    out = replay_or_charge(ctx.desk, releaser.dataset, f"{session_id}/{index}", kind)
+    out = replay_or_charge(ctx.desk, releaser.dataset, kind)
     return SignedRelease(out.payload, out.entry)
 
 
@@ -125,7 +129,7 @@ def release_batches(
     ctx.workers.await_warm(session_id)  # outside the lock: the work it did is not done twice
     with ctx.lock:
         known = ctx.desk.known_prefix(releaser.dataset, ledger_head, ledger_length)
-    call = {f"{session_id}/{i}" for i in range(start, start + count)}
+    call = {str(RequestId.batch(session_id, i)) for i in range(start, start + count)}
     for index in range(start, start + count):
         if releaser.draws_unlocked(session_id, index):
             # the learned cost and synthetic points train for seconds, sized by the peer's

@@ -10,7 +10,7 @@ import numpy as np
 
 from dpda.dp.ledger import LedgerEntry
 from dpda.errors import InvalidInput
-from dpda.protocol import PateAnswer, queries_digest
+from dpda.protocol import PateAnswer, RequestId, queries_digest
 from dpda.source_party.context import SourceContext
 from dpda.source_party.releases import SourceReleaser
 from dpda.source_party.replay import Charged, replay_or_charge
@@ -34,6 +34,10 @@ class PateKind:
     drawn: str = "source.pate.drawn"
     stored: str = "source.pate.stored"
     draw_unlocked: bool = False
+
+    @property
+    def request_id(self) -> RequestId:
+        return RequestId.pate(self.session_id, self.index)
 
     def check_replay(self, entry: LedgerEntry) -> None:
         if entry.params.get("queries_sha256") != queries_digest(self.queries):
@@ -66,7 +70,7 @@ class PateKind:
         return Charged(ans.ledger_seq, lambda: ans, known)
 
     def store(self, seq: int, payload: PateAnswer) -> None:
-        rid = f"{self.session_id}/pate/{self.index}"
+        rid = str(self.request_id)
         self.ctx.store.put_answer(self.releaser.dataset, seq, rid, payload.payload_bytes())
 
 
@@ -93,5 +97,5 @@ def query_teachers(
     kind = PateKind(
         ctx, peer, releaser, session_id, index, queries, votes, ledger_head, ledger_length
     )
-    out = replay_or_charge(ctx.desk, releaser.dataset, f"{session_id}/pate/{index}", kind)
+    out = replay_or_charge(ctx.desk, releaser.dataset, kind)
     return out.payload, out.entry, out.catch_up

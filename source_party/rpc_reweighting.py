@@ -15,12 +15,17 @@ from dpda.data.preprocessing import Scaling
 from dpda.dp.events import event_from_json
 from dpda.dp.ledger import LedgerEntry
 from dpda.errors import InvalidInput, PolicyRefused
-from dpda.protocol import payload_digest
+from dpda.protocol import RequestId, payload_digest
 from dpda.public_source_terms import ReweightingTerms
 from dpda.source_party import reweight_quota
 from dpda.source_party import reweighting as RW
 from dpda.source_party.context import SourceContext
 from dpda.source_party.replay import Charged, replay_or_charge
+
+
+def _is_reweighting(request_id: str) -> bool:
+    rid = RequestId.parse(request_id)
+    return rid is not None and rid.kind == "reweight"
 
 
 @dataclass
@@ -40,8 +45,8 @@ class ReweightKind:
     draw_unlocked: bool = True  # the session's own lock keeps its blocks in order
 
     @property
-    def request_id(self) -> str:
-        return f"{self.rs.session_id}/reweight/{self.start}"
+    def request_id(self) -> RequestId:
+        return RequestId.reweight(self.rs.session_id, self.start)
 
     def check_replay(self, entry: LedgerEntry) -> None:
         if entry.params.get("count") != self.count:
@@ -89,7 +94,7 @@ class ReweightKind:
             events=[rs.plan.event(self.count)],
             session=rs.session_id,
             peer=name,
-            request_id=self.request_id,
+            request_id=str(self.request_id),
             privacy_unit="record",
             neighbouring="replace-one",
             params={
@@ -114,7 +119,7 @@ class ReweightKind:
         """The block's outputs must fit the session's and the peer's storage (under the lock)."""
         rs, ctx = self.rs, self.ctx
         name = ctx.name(self.peer)
-        mine = [e for e in entries if e.peer == name and "/reweight/" in e.request_id]
+        mine = [e for e in entries if e.peer == name and _is_reweighting(e.request_id)]
         session = [e.seq for e in mine if e.session == rs.session_id]
         new = self.count * reweight_quota.step_bytes(rs.terms.method, int(rs.opt.q.size))
         conn = ctx.store.conn
@@ -129,7 +134,7 @@ class ReweightKind:
     def store(self, seq: int, payload: np.ndarray) -> None:
         blob = np.ascontiguousarray(payload).tobytes()
         ds = self.rs.dataset
-        self.ctx.store.put_outputs(ds, seq, self.request_id, blob, self.ctx.clock())
+        self.ctx.store.put_outputs(ds, seq, str(self.request_id), blob, self.ctx.clock())
         self.ctx.desk.ledger.store.update_signatures(ds, seq, payload_digest(blob), "", "")
 
 
@@ -219,7 +224,7 @@ class Reweighting:
             with ctx.lock:
                 self.expire()
             kind = ReweightKind(ctx, peer, rs, start, count, ledger_head, ledger_length)
-            out = replay_or_charge(ctx.desk, rs.dataset, kind.request_id, kind)
+            out = replay_or_charge(ctx.desk, rs.dataset, kind)
             return out.payload, out.entry, out.catch_up
 
     def close(self, peer: str, session_id: str) -> list[int] | None:

@@ -15,13 +15,16 @@ import hashlib
 import json
 import logging
 import math
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import grpc
 import numpy as np
 
 from dpda.data.preprocessing import PublicSpace
-from dpda.dp.events import MetricSpec
+from dpda.dp.events import BatchSpec, MetricSpec
 from dpda.dp.ledger import LedgerEntry, PrivacyLedger, head_hash
 from dpda.dp.pate import answers_event
 from dpda.dp.sinkhorn_synthetic import points_per_class
@@ -30,6 +33,7 @@ from dpda.pb import dpda_pb2 as pb
 from dpda.planner import ReleasePlan, plan_batches
 from dpda.protocol import (
     BatchRelease,
+    RequestId,
     ReweightingInfo,
     SessionInfo,
     TargetDisclosure,
@@ -48,6 +52,31 @@ log = logging.getLogger("dpda.target")
 # a source-space release has one column per source feature (the target's own count, checked
 # by the job; this bound keeps a lying peer from sizing the identity the target builds)
 MAX_SOURCE_SPACE_FEATURES = 1 << 14
+
+T = TypeVar("T")
+# a batch's payload as read: z, the noisy counts, its spec and the standardization it carries
+_Batch = tuple[
+    np.ndarray, np.ndarray, BatchSpec | MetricSpec, tuple[np.ndarray, np.ndarray, float] | None
+]
+
+
+@dataclass(frozen=True)
+class _Answer(Generic[T]):
+    """A source's answer to one release request, read: the payload, the SHA-256 of its wire
+    bytes as received, and what the source sent beside it (the digest it claims, its ledger
+    entry and the entries before it the target lacks)."""
+
+    payload: T
+    digest: str
+    claimed: str
+    entry_json: str
+    catch_up_json: Sequence[str]
+
+    @classmethod
+    def of(cls, payload: T, msg: Any, digest: str) -> _Answer[T]:
+        """From a response message with ``payload_sha256``, ``entry_json`` and
+        ``catch_up_json`` (every release kind's)."""
+        return cls(payload, digest, msg.payload_sha256, msg.entry_json, list(msg.catch_up_json))
 
 
 class GrpcReleaseSource:
@@ -322,71 +351,90 @@ class GrpcReleaseSource:
     def release(self, session_id: str, index: int, peer: str = "") -> BatchRelease:
         return self._synced(self._release, session_id, index)
 
-    def _release(self, session_id: str, index: int) -> BatchRelease:
+    def _ask_verified(
+        self,
+        rid: RequestId,
+        event: object,
+        ask: Callable[[str, int], _Answer[T]],
+        more: bool = False,
+        projection: np.ndarray | None = None,
+        scaling: tuple[str, str] | None = None,
+    ) -> tuple[T, LedgerEntry]:
+        """One charged release, the one way every kind takes: wait for the last release to
+        settle, pre-check the charge against the target's own ledger, ``ask`` the source (with
+        the ledger head and length it must match), translate a gRPC refusal, and verify the
+        entry that came back (payload digest, signature, request, event; the charge check and
+        countersignature follow in the background). ``ask`` reads and checks the payload."""
         self.settle()
+        mine, known = self.ledger_sync.precheck(str(rid), event)
+        try:
+            answer = ask(head_hash(mine), len(mine))
+        except grpc.RpcError as exc:
+            raise translate(exc) from None
+        entry = LedgerEntry.from_json(answer.entry_json)
+        catch_up = [LedgerEntry.from_json(t) for t in answer.catch_up_json]
+        self.ledger_sync.verify_entry(
+            entry, answer.digest, answer.claimed, str(rid), event, known, more, catch_up,
+            projection, scaling,
+        )  # fmt: skip
+        return answer.payload, entry
+
+    def _release(self, session_id: str, index: int) -> BatchRelease:
         terms, info = self._sessions[session_id]
         if not (0 <= index < info.plan.releases):
             raise InvalidInput("batch index out of range")
-        rid = f"{session_id}/{index}"
-        mine, known = self.ledger_sync.precheck(rid, info.plan.charged_event(terms, index))
-        req = pb.ReleaseBatchesRequest(
-            session_id=session_id,
-            start=index,
-            count=1,
-            ledger_head=head_hash(mine),
-            ledger_length=len(mine),
-        )
-        try:
+
+        def ask(head: str, length: int) -> _Answer[_Batch]:
+            req = pb.ReleaseBatchesRequest(
+                session_id=session_id, start=index, count=1, ledger_head=head, ledger_length=length
+            )
             msgs = list(self.stub.ReleaseBatches(req, timeout=self.cfg.timeout_s))
-        except grpc.RpcError as exc:
-            raise translate(exc) from None
-        if len(msgs) != 1:
-            raise PeerMisbehaved("the source sent the wrong number of batches")
-        return self._accept(msgs[0], terms, info, index, rid, known)
+            if len(msgs) != 1:
+                raise PeerMisbehaved("the source sent the wrong number of batches")
+            return self._read_batch(msgs[0], terms, info, index)
+
+        (z, counts, spec, stats), entry = self._ask_verified(
+            RequestId.batch(session_id, index),
+            info.plan.charged_event(terms, index),
+            ask,
+            more=index + 1 < info.plan.releases,
+            projection=info.projection,
+            scaling=self._scalings.get(info.session_id),
+        )
+        return BatchRelease(index, z, counts, spec, entry.seq, stats)
 
     def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
         """PATE: labels for ``queries``, verified and countersigned like any release."""
         return self._synced(self._query_teachers, session_id, index, queries)
 
     def _query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
-        self.settle()
         terms, info = self._sessions[session_id]
         if info.plan.pate_scale is None:
             raise InvalidInput("PATE is not part of this session's terms")
-        event = answers_event(terms.pate_aggregator, info.plan.pate_scale, queries.shape[0])
-        rid = f"{session_id}/pate/{index}"
-        mine, known = self.ledger_sync.precheck(rid, event)
-        req = pb.QueryTeachersRequest(
-            session_id=session_id,
-            index=index,
-            queries=serde.to_pb(queries),
-            ledger_head=head_hash(mine),
-            ledger_length=len(mine),
-        )
-        try:
+
+        def ask(head: str, length: int) -> _Answer[np.ndarray]:
+            req = pb.QueryTeachersRequest(
+                session_id=session_id,
+                index=index,
+                queries=serde.to_pb(queries),
+                ledger_head=head,
+                ledger_length=length,
+            )
             resp = self.stub.QueryTeachers(req, timeout=self.cfg.timeout_s)
-        except grpc.RpcError as exc:
-            raise translate(exc) from None
-        labels = serde.from_pb(resp.labels, dtype="<i8", ndim=1, shape=(queries.shape[0],))
-        if labels.min(initial=0) < 0 or labels.max(initial=0) >= info.n_classes:
-            raise PeerMisbehaved("labels out of range")
-        entry = LedgerEntry.from_json(resp.entry_json)
-        digest = payload_digest(resp.labels.data)
-        catch_up = [LedgerEntry.from_json(t) for t in resp.catch_up_json]
-        self.ledger_sync.verify_entry(
-            entry, digest, resp.payload_sha256, rid, event, known, catch_up=catch_up
-        )
+            labels = serde.from_pb(resp.labels, dtype="<i8", ndim=1, shape=(queries.shape[0],))
+            if labels.min(initial=0) < 0 or labels.max(initial=0) >= info.n_classes:
+                raise PeerMisbehaved("labels out of range")
+            return _Answer.of(labels, resp, payload_digest(resp.labels.data))
+
+        event = answers_event(terms.pate_aggregator, info.plan.pate_scale, queries.shape[0])
+        labels, _ = self._ask_verified(RequestId.pate(session_id, index), event, ask)
         return labels
 
-    def _accept(
-        self,
-        msg: pb.BatchRelease,
-        terms: SessionTerms,
-        info: SessionInfo,
-        index: int,
-        rid: str,
-        known: LedgerEntry | None,
-    ) -> BatchRelease:
+    def _read_batch(
+        self, msg: pb.BatchRelease, terms: SessionTerms, info: SessionInfo, index: int
+    ) -> _Answer[_Batch]:
+        """A batch's payload read and checked against the session's plan (shapes follow from
+        the terms and the noisy counts; nothing sized by the source alone)."""
         spec = info.plan.release_spec(terms, index)
         ell = info.projection.shape[1]
         width = 2 * ell if terms.release == "class-gaussians" else ell
@@ -405,17 +453,9 @@ class GrpcReleaseSource:
         z = serde.from_pb(msg.z, dtype="<f8", ndim=2, shape=(rows, width))
         stats, stats_bytes = self._statistics(msg, terms, info, index)
         digest = payload_digest(msg.z.data, msg.noisy_counts.data, stats_bytes)
-        entry = LedgerEntry.from_json(msg.entry_json)
         if int(msg.index) != index:
             raise PeerMisbehaved("ledger entry is for another request")
-        more = index + 1 < info.plan.releases
-        catch_up = [LedgerEntry.from_json(t) for t in msg.catch_up_json]
-        self.ledger_sync.verify_entry(
-            entry, digest, msg.payload_sha256, rid, info.plan.charged_event(terms, index), known,
-            more, catch_up,
-            info.projection, self._scalings.get(info.session_id),
-        )  # fmt: skip
-        return BatchRelease(index, z, counts, spec, entry.seq, stats)
+        return _Answer.of((z, counts, spec, stats), msg, digest)
 
     @staticmethod
     def _statistics(
@@ -483,33 +523,28 @@ class GrpcReleaseSource:
         return self._synced(self._reweight_steps, info, start, count)
 
     def _reweight_steps(self, info: ReweightingInfo, start: int, count: int) -> np.ndarray:
-        self.settle()
-        event = info.plan.event(count)
-        rid = f"{info.session_id}/reweight/{start}"
-        mine, known = self.ledger_sync.precheck(rid, event)
-        req = pb.ReweightStepsRequest(
-            session_id=info.session_id,
-            start=start,
-            count=count,
-            ledger_head=head_hash(mine),
-            ledger_length=len(mine),
-        )
-        try:
+        def ask(head: str, length: int) -> _Answer[np.ndarray]:
+            req = pb.ReweightStepsRequest(
+                session_id=info.session_id,
+                start=start,
+                count=count,
+                ledger_head=head,
+                ledger_length=length,
+            )
             resp = self.stub.ReweightSteps(req, timeout=self.cfg.timeout_s)
-        except grpc.RpcError as exc:
-            raise translate(exc) from None
-        if info.plan.method == "noisy-md":
-            out = serde.from_pb(resp.gradients, dtype="<f8", ndim=2, shape=(count, info.n_public))
-            digest = payload_digest(resp.gradients.data)
-        else:
+            if info.plan.method == "noisy-md":
+                shape = (count, info.n_public)
+                out = serde.from_pb(resp.gradients, dtype="<f8", ndim=2, shape=shape)
+                return _Answer.of(out, resp, payload_digest(resp.gradients.data))
             out = serde.from_pb(resp.vertices, dtype="<i8", ndim=1, shape=(count,))
-            digest = payload_digest(resp.vertices.data)
             if out.min() < 0 or out.max() >= info.n_public:
                 raise PeerMisbehaved("a selected row is out of range")
-        entry = LedgerEntry.from_json(resp.entry_json)
-        catch_up = [LedgerEntry.from_json(t) for t in resp.catch_up_json]
-        more = start + count < info.plan.steps
-        self.ledger_sync.verify_entry(
-            entry, digest, resp.payload_sha256, rid, event, known, more, catch_up
+            return _Answer.of(out, resp, payload_digest(resp.vertices.data))
+
+        out, _ = self._ask_verified(
+            RequestId.reweight(info.session_id, start),
+            info.plan.event(count),
+            ask,
+            more=start + count < info.plan.steps,
         )
         return out
