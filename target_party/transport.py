@@ -16,6 +16,7 @@ from dpda.errors import DpdaError, PeerMisbehaved
 from dpda.pb import dpda_pb2_grpc as pb_grpc
 from dpda.service import serde
 from dpda.service.audit import AuditLog, ClientAuditInterceptor
+from dpda.service.backoff import backoff
 from dpda.service.config import TargetConfig
 from dpda.service.status import from_rpc_error
 from dpda.service.tls import channel_credentials, check_server_fingerprint
@@ -52,7 +53,7 @@ class Retrying:
 
         def call(request, timeout=None):
             deadline = time.monotonic() + self.reconnect_s
-            delay = 0.2
+            delays = backoff()
             dropped = False
             while True:
                 self.guard(dropped)
@@ -74,9 +75,9 @@ class Retrying:
                     code = exc.code() if hasattr(exc, "code") else None
                     if code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                         raise
+                    delay = next(delays)
                     log.warning("source unavailable; retrying %s in %.1f s", name, delay)
                     time.sleep(delay)
-                    delay = min(delay * 2, 5.0)
                     dropped = True
 
         return call

@@ -21,6 +21,7 @@ from cryptography.x509.oid import NameOID
 
 from dpda.errors import ConfigError, DpdaError, PeerMisbehaved
 from dpda.service import signing
+from dpda.service.backoff import backoff
 from dpda.service.keyfiles import check_private, check_trusted, private_dir, write_private
 
 log = logging.getLogger("dpda.tls")
@@ -279,7 +280,7 @@ def check_server_fingerprint(
     ctx.load_cert_chain(str(cert), str(key))
     ctx.set_alpn_protocols(["h2"])  # as gRPC offers; its server refuses a handshake without
     deadline = time.monotonic() + retry_s
-    delay = 0.2
+    delays = backoff()
     while True:
         try:
             with (
@@ -306,21 +307,21 @@ def check_server_fingerprint(
             refused = _refused_by_server(exc, address, cert)
             if refused is not None:
                 raise refused from None  # a setting, not an outage: no retry helps
+            delay = next(delays)
             if time.monotonic() + delay > deadline:
                 raise DpdaError(
                     f"source error: {address} unavailable for the certificate check ({exc})"
                 ) from None
             log.warning("source %s unavailable (%s); retrying in %.1f s", address, exc, delay)
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)
         except OSError as exc:  # refused, reset, timed out, a failed handshake: unavailable
+            delay = next(delays)
             if time.monotonic() + delay > deadline:
                 raise DpdaError(
                     f"source error: {address} unavailable for the certificate check ({exc})"
                 ) from None
             log.warning("source %s unavailable (%s); retrying in %.1f s", address, exc, delay)
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)
     if not der:
         raise PeerMisbehaved(f"source {address}: presented no certificate; nothing was sent")
     got = fingerprint(ssl.DER_cert_to_PEM_cert(der).encode())
