@@ -21,7 +21,8 @@ VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["versi
 
 QUICK_START = (
     "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/dpda demo",
-    "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q",
+    "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' "
+    "--config-settings editable_mode=strict && .venv/bin/python -m pytest -q",
 )
 
 # what a user reading the documentation cannot know or does not need: the project's own history
@@ -49,7 +50,8 @@ def test_the_readme_is_short_and_keeps_the_quick_start_commands() -> None:
 
 def test_the_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "pip install --quiet -e '.[test]' && python -m pytest -q" in ci
+    strict = "--config-settings editable_mode=strict"
+    assert f"pip install --quiet -e '.[test]' {strict} && python -m pytest -q" in ci
     assert "mkdocs build --strict" in ci
 
 

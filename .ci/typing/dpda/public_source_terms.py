@@ -1,1 +1,0 @@
-../../../common/public_source_terms.py

@@ -1,1 +1,0 @@
-../../../common/skada_adapter.py
