@@ -419,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dm.set_defaults(func=_cmd_demo)
 
-    from dpda.bench import service as bench
+    from dpda.cli import bench
     from dpda.cli import service as cli_service
 
     cli_service.register(sub)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dpda.bench.load_report import REQUIRED_KEYS
 from dpda.deployment import dpda_command
+from tests.bench.load_report import REQUIRED_KEYS
 
 
 @pytest.mark.slow
@@ -43,7 +43,7 @@ def test_bench_load_short(tmp_path: Path) -> None:
 
 
 def test_hostile_patterns_are_named_and_checked() -> None:
-    from dpda.bench.hostile import PATTERNS, parse_patterns
+    from tests.bench.hostile import PATTERNS, parse_patterns
 
     assert parse_patterns("all") == PATTERNS and parse_patterns("none") == ()
     assert parse_patterns("bytes, hint,bytes") == ("bytes", "hint")

@@ -49,7 +49,7 @@ def test_the_ratio_interval_covers_what_the_runs_allow() -> None:
     """The bootstrap interval of median / median: reproducible (fixed seed), ordered, it holds
     the ratio of the medians, it is a point when neither arm varies, and it widens with the
     spread of the runs."""
-    from dpda.bench.service import ratio_interval
+    from tests.bench.service import ratio_interval
 
     svc, base = [1.10, 1.02, 1.31, 1.05, 1.07], [1.00, 0.98, 1.04, 1.20, 1.01]
     lo, hi = ratio_interval(svc, base)

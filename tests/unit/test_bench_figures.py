@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from dpda.bench.accuracy import _pairs, paper_epsilon
-from dpda.bench.accuracy_tpami import PUBLISHED_OT_GL
 from dpda.cli.main import main
+from tests.bench.accuracy import paper_epsilon
+from tests.bench.accuracy_tpami import PUBLISHED_OT_GL
+from tests.bench.harness import parse_pairs
 
 pytestmark = pytest.mark.slow  # every test here takes seconds (real daemons or long runs)
 
@@ -32,11 +33,13 @@ def test_dpot_error_grows_with_noise_and_writes_a_plot(tmp_path) -> None:
 
 
 def test_pairs_and_protocol_constants() -> None:
-    assert _pairs(["C:A", "m:u"]) == [("C", "A"), ("M", "U")]
-    assert len(_pairs(None)) == 14 and set(PUBLISHED_OT_GL) == {f"{s}→{t}" for s, t in _pairs(None)}
+    assert parse_pairs(["C:A", "m:u"]) == [("C", "A"), ("M", "U")]
+    assert len(parse_pairs(None)) == 14 and set(PUBLISHED_OT_GL) == {
+        f"{s}→{t}" for s, t in parse_pairs(None)
+    }
     assert paper_epsilon("D") == paper_epsilon("W") == 20.0 and paper_epsilon("C") == 8.0
     with pytest.raises(ValueError, match="--pairs"):
-        _pairs(["C:U"])
+        parse_pairs(["C:U"])
 
 
 @pytest.mark.data

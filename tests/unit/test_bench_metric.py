@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpda.bench import metric as B
+from tests.bench import metric as B
 
 
 def test_the_toy_pairs_are_acyclic_with_the_papers_counts() -> None:

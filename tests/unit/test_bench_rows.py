@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from dpda.bench.rows import COLUMNS, growth, synthetic_tables
 from dpda.cli.main import main
+from tests.bench.rows import COLUMNS, growth, synthetic_tables
 
 
 def test_the_tables_have_ten_classes_64_columns_and_a_shifted_target() -> None:

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from dpda.bench.speed import PeakMemory
 from dpda.cli.main import main
+from tests.bench.speed import PeakMemory
 
 pytestmark = pytest.mark.slow  # every test here takes seconds (real daemons or long runs)
 

@@ -266,7 +266,7 @@ def test_the_development_suite_is_small_offline_and_a_function_of_its_seed() -> 
 
 
 def test_the_bench_replays_the_jobs_rule_and_scores_it_against_the_oracle() -> None:
-    from dpda.bench.devsuite import criteria_table
+    from tests.bench.devsuite import criteria_table
 
     def arm(name, acc, ent, counts, adapt=True):
         scores = dict.fromkeys(CRITERIA, 0.0) | {"entropy": ent, "counts": counts}

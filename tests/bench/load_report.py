@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpda.bench.load_honest import DATASET_CAP, DELTA, PEER_CAP, TARGET_BUDGET, Recorder, Workload
+from tests.bench.load_honest import DATASET_CAP, DELTA, PEER_CAP, TARGET_BUDGET, Recorder, Workload
 
 if TYPE_CHECKING:
-    from dpda.bench.load import RssSampler
+    from tests.bench.load import RssSampler
 
 PINNED_KINDS = ("hint ", "pate ", "plan ")  # bench.hostile's patterns of a pinned peer
 REQUIRED_KEYS = ("sessions", "errors", "p50_ms", "p99_ms", "peak_rss_mb", "hostile_requests")

@@ -29,9 +29,18 @@ from typing import Any
 
 import numpy as np
 
-from dpda.bench.accuracy import DIGITS, OFFICE, _worker_init, dataset_of, gather
 from dpda.dp.ledger import default_delta
 from dpda.service.output import add_json_option, write_json
+from tests.bench.accuracy import dataset_of
+from tests.bench.harness import (
+    add_data_dir,
+    add_jobs,
+    add_pairs,
+    add_seeds,
+    gather,
+    parse_pairs,
+    worker_init,
+)
 
 # ------------------------------------------------------------------------------- (a) the toy
 TOY = {"epsilon": 2.0, "margin": 1.0, "h": 0.5, "batch": 30, "epochs": 10, "learning_rate": 0.5}
@@ -153,7 +162,7 @@ def run_toy(seed: int, png: str | None) -> dict[str, Any]:
 
 
 def _plot_toy(x, y, pairs, runs, path: str) -> None:
-    from dpda.bench.figures import _pyplot
+    from tests.bench.figures import _pyplot
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, 5, figsize=(22, 4.2))
@@ -327,8 +336,8 @@ def run_bench_metric(args: argparse.Namespace) -> int:
     data_dir = args.data_dir or str(default_data_dir())
     jobs = args.jobs or 1
     if args.accuracy:
-        pairs = [tuple(p.split(":")) for p in args.pairs] if args.pairs else [*OFFICE, *DIGITS]
-        with ProcessPoolExecutor(jobs, initializer=_worker_init) as pool:
+        pairs = parse_pairs(args.pairs)
+        with ProcessPoolExecutor(jobs, initializer=worker_init) as pool:
             tasks = [
                 pool.submit(accuracy_one, data_dir, s, t, u, c, seed, args.epsilon, extra)
                 for s, t in pairs
@@ -341,7 +350,7 @@ def run_bench_metric(args: argparse.Namespace) -> int:
         result["accuracy"].update(_accuracy_table(rows))
     if args.knn:
         eps_list: list[float | None] = [*args.knn_epsilon, None]
-        with ProcessPoolExecutor(jobs, initializer=_worker_init) as pool:
+        with ProcessPoolExecutor(jobs, initializer=worker_init) as pool:
             tasks = [
                 pool.submit(knn_one, data_dir, dom, e, seed, args.knn_dim, extra)
                 for dom in args.knn_domains
@@ -378,7 +387,7 @@ def register_metric(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--png", default=None, help="(a) the toy's figure")
     s.add_argument("--seed", type=int, default=0, help="(a) the toy's seed")
     s.add_argument("--accuracy", action="store_true", help="(b) DPDA, metric vs sqeuclidean")
-    s.add_argument("--pairs", nargs="*", default=None, help="pairs like C:A M:U (default: all 14)")
+    add_pairs(s)
     s.add_argument(
         "--units",
         nargs="+",
@@ -405,8 +414,8 @@ def register_metric(bsub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--metric-terms", default=None, help="JSON of metric terms, e.g. '{\"metric_dim\": 10}'"
     )
-    s.add_argument("--seeds", type=int, default=1, help="seeds per pair and ε (default 1)")
-    s.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
-    s.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    add_seeds(s, 1, "pair and ε")
+    add_data_dir(s)
+    add_jobs(s, 1)
     add_json_option(s)
     s.set_defaults(func=run_bench_metric)

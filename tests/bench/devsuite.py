@@ -113,7 +113,7 @@ def criteria_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summarize_devsuite(rows: list[dict[str, Any]], epsilons: list[float]) -> dict[str, Any]:
-    from dpda.bench.accuracy import mean_of
+    from tests.bench.accuracy import mean_of
 
     out: dict[str, Any] = {}
     for eps in epsilons:
@@ -142,7 +142,7 @@ def summarize_devsuite(rows: list[dict[str, Any]], epsilons: list[float]) -> dic
 
 
 def print_devsuite(summary: dict[str, Any]) -> None:
-    from dpda.bench.accuracy import _f, _share
+    from tests.bench.harness import cell
 
     for eps, block in summary.items():
         print(f"\nDevelopment suite at ε = {eps} (mean over seeds)")
@@ -151,10 +151,11 @@ def print_devsuite(summary: dict[str, Any]) -> None:
         rows = [*block["pairs"].items(), ("mean", block["mean"])]
         for p, r in rows:
             print(
-                f"{p:<16} {_f(r['dpda']):>6} {_f(r['kept']):>6} {_f(r['dp_no_adaptation']):>8} "
-                f"{_f(r['source_only']):>6} {_f(r['source_only_logistic']):>8} "
-                f"{_f(r['otda']):>6} {_f(r.get('epsilon_spent')):>8} "
-                f"{_share(r.get('preprocessing_share')):>10}  " + ", ".join(r.get("kept_arms", []))
+                f"{p:<16} {cell(r['dpda']):>6} {cell(r['kept']):>6} "
+                f"{cell(r['dp_no_adaptation']):>8} "
+                f"{cell(r['source_only']):>6} {cell(r['source_only_logistic']):>8} "
+                f"{cell(r['otda']):>6} {cell(r.get('epsilon_spent')):>8} "
+                f"{cell(r.get('preprocessing_share'), 2):>10}  " + ", ".join(r.get("kept_arms", []))
             )
         print(
             "kept ≥ DP without adaptation − 1 on "
@@ -162,13 +163,16 @@ def print_devsuite(summary: dict[str, Any]) -> None:
         )
         print(f"{'criterion':<22} {'picks best':>10} {'mean loss':>9} {'worst':>6}")
         for c, v in block["criteria"].items():
-            print(f"{c:<22} {v['picks_best']:>10} {_f(v['mean_loss']):>9} {_f(v['worst_loss']):>6}")
+            print(
+                f"{c:<22} {v['picks_best']:>10} {cell(v['mean_loss']):>9} "
+                f"{cell(v['worst_loss']):>6}"
+            )
 
 
 def run_devsuite(pool: Any, args: Any) -> dict[str, Any]:
     """Every pair of the suite (or ``--pairs``) at every ``--epsilons`` and ``--seeds``."""
-    from dpda.bench.accuracy import gather
     from dpda.data.devsuite import PAIRS
+    from tests.bench.harness import gather
 
     names = args.pairs or list(PAIRS)
     rows = gather(

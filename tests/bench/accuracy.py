@@ -34,9 +34,17 @@ import numpy as np
 from dpda.dp.ledger import default_delta
 from dpda.dp.mechanisms import AGGREGATE_RELEASES, PrivacyUnit
 from dpda.service.output import add_json_option, write_json
+from tests.bench.harness import (
+    add_data_dir,
+    add_jobs,
+    add_pairs,
+    add_seeds,
+    cell,
+    gather,
+    parse_pairs,
+    worker_init,
+)
 
-OFFICE = [(s, t) for s in "CADW" for t in "CADW" if s != t]
-DIGITS = [("M", "U"), ("U", "M")]
 HISTOGRAM_RATIO = 0.5  # σ_h/σ: measured best with calibrated σ (common/terms.py)
 
 
@@ -47,24 +55,6 @@ def dataset_of(src: str) -> str:
 def paper_epsilon(src: str) -> float:
     """The DPDA paper's budget: ε = 20 for the small D and W sources, 8 otherwise."""
     return 20.0 if src in "DW" else 8.0
-
-
-def gather(tasks: list[Any], label: str) -> list[Any]:
-    """Results of submitted futures in submission order, with a progress bar."""
-    from dpda.service.progress import Progress
-
-    bar = Progress(label)
-    rows = []
-    for i, f in enumerate(tasks):
-        rows.append(f.result())
-        bar(i + 1, len(tasks))
-    return rows
-
-
-def _worker_init() -> None:
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(1)
 
 
 # ------------------------------------------------------------------------------ (a) paper
@@ -172,12 +162,12 @@ def defaults_pair(data_dir: str, src: str, tgt: str, seed: int, epsilon: float) 
     the terms' defaults, the dataset's representation, the scaling ``auto``, the AdaptConfig
     defaults), the same release without adaptation, and PATE's student as its own session at
     the same ε. The non-private baselines come from ``defaults_baselines``."""
-    from dpda.bench.devsuite import preprocessing_of
     from dpda.data.loaders import load_domain
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION
     from dpda.simulation import simulate
     from dpda.target_party.view import AdaptConfig
     from dpda.terms import SessionTerms
+    from tests.bench.devsuite import preprocessing_of
 
     ds = dataset_of(src)
     s, t = load_domain(data_dir, ds, src), load_domain(data_dir, ds, tgt)
@@ -280,17 +270,19 @@ def _print_defaults(summary: dict[str, Any]) -> None:
               f"{'pre. share':>10}")  # fmt: skip
         for p, r in block["pairs"].items():
             print(
-                f"{p:<6} {_f(r['dpda']):>6} {_f(r['job']):>6} {_f(r['dp_no_adaptation']):>11} "
-                f"{_f(r['pate']):>6} {_f(r['source_only']):>8} "
-                f"{_f(r.get('source_only_logistic')):>6} {_f(r['otda']):>6} "
+                f"{p:<6} {cell(r['dpda']):>6} {cell(r['job']):>6} "
+                f"{cell(r['dp_no_adaptation']):>11} "
+                f"{cell(r['pate']):>6} {cell(r['source_only']):>8} "
+                f"{cell(r.get('source_only_logistic')):>6} {cell(r['otda']):>6} "
                 f"{r['baseline_scaling']:>8} {r['epsilon_spent']:>8.3f} "
-                f"{r['target_epsilon_spent']:>8.3f} {_share(r.get('preprocessing_share')):>10}"
+                f"{r['target_epsilon_spent']:>8.3f} {cell(r.get('preprocessing_share'), 2):>10}"
             )
         m = block["office_mean"]
         print(
-            f"{'Office':<6} {_f(m['dpda']):>6} {_f(m['job']):>6} {_f(m['dp_no_adaptation']):>11} "
-            f"{_f(m['pate']):>6} {_f(m['source_only']):>8} "
-            f"{_f(m.get('source_only_logistic')):>6} {_f(m['otda']):>6}"
+            f"{'Office':<6} {cell(m['dpda']):>6} {cell(m['job']):>6} "
+            f"{cell(m['dp_no_adaptation']):>11} "
+            f"{cell(m['pate']):>6} {cell(m['source_only']):>8} "
+            f"{cell(m.get('source_only_logistic')):>6} {cell(m['otda']):>6}"
         )
         b = block
         print(
@@ -300,14 +292,6 @@ def _print_defaults(summary: dict[str, Any]) -> None:
             f"{b['dpda_at_least_source_only_digits']} digits pairs; the model the job keeps "
             f"(job) ≥ DP without adaptation on {b['job_at_least_dp_no_adaptation']}"
         )
-
-
-def _f(v: float | None) -> str:
-    return "—" if v is None else f"{v:.1f}"
-
-
-def _share(v: float | None) -> str:
-    return "—" if v is None else f"{v:.2f}"
 
 
 # ------------------------------------------------------------------------------ summary
@@ -362,18 +346,6 @@ def summarize_paper(rows: list[dict], pairs: list[str], title: str) -> dict[str,
     return table
 
 
-def _pairs(spec: list[str] | None) -> list[tuple[str, str]]:
-    if not spec or spec == ["all"]:
-        return OFFICE + DIGITS
-    out = []
-    for item in spec:
-        s, _, t = item.replace("→", ":").partition(":")
-        if not s or not t or s == t or (s in "MU") != (t in "MU"):
-            raise ValueError(f"--pairs: {item!r} is not a pair like C:A or M:U")
-        out.append((s.upper(), t.upper()))
-    return out
-
-
 def _unit_releases(units: list[str], record_releases: list[str]) -> list[tuple[str, str]]:
     """(unit, record release) runs: the attribute unit once, the record unit once per release."""
     out = []
@@ -383,21 +355,21 @@ def _unit_releases(units: list[str], record_releases: list[str]) -> list[tuple[s
 
 
 def run_bench_accuracy(args: argparse.Namespace) -> int:
-    from dpda.bench.accuracy_tpami import summarize_tpami, tpami_pair
     from dpda.data.loaders import require_data_dir
+    from tests.bench.accuracy_tpami import summarize_tpami, tpami_pair
 
     jobs = args.jobs or os.cpu_count() or 1
     if args.protocol == ["devsuite"]:  # the offline suite: no benchmark data needed
-        from dpda.bench.devsuite import run_devsuite
+        from tests.bench.devsuite import run_devsuite
 
-        with ProcessPoolExecutor(jobs, initializer=_worker_init) as pool:
+        with ProcessPoolExecutor(jobs, initializer=worker_init) as pool:
             write_json(args, {"devsuite": run_devsuite(pool, args)})
         return 0
     data_dir = require_data_dir(args.data_dir)
-    pairs = _pairs(args.pairs)
+    pairs = parse_pairs(args.pairs)
     names = [f"{s}→{t}" for s, t in pairs]
     result: dict[str, Any] = {"pairs": names}
-    with ProcessPoolExecutor(jobs, initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(jobs, initializer=worker_init) as pool:
         for protocol, title in (
             ("dpda-paper", "DPDA paper protocol"),
             ("whole-batch", f"Whole batch, ε = {args.epsilon:g}"),
@@ -458,8 +430,8 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
         "accuracy",
         help="Office-Caltech and MNIST↔USPS under the DPDA paper's and the OTDA TPAMI protocols",
     )
-    s.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
-    s.add_argument("--pairs", nargs="*", default=None, help="pairs like C:A M:U (default: all 14)")
+    add_data_dir(s)
+    add_pairs(s)
     s.add_argument(
         "--protocol",
         nargs="+",
@@ -495,9 +467,9 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
         default=[8.0, 2.0],
         help="defaults: the budgets to run (default 8 2)",
     )
-    s.add_argument("--seeds", type=int, default=3, help="seeds per pair (and unit)")
+    add_seeds(s, 3, "pair (and unit)")
     s.add_argument("--batch-size", type=int, default=128, help="dpda-paper: Poisson batch size")
     s.add_argument("--runs", type=int, default=10, help="otda-tpami: runs per pair")
-    s.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
+    add_jobs(s)
     add_json_option(s)
     s.set_defaults(func=run_bench_accuracy)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from dpda.bench.load_honest import Peer
+    from tests.bench.load_honest import Peer
 
 PATTERNS = ("flood", "bytes", "hint", "pate", "plan")
 UNPINNED = ("flood", "bytes")  # the rest need a pinned peer's keys
@@ -229,8 +229,8 @@ def spawn_pattern(
     certificate, the others as the pinned peer ``pinned``."""
     import multiprocessing as mp
 
-    from dpda.bench.hostile import hostile_process
     from dpda.service.tls import init_party
+    from tests.bench.hostile import hostile_process
 
     if pattern == "bytes":
         k = init_party(root / f"hostile-{pattern}", "mallory-b", ca_dir=root / "keys" / "ca")
@@ -290,9 +290,9 @@ def _bytes(address: str, creds: Any, stop: threading.Event, tally: Tally) -> Non
 
 
 def hint_terms() -> str:
-    from dpda.bench.load_honest import DATASET, DELTA, SOURCE_ROWS
     from dpda.dp.mechanisms import PrivacyUnit
     from dpda.terms import SessionTerms
+    from tests.bench.load_honest import DATASET, DELTA, SOURCE_ROWS
 
     return SessionTerms(
         dataset=DATASET,
@@ -310,8 +310,8 @@ def hint_terms() -> str:
 
 
 def _hint(src: Any, stop: threading.Event, tally: Tally) -> None:
-    from dpda.bench.load_honest import DATASET
     from dpda.pb import dpda_pb2 as pb
+    from tests.bench.load_honest import DATASET
 
     terms = hint_terms()
     stub = src.stub.stub
@@ -327,10 +327,10 @@ def _hint(src: Any, stop: threading.Event, tally: Tally) -> None:
 def _pate(src: Any, basis: Any, queries: Any, stop: threading.Event, tally: Tally) -> None:
     import numpy as np
 
-    from dpda.bench.load_honest import DATASET, DELTA
     from dpda.dp.mechanisms import PrivacyUnit
     from dpda.protocol import TargetDisclosure
     from dpda.terms import SessionTerms
+    from tests.bench.load_honest import DATASET, DELTA
 
     terms = SessionTerms(
         dataset=DATASET,
@@ -367,9 +367,9 @@ def _pate(src: Any, basis: Any, queries: Any, stop: threading.Event, tally: Tall
 def plan_terms(i: int) -> str:
     """Terms whose plan is seconds of calibration: LNMax over ``PATE_QUERIES`` queries, at a
     ``pate_epsilon`` of its own (``i``), so that no cached plan answers it."""
-    from dpda.bench.load_honest import DATASET, DELTA
     from dpda.dp.mechanisms import PrivacyUnit
     from dpda.terms import SessionTerms
+    from tests.bench.load_honest import DATASET, DELTA
 
     return SessionTerms(
         dataset=DATASET,
@@ -434,8 +434,8 @@ def hostile_process(
     if pattern == "bytes":
         worker = threading.Thread(target=_bytes, args=(address, creds, stop, tally), daemon=True)
     else:
-        from dpda.bench.load_honest import Peer, Recorder, honest_client, target_view
         from dpda.service.tls import PartyKeys
+        from tests.bench.load_honest import Peer, Recorder, honest_client, target_view
 
         party = PartyKeys(
             cert=Path(keys["cert"]),

@@ -45,8 +45,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from dpda.bench.hostile import merge_counts, spawn_flood, spawn_pattern
-from dpda.bench.load_honest import (
+from dpda.service.output import add_json_option, write_json
+from tests.bench.hostile import merge_counts, spawn_flood, spawn_pattern
+from tests.bench.load_honest import (
     DATASET,
     DATASET_CAP,
     DELTA,
@@ -61,8 +62,7 @@ from dpda.bench.load_honest import (
     honest_worker,
     target_view,
 )
-from dpda.bench.load_report import load_result, print_summary
-from dpda.service.output import add_json_option, write_json
+from tests.bench.load_report import load_result, print_summary
 
 
 def _deploy(workdir: Path, n_peers: int, extra: tuple[str, ...] = ()) -> tuple[Any, list[Peer]]:
@@ -184,7 +184,7 @@ def run_load(
 ) -> dict[str, Any]:
     """The whole benchmark; returns the result dict (``REQUIRED_KEYS`` and more). ``hostile``:
     the patterns of ``bench.hostile`` to run beside the honest clients (True: the flood)."""
-    from dpda.bench.hostile import UNPINNED
+    from tests.bench.hostile import UNPINNED
 
     patterns = ("flood",) if hostile is True else () if hostile is False else tuple(hostile)
     pinned_hostile = any(p not in UNPINNED for p in patterns)
@@ -317,7 +317,7 @@ def _last_spend(state_dir: Path) -> float:
 
 
 def run_bench_load(args: argparse.Namespace) -> int:
-    from dpda.bench.hostile import parse_patterns
+    from tests.bench.hostile import parse_patterns
 
     out = run_load(
         args.duration,

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from dpda.bench.accuracy import DIGITS, OFFICE
 from dpda.dp.ledger import default_delta
 from dpda.service.output import add_json_option, write_json
+from tests.bench.harness import DIGITS, OFFICE, add_data_dir, add_pairs
 
 
 def _pair(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> dict[str, Any]:
@@ -118,8 +118,8 @@ def register_selection(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser(
         "selection", help="unsupervised (λe, λg) selection vs the label-tuned choice, per pair"
     )
-    s.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
-    s.add_argument("--pairs", nargs="*", default=None, help="pairs like C:A M:U (default: all 14)")
+    add_data_dir(s)
+    add_pairs(s)
     s.add_argument("--epsilon", type=float, default=8.0, help="the session's ε (default 8)")
     s.add_argument("--seed", type=int, default=0, help="fixes the noise (default 0)")
     s.add_argument("--workers", type=int, default=0, help="worker processes (default: CPUs)")

@@ -46,6 +46,7 @@ import numpy as np
 
 from dpda.dp.mechanisms import PrivacyUnit
 from dpda.service.output import add_json_option, write_json
+from tests.bench.harness import add_data_dir, child_env
 
 
 def _in_process(src, tgt, terms, rep: str, scaling: str, seed: int) -> dict[str, Any]:
@@ -133,11 +134,13 @@ def in_process_child(spec_json: str) -> None:
 def _in_process_fresh(spec: dict[str, Any]) -> dict[str, Any]:
     """The in-process job in a process of its own, as ``dpda target run`` is one: its caches
     (the accountant's compositions, first calls) start as cold as the service's do."""
-    code = (
-        "import sys; from dpda.bench.service import in_process_child; in_process_child(sys.argv[1])"
-    )
+    code = "import sys; from tests.bench.service import in_process_child as c; c(sys.argv[1])"
     r = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True, timeout=3600
+        [sys.executable, "-c", code, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=child_env(),
     )
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-2000:])
@@ -305,12 +308,10 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    b = sub.add_parser("bench", help="benchmarks that print numbers and write JSON")
-    bsub = b.add_subparsers(dest="bench_command", required=True)
+def register_service(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser("service", help="the same DPDA job in-process and through the daemons")
     add_json_option(s)
-    s.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
+    add_data_dir(s)
     s.add_argument("--workdir", default=None, help="keep the deployments here")
     s.add_argument("--skip-office", action="store_true", help="run the synthetic case only")
     s.add_argument(
@@ -334,26 +335,3 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="BLAS threads of every process of every arm (0: the libraries' default)",
     )
     s.set_defaults(func=run_bench_service)
-    from dpda.bench.accuracy import register_accuracy
-    from dpda.bench.figures import register_figures
-    from dpda.bench.load import register_load
-    from dpda.bench.metric import register_metric
-    from dpda.bench.privacy import register_privacy
-    from dpda.bench.public_source import register_public_source
-    from dpda.bench.releases import register_releases
-    from dpda.bench.scale import register_scale
-    from dpda.bench.selection import register_selection
-    from dpda.bench.speed import register_speed
-    from dpda.bench.target_privacy import register_target_privacy
-
-    register_speed(bsub)
-    register_accuracy(bsub)
-    register_figures(bsub)
-    register_privacy(bsub)
-    register_selection(bsub)
-    register_load(bsub)
-    register_releases(bsub)
-    register_public_source(bsub)
-    register_target_privacy(bsub)
-    register_scale(bsub)
-    register_metric(bsub)

@@ -18,10 +18,10 @@ import numpy as np
 from dpda.dp.ledger import default_delta
 from dpda.dp.mechanisms import PrivacyUnit
 from dpda.service.output import add_json_option, write_json
+from tests.bench.harness import add_data_dir, add_pairs
 
 
 def label_leak(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> dict[str, Any]:
-    from dpda.bench.accuracy import dataset_of
     from dpda.data.loaders import load_domain
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
     from dpda.data.preprocessing import default_attribute_bound as bound_rule
@@ -33,6 +33,7 @@ def label_leak(data_dir: str, src: str, tgt: str, epsilon: float, seed: int) -> 
     from dpda.source_party.releases import SourceReleaser
     from dpda.target_party.view import target_pca_basis, target_view
     from dpda.terms import SessionTerms
+    from tests.bench.accuracy import dataset_of
 
     ds = dataset_of(src)
     rep = DEFAULT_REPRESENTATION[ds]
@@ -69,12 +70,12 @@ def _per_row(x: np.ndarray, rep: str) -> np.ndarray:
 
 
 def run_label_leak(args: argparse.Namespace) -> int:
-    from dpda.bench.accuracy import _pairs
     from dpda.data.loaders import require_data_dir
+    from tests.bench.harness import parse_pairs
 
     data_dir = require_data_dir(args.data_dir)
     rows = []
-    for s, t in _pairs(args.pairs):
+    for s, t in parse_pairs(args.pairs):
         for eps in args.epsilons:
             r = label_leak(str(data_dir), s, t, eps, args.seed)
             rows.append(r)
@@ -92,8 +93,8 @@ def register_privacy(bsub: argparse._SubParsersAction) -> None:
         "label-leak",
         help="attribute unit: how often a record's label is read off the nearest noisy row",
     )
-    s.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
-    s.add_argument("--pairs", nargs="*", default=["C:A"], help="pairs like C:A (default C:A)")
+    add_data_dir(s)
+    add_pairs(s, ["C:A"])
     s.add_argument(
         "--epsilons", nargs="+", type=float, default=[8.0, 2.0], help="the ε values (default 8 2)"
     )

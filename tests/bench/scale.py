@@ -8,7 +8,7 @@ the fits scale, not how BLAS pools share cores. Each run is a fresh process with
 cluster. Besides the wall time of the job, the workers' task stream gives the busy seconds of
 the fits: their mean is the measured per-batch cost the README's 10^6 × 10^6 plan starts from.
 Each row also carries what the fits read (kernel builds, passes, bytes) and the time those reads
-take at the read bandwidth measured in the same process (``dpda.bench.speed.fit_bounds``).
+take at the read bandwidth measured in the same process (``tests.bench.speed.fit_bounds``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import threading
 import time
 from typing import Any
 
-from dpda.bench.bandwidth import memory_bandwidth_gbs
-from dpda.bench.speed import (
+from dpda.service.output import add_json_option, write_json
+from tests.bench.bandwidth import memory_bandwidth_gbs
+from tests.bench.speed import (
     _in_child,
     _rss_mb,
     _status_mb,
@@ -28,7 +29,6 @@ from dpda.bench.speed import (
     job_inputs,
     print_fits,
 )
-from dpda.service.output import add_json_option, write_json
 
 FULL = {"n_source": 150_000, "n_target": 50_000, "dim": 256, "batch_size": 1000, "steps": 150}
 # under 3 minutes on 1 worker of this machine (2 cores) even when other work shares it: README,
@@ -174,7 +174,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
 
 def run_bench_scale(args: argparse.Namespace) -> int:
     if args.rows is not None:
-        from dpda.bench.rows import run_rows
+        from tests.bench.rows import run_rows
 
         return run_rows(args)
     base = dict(QUICK if args.quick else FULL)

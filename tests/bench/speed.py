@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dpda.bench.bandwidth import bandwidth_child, memory_bandwidth_gbs
 from dpda.dp.mechanisms import PrivacyUnit
 from dpda.service.output import add_json_option, write_json
+from tests.bench.bandwidth import bandwidth_child, memory_bandwidth_gbs
 
 
 def _rss_mb() -> float:

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from dpda.bench.accuracy import dataset_of, mean_of, mean_std, paper_epsilon
 from dpda.dp.mechanisms import PrivacyUnit
+from tests.bench.accuracy import dataset_of, mean_of, mean_std, paper_epsilon
 
 PUBLISHED_OT_GL = {
     "C→A": 44.17,

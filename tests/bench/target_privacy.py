@@ -18,9 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from dpda.bench.accuracy import DIGITS, OFFICE, _worker_init, dataset_of, gather
 from dpda.dp.ledger import default_delta
 from dpda.service.output import add_json_option, write_json
+from tests.bench.accuracy import dataset_of
+from tests.bench.harness import (
+    add_data_dir,
+    add_jobs,
+    add_pairs,
+    add_seeds,
+    gather,
+    parse_pairs,
+    worker_init,
+)
 
 
 def one(
@@ -109,7 +118,7 @@ def run_bench_target_privacy(args: argparse.Namespace) -> int:
     from dpda.data.loaders import default_data_dir
 
     data_dir = args.data_dir or str(default_data_dir())
-    pairs = [tuple(p.split(":")) for p in args.pairs] if args.pairs else [*OFFICE, *DIGITS]
+    pairs = parse_pairs(args.pairs)
     arms: list[tuple[float | None, str]] = [(None, "target-pca")]
     arms += [(e, "target-pca") for e in args.target_epsilon]
     if args.jl:
@@ -119,7 +128,7 @@ def run_bench_target_privacy(args: argparse.Namespace) -> int:
     # DP disclosures at the first ε_t with each row-query form
     e_t = args.target_epsilon[0]
     pate_arms = [(None, "exact"), (e_t, "exact"), (e_t, "synthetic"), (e_t, "dp")]
-    with ProcessPoolExecutor(jobs, initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(jobs, initializer=worker_init) as pool:
         tasks = [
             pool.submit(one, data_dir, s, t, seed, e, proj, args.epsilon)
             for s, t in pairs
@@ -156,8 +165,8 @@ def register_target_privacy(bsub: argparse._SubParsersAction) -> None:
         "target-privacy",
         help="DPDA accuracy with the target's scaling and basis exact vs under its own DP",
     )
-    s.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
-    s.add_argument("--pairs", nargs="*", default=None, help="pairs like C:A M:U (default: all 14)")
+    add_data_dir(s)
+    add_pairs(s)
     s.add_argument(
         "--target-epsilon",
         type=float,
@@ -166,7 +175,7 @@ def register_target_privacy(bsub: argparse._SubParsersAction) -> None:
         help="the target's own ε values for its scaling and basis (default 1 4)",
     )
     s.add_argument("--epsilon", type=float, default=8.0, help="the source's session ε")
-    s.add_argument("--seeds", type=int, default=3, help="seeds per pair and setting (default 3)")
+    add_seeds(s, 3, "pair and setting")
     s.add_argument("--jl", action="store_true", help="also: a JL projection (no basis sent)")
     s.add_argument(
         "--pate",
@@ -175,6 +184,6 @@ def register_target_privacy(bsub: argparse._SubParsersAction) -> None:
         "with exact disclosures; with DP disclosures at the first --target-epsilon: exact, "
         "synthetic, dp at ε_q = 4)",
     )
-    s.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
+    add_jobs(s)
     add_json_option(s)
     s.set_defaults(func=run_bench_target_privacy)

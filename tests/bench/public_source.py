@@ -27,6 +27,7 @@ from dpda.dp.discrepancy import PREDICTOR_RADIUS as LAMBDA_W
 from dpda.dp.discrepancy import RIDGE, SMOOTHING
 from dpda.dp.ledger import default_delta
 from dpda.service.output import add_json_option, write_json
+from tests.bench.harness import add_data_dir, add_pairs, add_seeds
 
 TARGET_RADIUS = 1.0
 METHODS = ("noisy-fw", "noisy-md", "single-stage", "public-only", "oracle")  # the JSON's rows
@@ -168,12 +169,12 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
 
 def run_classification(args: argparse.Namespace) -> int:
     """``--task benchmark``: the Office-Caltech pairs and the digits with the source public."""
-    from dpda.bench.accuracy import _pairs
     from dpda.data.loaders import require_data_dir
     from dpda.service.progress import Progress
+    from tests.bench.harness import parse_pairs
 
     data_dir = str(require_data_dir(args.data_dir))
-    pairs = _pairs(args.pairs)
+    pairs = parse_pairs(args.pairs)
     eps = [1.0, 8.0] if args.quick else args.epsilon
     jobs = [(s, t, e, seed) for s, t in pairs for e in eps for seed in range(args.seeds)]
     bar = Progress("classification runs")
@@ -261,8 +262,8 @@ def register_public_source(bsub: argparse._SubParsersAction) -> None:
         help="paper: the seed's regression experiment; benchmark: classification on the "
         "benchmark features with the source public (--pairs, --data-dir, --seeds)",
     )
-    s.add_argument("--pairs", nargs="*", default=None, help="benchmark: pairs like C:A M:U")
-    s.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
-    s.add_argument("--seeds", type=int, default=3, help="benchmark: seeds per pair and ε")
+    add_pairs(s)
+    add_data_dir(s)
+    add_seeds(s, 3, "pair and ε")
     add_json_option(s)
     s.set_defaults(func=run_bench_public_source)

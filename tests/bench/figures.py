@@ -28,6 +28,7 @@ from dpda.dp.ledger import default_delta
 from dpda.dp.mechanisms import PrivacyUnit
 from dpda.errors import ConfigError
 from dpda.service.output import add_json_option, write_json
+from tests.bench.harness import add_data_dir, add_jobs, add_pairs, add_seeds, worker_init
 
 
 def _load_pair(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str]:
@@ -192,8 +193,8 @@ def run_dpot_error(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------ privacy-utility
 def _pu_task(data_dir: str, src: str, tgt: str, eps: float, seed: int, batch: int) -> dict:
-    from dpda.bench.accuracy import run_methods
     from dpda.terms import SessionTerms
+    from tests.bench.accuracy import run_methods
 
     def terms_for(dataset: str, ns: int) -> SessionTerms:
         return SessionTerms(
@@ -245,13 +246,13 @@ def _plot_pu(table: list[dict[str, Any]], pairs: list[str], path: str) -> None:
 
 
 def run_privacy_utility(args: argparse.Namespace) -> int:
-    from dpda.bench.accuracy import _pairs, _worker_init, gather
     from dpda.data.loaders import require_data_dir
+    from tests.bench.harness import gather, parse_pairs
 
     data_dir = require_data_dir(args.data_dir)
-    pairs = _pairs(args.pairs)
+    pairs = parse_pairs(args.pairs)
     names = [f"{s}→{t}" for s, t in pairs]
-    with ProcessPoolExecutor(args.jobs or os.cpu_count() or 1, initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(args.jobs or os.cpu_count() or 1, initializer=worker_init) as pool:
         tasks = [
             pool.submit(_pu_task, str(data_dir), s, t, e, seed, args.batch_size)
             for e in args.epsilons
@@ -280,7 +281,7 @@ def run_privacy_utility(args: argparse.Namespace) -> int:
 
 def register_figures(bsub: argparse._SubParsersAction) -> None:
     d = bsub.add_parser("dpot-error", help="DPOT's |W̃ − W|/W against σ/w (paper Figure 2)")
-    d.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
+    add_data_dir(d)
     d.add_argument(
         "--dataset",
         choices=["office-caltech", "mnist-usps", "synthetic"],
@@ -311,13 +312,8 @@ def register_figures(bsub: argparse._SubParsersAction) -> None:
     d.set_defaults(func=run_dpot_error)
 
     p = bsub.add_parser("privacy-utility", help="accuracy against ε for DPDA, PATE, DPDA+PATE")
-    p.add_argument("--data-dir", default=None, help="benchmark data (default $DPDA_DATA)")
-    p.add_argument(
-        "--pairs",
-        nargs="*",
-        default=["C:A", "A:W", "W:D", "M:U"],
-        help="pairs like C:A M:U (default C:A A:W W:D M:U)",
-    )
+    add_data_dir(p)
+    add_pairs(p, ["C:A", "A:W", "W:D", "M:U"])
     p.add_argument(
         "--epsilons",
         type=float,
@@ -325,9 +321,9 @@ def register_figures(bsub: argparse._SubParsersAction) -> None:
         default=[0.5, 1, 2, 4, 8, 20],
         help="the ε values of the curve (default 0.5 to 20)",
     )
-    p.add_argument("--seeds", type=int, default=2, help="seeds per pair and ε (default 2)")
+    add_seeds(p, 2, "pair and ε")
     p.add_argument("--batch-size", type=int, default=0, help="0: whole batch (default)")
-    p.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
+    add_jobs(p)
     add_json_option(p)
     p.add_argument("--png", default=None, metavar="OUT", help="also draw the figure to this PNG")
     p.set_defaults(func=run_privacy_utility)
