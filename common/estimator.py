@@ -121,11 +121,200 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
     ``random_state`` (``dpda simulate --seed``): the same files, ε and seed give ``dpda
     simulate``'s predictions.
 
-    Fitted attributes: ``classes_``, ``n_features_in_``, ``epsilon_spent_`` (this fit's charge
-    on the source's ledger), ``target_epsilon_spent_`` (the target's own, with
-    ``target_epsilon``), ``ledger_`` (its entries, as JSON dicts), ``mapped_`` and
-    ``mapped_labels_`` (the source's noisy rows mapped into the target's space, and their
-    labels), ``sigma_`` (σ/w), ``model_`` (the pipeline) and ``target_predictions_``.
+    Every parameter is keyword-only and stored as given; ``fit`` validates them (a session
+    term outside its range is refused, naming it).
+
+    Parameters
+    ----------
+    epsilon : float, default 8.0
+        ε, the session's budget on the source's ledger, in (0, 100].
+    delta : float or None, default None
+        δ of the source's records, in (0, 1/n) for the n rows of ``X``. None: 1/(10·n).
+    privacy_unit : {'record', 'attribute'}, default 'record'
+        What the releases protect: ``record``, a whole record (features and label);
+        ``attribute``, one feature of one record moving by at most ``attribute_bound``, and
+        neither labels nor membership (it takes ``release='rows'``).
+    neighbouring : {'replace-one', 'add-remove'}, default 'replace-one'
+        The neighbouring relation. The source accounts every release under ``replace-one``
+        (it discloses exact sizes) and refuses ``add-remove``.
+    projection : str or None, default None
+        The space the release is computed in: ``source``, the source's own per-row space (the
+        target maps it onto its own basis; nothing of the target is sent); ``target-pca``, the
+        target's principal directions (its basis and scaling go to the source); ``jl``, a
+        random projection the source draws. None: ``source`` for ``prototypes`` and
+        ``class-gaussians`` with the ``sqeuclidean`` cost and no PATE, ``target-pca``
+        otherwise.
+    projection_dim : int or None, default None
+        ℓ, the dimension of the OT space, in [1, 4096]; with ``source`` and ``target-pca``,
+        lowered to the target's number of features or rows where it is larger. None: 20 with
+        ``projection='source'``, 50 otherwise.
+    batch_size : int, default 0
+        Rows per minibatch release, in [0, 100000]; 0: one whole-dataset release. Minibatches
+        take ``release='rows'``.
+    steps : int, default 0
+        Minibatch releases, in [0, 100000]; 0: as many as ε allows, at most ``max_steps``. A
+        number the budget does not allow is refused.
+    noise_multiplier : float, default 1.1
+        σ/w, the minibatches' Gaussian noise per unit of sensitivity, in [0, 1e6] and at least
+        the policy's floor 0.1; 0: the smallest σ that spends ε over ``steps`` batches (it
+        takes ``batch_size > 0`` and ``steps > 0``).
+    histogram_noise_ratio : float, default 2.0
+        σ_h/σ, the noise of each minibatch's class histogram relative to that of its rows, in
+        (0, 1e6].
+    max_steps : int, default 64
+        The most minibatch releases with ``steps=0``, in [1, 100000].
+    histogram_share : float or None, default None
+        The share of ε that sets the noisy class counts, in (0, 1). None: 0.1 for
+        ``prototypes``, ``class-gaussians`` and ``sinkhorn-synthetic``, 0.5 otherwise.
+    calibration : str or None, default None
+        How σ follows from ε: ``theorem2`` (the DPDA paper's formula), ``analytic`` (the
+        analytic Gaussian mechanism of Balle & Wang 2018) or ``exact`` (the smallest σ whose
+        whole-dataset release the ledger charges at most ε). None: ``exact`` for
+        ``prototypes`` and ``class-gaussians``, ``analytic`` for ``sinkhorn-synthetic``,
+        ``theorem2`` otherwise.
+    clip_norm : float, default 1.0
+        C, the L2 norm each source row is clipped to before it is released, in (0, 1e12]
+        (under the record unit, the policy's [1e-6, 1e6]). The target sets it where it can:
+        1 for norm-1 representations and standardized rows in the source's space; under the
+        record unit with ``projection='target-pca'``, the 0.9 quantile of its projected rows'
+        norms (with ``target_epsilon``: their DP root mean square).
+    release : str or None, default None
+        What the source releases: ``prototypes`` (noisy per-class sums and counts),
+        ``class-gaussians`` (per-class sums, sums of squares and counts),
+        ``sinkhorn-synthetic`` (labeled synthetic points trained on a DP Sinkhorn loss) or
+        ``rows`` (noisy projected rows, under the attribute unit only). None: ``prototypes``
+        under the record unit, ``rows`` under the attribute unit.
+    synthetic_points : int, default 10
+        ``sinkhorn-synthetic``: at most this many points per class, in [1, 100].
+    synthetic_rows_per_point : int, default 70
+        ``sinkhorn-synthetic``: one point per this many (noisy) rows of a class, in
+        [1, 1000000].
+    sinkhorn_steps : int, default 3
+        ``sinkhorn-synthetic``: the noisy gradient steps T, in [1, 1000].
+    sinkhorn_reg : float, default 0.05
+        ``sinkhorn-synthetic``: the entropic λ, in units of cost/C², in [0.001, 100].
+    sinkhorn_debias : float, default 0.4
+        ``sinkhorn-synthetic``: the debiasing ratio p, in [0, 1].
+    sinkhorn_learning_rate : float, default 0.5
+        ``sinkhorn-synthetic``: the step size η, in (0, 1].
+    cost : {'sqeuclidean', 'metric'}, default 'sqeuclidean'
+        The OT ground cost: ``sqeuclidean`` in the projected space, or ``metric``, a metric W
+        the source learns under DP from its labels and releases as one more release of the
+        session (it takes ``batch_size=0`` and a ``method`` with the DPDA releases).
+    metric_share : float, default 0.25
+        ``metric``: its share of the Gaussian releases' privacy loss (μ², i.e. zCDP ρ), in
+        [0.01, 0.99].
+    metric_dim : int, default 0
+        ``metric``: the rows d′ of W, in [0, 4096] and at most ``projection_dim``; 0:
+        ``projection_dim``.
+    metric_pairs : int, default 4
+        ``metric``: the public cap m on pairs per record, in [1, 64].
+    metric_margin : float, default 1.0
+        ``metric``: the contrastive margin, in units of C, in [0.001, 10].
+    metric_clip : float, default 0.5
+        ``metric``: the per-pair gradient clip G (Frobenius norm), in [0.001, 1000].
+    metric_steps : int, default 20
+        ``metric``: the noisy steps T, in [1, 1000].
+    metric_learning_rate : float, default 0.5
+        ``metric``: the step size η, in [0.0001, 100].
+    pate_teachers : int, default 50
+        PATE: the teachers the source trains, each on its own disjoint part of its records, in
+        [1, 10000].
+    pate_aggregator : {'gnmax', 'lnmax'}, default 'gnmax'
+        PATE: the noisy arg-max of the teachers' votes, with Gaussian (``gnmax``) or Laplace
+        (``lnmax``) noise.
+    pate_space : {'projected', 'raw'}, default 'projected'
+        PATE: the space the queries are sent in. ``raw`` (target rows as they are) is an
+        opt-in the in-process source does not give: a PATE ``method`` with it is refused.
+    representation : {'raw', 'sqrt', 'rownorm', 'l2'}, default 'raw'
+        The per-row transform both parties apply first: ``raw``, the rows as they are;
+        ``sqrt``, the square root of each row's share of its sum (non-negative features only);
+        ``rownorm``, each row divided by its sum; ``l2``, each row divided by its L2 norm.
+    scaling : {'auto', 'zscore', 'uniform'}, default 'auto'
+        The column scaling of the OT space, from the target's rows: ``zscore``, each column
+        by its own standard deviation; ``uniform``, every column by one scale; ``auto``,
+        ``uniform`` for a source-space release and ``zscore`` otherwise.
+    method : {'dpda', 'pate', 'dpda+pate'}, default 'dpda'
+        The release channels: ``dpda``, the DPDA releases alone; ``pate``, PATE teacher
+        answers alone, at all of ε; ``dpda+pate``, both, PATE at ``pate_share`` of ε.
+    pate_queries : int, default 100
+        ``pate`` and ``dpda+pate``: the target rows the teachers label, in [1, 100000].
+    pate_share : float, default 0.1
+        ``dpda+pate``: PATE's share of ε, in (0, 1).
+    reg_e : float, default 0.02
+        The transport's entropic regularization, on the max-normalized cost; positive.
+    reg_g : float, default 0.5
+        The transport's group-lasso (class) regularization; non-negative.
+    classifier : str, default '1nn'
+        The model the job trains: on the adapted class points (or mapped source rows),
+        ``1nn``, ``logistic`` or ``mlp``; on the target's own rows labeled by the transport,
+        ``target-logistic`` (weighted by each row's confidence), ``target-knn`` (a vote of
+        each row's 10 nearest rows) or ``target-spread`` (label spreading from the most
+        confident half of the rows).
+    select : {'circular', 'none'}, default 'circular'
+        How (``reg_e``, ``reg_g``) are chosen on the received releases, without target labels
+        (post-processing, no budget): ``circular`` scores a grid of pairs by how well the
+        target's pseudo-labels predict the source's noisy points back; ``none`` keeps
+        ``reg_e`` and ``reg_g``.
+    transport_step : float, default 0.5
+        Aggregate releases: how far each class point moves from itself toward its barycentric
+        image under the plan, in [0, 1] (1: the image).
+    refine : float, default 0.5
+        Aggregate releases: how far each class point then moves toward the mean of the target
+        rows it labels, in [0, 1] (0: not at all).
+    keep : {'better', 'dpda'}, default 'better'
+        The model kept: ``dpda``, the adapted one; ``better``, whichever of it and the same
+        release used without adaptation the label-free estimate scores higher.
+    target_epsilon : float or None, default None
+        ε of the target's own DP disclosures (its column scaling and basis, for a release in a
+        shared basis) at δ = 1/(10·m) for its m rows; positive. None: its exact statistics are
+        used. A source-space release discloses nothing of the target either way.
+    target_row_clip : float or None, default None
+        With ``target_epsilon``: the target rows' norm bound in the per-row representation,
+        positive. None: 1 for ``sqrt``, ``l2`` and ``rownorm``; ``raw`` rows need one.
+    target_row_queries : str or None, default None
+        PATE: what is sent about the target's rows: ``exact``, the chosen rows, projected and
+        unprotected; ``dp``, rows drawn at random, clipped and noised at
+        ``target_query_epsilon`` (it takes ``target_epsilon``); ``synthetic``, points drawn
+        from the target's DP statistics, whose labels train a student that labels its rows.
+        None: ``synthetic`` with ``target_epsilon``, ``exact`` without.
+    target_query_epsilon : float, default 4.0
+        ``target_row_queries='dp'``: ε of the row queries, added to the target's spend;
+        positive.
+    attribute_bound : float or None, default None
+        The attribute unit: the change of one feature of one record it protects, in the
+        per-row representation, in (0, 1e6]. None: 1/√k for ``sqrt``, ``l2`` and ``rownorm``
+        rows of k features, 1 for ``raw``.
+    random_state : int or None, default None
+        The seed of every draw: the same data, parameters and seed give the same fit (as
+        ``dpda simulate --seed``), and every ledger entry records it as an insecure seed.
+        None: fresh secure randomness for every noise draw.
+
+    Attributes
+    ----------
+    classes_ : numpy.ndarray
+        The class labels of ``y``, sorted.
+    n_features_in_ : int
+        The number of features of ``X``.
+    columns_ : list of str or None
+        The feature names of ``fit``'s ``X`` (a frame or a named table); None for an array.
+    epsilon_spent_ : float
+        This fit's charge on the source's ledger.
+    target_epsilon_spent_ : float or None
+        The target's own spend, with ``target_epsilon``; 0.0 when the release disclosed
+        nothing of the target; None when its exact statistics were used.
+    ledger_ : list of dict
+        The source's ledger entries of this fit, as JSON dicts.
+    mapped_ : numpy.ndarray
+        The source's noisy rows mapped into the target's space.
+    mapped_labels_ : numpy.ndarray
+        Their labels, as values of ``classes_``.
+    sigma_ : float
+        σ/w, the release's noise multiplier.
+    model_ : sklearn.pipeline.Pipeline
+        The fitted pipeline ``predict`` applies to raw rows.
+    target_predictions_ : numpy.ndarray
+        The predictions for the target's rows (``Xt``, else ``X``).
     """
 
     def __init__(self, **params: Any) -> None:

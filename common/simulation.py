@@ -262,6 +262,70 @@ def simulate(
     ``baselines``: run the non-private references (source-only, OTDA); None (the default): only
     when the target has labels to score them. ``reference_rows``: OTDA's subsample a side
     (``otda_predictions``; 0: every row).
+
+    Parameters
+    ----------
+    source : Domain
+        The source's rows and labels (class indices); the in-process source holds them.
+    target : Domain
+        The target's rows; its labels, when it has them, only score the results.
+    terms : SessionTerms
+        The session terms; each method runs under its own at the same ε (``method_terms``).
+    representation : str
+        The per-row transform both parties apply first: ``raw``, ``sqrt``, ``rownorm`` or
+        ``l2`` (as ``DPDAClassifier``'s).
+    cfg : AdaptConfig
+        How the target adapts (transport, classifier, the choices on its side).
+    seed : int or None
+        The seed of every draw, recorded in every ledger entry as an insecure seed; None:
+        fresh secure randomness.
+    baselines : bool or None, default None
+        Run the non-private references (source-only, OTDA); None: only when ``target`` has
+        labels.
+    progress : callable or None, default None
+        Called as ``progress(done, total)`` after each release of a session.
+    scaling_mode : {'auto', 'zscore', 'uniform'}, default 'auto'
+        The target's column scaling: ``auto`` is ``uniform`` for a source-space release and
+        ``zscore`` otherwise.
+    methods : tuple of str, default ('dpda',)
+        The methods to run, each as its own session at the same ε: ``dpda``, ``pate``,
+        ``dpda+pate``; another name is refused.
+    pate_queries : int, default 100
+        ``pate`` and ``dpda+pate``: the target rows the teachers label, in [1, 100000].
+    pate_share : float, default 0.1
+        ``dpda+pate``: PATE's share of ε, in (0, 1).
+    attribute_bound : float, default 1.0
+        The rehearsal policy's attribute bound (the attribute unit's protected change of one
+        feature, in the per-row representation), in (0, 1e6].
+    target_epsilon : float or None, default None
+        ε of the target's own DP disclosures (its scaling and basis) for the methods in a
+        shared basis, positive; None: its exact statistics are used.
+    target_delta : float or None, default None
+        δ of those disclosures, in (0, 1); None: 1/(10·nt) for the target's nt rows.
+    target_row_clip : float or None, default None
+        With ``target_epsilon``: the target rows' norm bound in the per-row representation,
+        positive; None: 1 for ``sqrt``, ``l2`` and ``rownorm``, required for ``raw``.
+    target_row_queries : {'exact', 'dp', 'synthetic'}, default 'exact'
+        What PATE sends about the target's rows: ``exact``, the chosen rows, projected;
+        ``dp``, rows drawn at random, clipped and noised (it takes ``target_epsilon``);
+        ``synthetic``, points drawn from the target's statistics.
+    target_query_epsilon : float, default 4.0
+        ``target_row_queries='dp'``: ε of the row queries, added to the target's spend;
+        positive.
+    compute : Compute or None, default None
+        Where the per-batch fits run; None: in this process.
+    reference_rows : int, default 5000
+        OTDA's subsample a side, at least 0; 0: every row.
+    keep_views : bool, default False
+        Keep each method's view of the target in the outcome's ``views``.
+
+    Returns
+    -------
+    SimulationOutcome
+        Each method's run (``runs``; ``dpda`` the main one) and in-memory ledger entries
+        (``ledgers``), the references' accuracies in percent (None when they did not run or
+        the target has no labels), the target's own spend and δ, and the preprocessing the
+        source ran; ``to_json`` gives the report ``dpda simulate --json`` prints.
     """
     by_method = {
         m: method_terms(terms, m, pate_queries, pate_share) if methods != ("dpda",) else terms

@@ -19,7 +19,43 @@ from dpda.estimator import DPDAClassifier
 
 class DPDASkadaEstimator(DAEstimator):
     """The parameters are ``DPDAClassifier``'s, declared once there (its ``__init__`` is this
-    class's, so a new parameter reaches both); ``estimator_`` is the fit."""
+    class's, so a new parameter reaches both); ``estimator_`` is the fit.
+
+    Parameters
+    ----------
+    epsilon, delta, privacy_unit, neighbouring
+        The session's budget and privacy unit, as ``DPDAClassifier``'s.
+    projection, projection_dim, batch_size, steps, max_steps
+        The release's space and minibatches, as ``DPDAClassifier``'s.
+    noise_multiplier, histogram_noise_ratio, histogram_share, calibration, clip_norm
+        The release's noise, as ``DPDAClassifier``'s.
+    release, synthetic_points, synthetic_rows_per_point
+        What the source releases, as ``DPDAClassifier``'s.
+    sinkhorn_steps, sinkhorn_reg, sinkhorn_debias, sinkhorn_learning_rate
+        The ``sinkhorn-synthetic`` release's knobs, as ``DPDAClassifier``'s.
+    cost, metric_share, metric_dim, metric_pairs, metric_margin
+        The ground cost and its learned metric, as ``DPDAClassifier``'s.
+    metric_clip, metric_steps, metric_learning_rate
+        The learned metric's gradient steps, as ``DPDAClassifier``'s.
+    pate_teachers, pate_aggregator, pate_space, pate_queries, pate_share, method
+        The release channels and PATE, as ``DPDAClassifier``'s.
+    representation, scaling
+        The per-row transform and the column scaling, as ``DPDAClassifier``'s.
+    reg_e, reg_g, classifier, select, transport_step, refine, keep
+        The target's adaptation and the model it keeps, as ``DPDAClassifier``'s.
+    target_epsilon, target_row_clip, target_row_queries, target_query_epsilon
+        The target's own DP disclosures, as ``DPDAClassifier``'s.
+    attribute_bound, random_state
+        The attribute unit's bound and the seed, as ``DPDAClassifier``'s.
+
+    Attributes
+    ----------
+    estimator_ : DPDAClassifier
+        The ``DPDAClassifier`` fitted on the source's rows (``sample_domain`` positive) and
+        the target's (negative).
+    classes_ : numpy.ndarray
+        ``estimator_.classes_``.
+    """
 
     __init__ = DPDAClassifier.__init__
 

@@ -71,6 +71,134 @@ class SessionTerms(BaseModel):
 
     Defaults follow the default policy: whole records protected (record unit, replace one
     record), one aggregate release (noisy per-class sums and counts).
+
+    A default given as None below is filled in from the unit and the release when the field
+    is left out (or given as None); ``term_default`` gives every other field's default.
+
+    Attributes
+    ----------
+    dataset : str
+        The source's dataset the session reads, 1 to 128 characters. Required.
+    epsilon : float
+        ε, the session's budget, in (0, 100]. Required.
+    delta : float
+        δ, in (0, 1). Required.
+    privacy_unit : {'record', 'attribute'}, default 'record'
+        What the releases protect: ``record``, a whole record (features and label);
+        ``attribute``, one feature of one record moving by at most the source's attribute
+        bound, and neither labels nor membership. The aggregate releases take ``record``.
+    neighbouring : {'replace-one', 'add-remove'}, default 'replace-one'
+        The neighbouring relation the terms ask for. A source accounts every release under
+        ``replace-one`` (it discloses exact sizes) and refuses ``add-remove``.
+    projection : {'source', 'target-pca', 'jl'}, default None
+        The space the release is computed in: ``source``, the source's own per-row space at
+        full dimension, which the target projects onto its own basis (nothing of the target
+        is sent; ``prototypes`` and ``class-gaussians`` with the ``sqeuclidean`` cost and no
+        PATE queries only);
+        ``target-pca``, the target's basis (and scaling), sent to the source; ``jl``, a random
+        projection the source draws. None: ``source`` for ``prototypes`` and
+        ``class-gaussians`` where it is offered, ``target-pca`` otherwise.
+    projection_dim : int, default None
+        ℓ, the dimension of the OT space, in [1, 4096]. None: 20 with
+        ``projection='source'``, 50 otherwise.
+    batch_size : int, default 0
+        Rows per minibatch release, in [0, 100000]; 0: one whole-dataset release. Aggregate
+        releases take 0.
+    noise_multiplier : float, default 1.1
+        σ/w, the minibatches' Gaussian noise per unit of sensitivity, in [0, 1e6]; 0: the
+        smallest σ that spends ε over ``steps`` batches (it takes ``batch_size > 0`` and
+        ``steps > 0``).
+    histogram_noise_ratio : float, default 2.0
+        σ_h/σ, the noise of each minibatch's Gaussian class histogram relative to that of its
+        rows, in (0, 1e6].
+    steps : int, default 0
+        Minibatch releases, in [0, 100000]; 0: as many as ε allows, at most ``max_steps``.
+    max_steps : int, default 64
+        The most minibatch releases with ``steps=0``, in [1, 100000].
+    calibration : {'theorem2', 'analytic', 'exact'}, default None
+        How σ follows from ε: ``theorem2`` (the DPDA paper's formula), ``analytic`` (Balle &
+        Wang 2018) or ``exact`` (the smallest σ whose whole-dataset release the ledger charges
+        at most ε). None: ``exact`` for ``prototypes`` and ``class-gaussians``, ``analytic``
+        for ``sinkhorn-synthetic``, ``theorem2`` otherwise.
+    histogram_share : float, default None
+        The share of ε that sets the noisy counts (whole batch), in (0, 1). None: 0.1 for
+        ``prototypes``, ``class-gaussians`` and ``sinkhorn-synthetic``, 0.5 otherwise.
+    clip_norm : float, default 1.0
+        C, the L2 norm each released row is clipped to, in (0, 1e12]; the source's policy
+        bounds it further under the record unit.
+    nonnegative_rows : bool, default False
+        Source-space aggregates: the source maps every row to max(x, 0) after its per-row
+        representation and before clipping (a no-op for ``sqrt`` rows), so a same-label
+        replacement moves a class sum by at most √2·C instead of 2C and the release needs
+        less noise. Not with ``preprocessing='standardize'``; ``projection='source'`` only.
+    preprocessing : {'none', 'standardize'}, default 'none'
+        Source-space releases: ``standardize``, the source learns each column's location and
+        scale and the row bound C from its own rows under DP (one more ledger entry, from
+        ``preprocessing_share`` of ε) and releases its rows standardized, clipped to C and
+        divided by it; the target standardizes its own rows with its own exact statistics of
+        the same kind. It takes ``projection='source'`` and ``calibration='exact'``. A
+        source-space job that leaves it out runs ``standardize`` for raw rows with
+        ``calibration='exact'`` and ``none`` otherwise.
+    preprocessing_share : float, default 0.1
+        ``standardize``: the share of ε its statistics are planned from, in (0, 1); the
+        source's policy bounds it further.
+    release : {'prototypes', 'class-gaussians', 'sinkhorn-synthetic', 'rows'}, default None
+        ``prototypes``: noisy per-class sums and counts; ``class-gaussians``: per-class sums,
+        sums of squares and counts; ``sinkhorn-synthetic``: labeled synthetic points trained
+        on a DP Sinkhorn loss; ``rows``: noisy projected rows (Algorithm 2), under the
+        attribute unit. None: ``prototypes`` under the record unit, ``rows`` under the
+        attribute unit.
+    synthetic_points : int, default 10
+        ``sinkhorn-synthetic``: at most this many points per class, in [1, 100].
+    synthetic_rows_per_point : int, default 70
+        ``sinkhorn-synthetic``: one point per this many (noisy) rows of a class, in
+        [1, 1000000].
+    sinkhorn_steps : int, default 3
+        ``sinkhorn-synthetic``: the noisy gradient steps T, in [1, 1000].
+    sinkhorn_reg : float, default 0.05
+        ``sinkhorn-synthetic``: the entropic λ, in units of cost/C², in [0.001, 100].
+    sinkhorn_debias : float, default 0.4
+        ``sinkhorn-synthetic``: the debiasing ratio p, in [0, 1].
+    sinkhorn_learning_rate : float, default 0.5
+        ``sinkhorn-synthetic``: the step size η, in (0, 1].
+    cost : {'sqeuclidean', 'metric'}, default 'sqeuclidean'
+        The OT ground cost: ``sqeuclidean`` in the projected space, or ``metric``, a metric W
+        learned under DP from the source's labels and released as one more release of the
+        session (it takes ``dpda``, ``batch_size=0`` and ``replace-one``).
+    metric_share : float, default 0.25
+        ``metric``: its share of the Gaussian releases' privacy loss (μ², i.e. zCDP ρ), in
+        [0.01, 0.99].
+    metric_dim : int, default 0
+        ``metric``: the rows d′ of W, in [0, 4096] and at most ``projection_dim``; 0:
+        ``projection_dim`` (``metric_rows``).
+    metric_pairs : int, default 4
+        ``metric``: the public cap m on pairs per record, in [1, 64].
+    metric_margin : float, default 1.0
+        ``metric``: the contrastive margin, in units of C, in [0.001, 10].
+    metric_clip : float, default 0.5
+        ``metric``: the per-pair gradient clip G (Frobenius norm), in [0.001, 1000].
+    metric_steps : int, default 20
+        ``metric``: the noisy steps T, in [1, 1000].
+    metric_learning_rate : float, default 0.5
+        ``metric``: the step size η, in [0.0001, 100].
+    dpda : bool, default True
+        The DPDA channel: the noisy feature and histogram releases. A session has this
+        channel, PATE, or both.
+    pate_epsilon : float, default 0.0
+        The part of ``epsilon`` PATE answers spend, at least 0; positive exactly when
+        ``pate_queries`` is, and below ``epsilon`` with the DPDA channel (at most ``epsilon``
+        without it).
+    pate_queries : int, default 0
+        PATE: the target rows the teachers label, in [0, 100000]; 0: no PATE.
+    pate_teachers : int, default 50
+        PATE: the teachers the source trains, each on its own disjoint part of its records, in
+        [1, 10000].
+    pate_aggregator : {'gnmax', 'lnmax'}, default 'gnmax'
+        PATE: the noisy arg-max of the teachers' votes, with Gaussian (``gnmax``) or Laplace
+        (``lnmax``) noise.
+    pate_space : {'projected', 'raw'}, default 'projected'
+        PATE: the space the queries are sent in, the session's projection or the target's
+        rows as they are (an opt-in of the source).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)

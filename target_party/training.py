@@ -218,7 +218,23 @@ def save_model(model: Pipeline, path: str | Path) -> Path:
 def load_model(path: str | Path) -> Pipeline:
     """Load a model ``save_model`` wrote, trusting only scikit-learn's types and dpda's own
     functions and vote (``_TRUSTED_PREFIXES``); anything else in the file is refused (skops
-    would otherwise run it)."""
+    would otherwise run it).
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The model file, in skops format (a job's saved model, ``save_model``).
+
+    Returns
+    -------
+    sklearn.pipeline.Pipeline
+        The job's model on raw rows: ``model.predict(raw_rows)`` gives its predictions.
+
+    Raises
+    ------
+    ConfigError
+        The file holds a type other than scikit-learn's and the few of dpda's it trusts.
+    """
     import skops.io as sio
 
     from dpda.errors import ConfigError

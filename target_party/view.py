@@ -32,7 +32,64 @@ def _job_default(name: str) -> Any:
 @dataclass(frozen=True)
 class AdaptConfig:
     """How a job adapts. The knobs a [job] table offers (``ADAPT_KNOBS``) take its defaults,
-    declared once by ``TargetJob``."""
+    declared once by ``TargetJob``.
+
+    Parameters
+    ----------
+    reg_e : float, default 0.02
+        The transport's entropic regularization, on the max-normalized cost; positive.
+    reg_g : float, default 0.5
+        The transport's group-lasso (class) regularization; non-negative.
+    outer_iter : int, default 10
+        The most outer (conditional gradient) steps of the group-lasso transport; positive.
+    inner_iter : int, default 200
+        The most iterations of each inner Sinkhorn solve; positive.
+    inner_tol : float, default 0.00025
+        The L1 marginal error at which each inner Sinkhorn solve stops; positive.
+    outer_tol : float, default 0.001
+        The relative change of the group-lasso objective at which the outer loop stops
+        (``outer_iter`` stays the cap); positive.
+    warm_batches : bool, default True
+        Start each minibatch's first Sinkhorn solve from the target-side potentials of the
+        session's first fit (when every target row is in the plan).
+    classifier : str, default '1nn'
+        The model the job trains: on the adapted class points (or mapped source rows),
+        ``1nn``, ``logistic`` or ``mlp``; on the target's own rows labeled by the transport,
+        ``target-logistic``, ``target-knn`` or ``target-spread``.
+    seed : int, default 0
+        The seed of the target's own draws (its classifier, subsamples and row choices).
+    pate_select : {'confident', 'uncertain', 'random'}, default 'confident'
+        DPDA+PATE: the target rows the teachers are asked about, the most or the least certain
+        under the plan, or rows at random (``dp`` row queries are always drawn at random).
+    pate_query : {'backmapped', 'target'}, default 'backmapped'
+        DPDA+PATE, exact projected queries: what is sent for each row, its image under the
+        plan (``backmapped``) or its own projection (``target``).
+    pate_agree : bool, default True
+        DPDA+PATE: keep only the teachers' labels that agree with the plan's class.
+    clip_quantile : float, default 0.9
+        The record unit with ``projection='target-pca'``: the clipping norm C is this quantile
+        of the norms of the target's projected rows (with DP disclosures, their DP root mean
+        square), in [0, 1]; 0 keeps the terms' ``clip_norm``.
+    synthetic_per_class : int, default 200
+        ``class-gaussians``: the most points drawn per class; positive.
+    target_batch : int, default 0
+        ``rows`` releases: each release is transported onto this many target rows drawn at
+        random, at least 0; 0: onto all of them. Not combined with PATE queries (refused).
+    select : {'circular', 'none'}, default 'circular'
+        How (``reg_e``, ``reg_g``) are chosen on the received releases without target labels:
+        ``circular`` scores a grid of pairs by how well the target's pseudo-labels predict
+        the source's noisy points back; ``none`` keeps ``reg_e`` and ``reg_g``.
+    transport_step : float, default 0.5
+        Aggregate releases: how far each class point moves from itself toward its barycentric
+        image under the plan, in [0, 1] (1: the image); refused outside.
+    refine : float, default 0.5
+        Aggregate releases: how far each class point then moves toward the mean of the target
+        rows it labels, in [0, 1] (0: not at all); refused outside.
+    keep : {'better', 'dpda'}, default 'better'
+        The model kept: ``dpda``, the adapted one; ``better``, whichever of it and the same
+        release used without adaptation the label-free estimate scores higher; refused
+        otherwise.
+    """
 
     reg_e: float = _job_default("reg_e")  # entropic strength on the max-normalized cost
     reg_g: float = _job_default("reg_g")  # group-lasso strength

@@ -223,6 +223,40 @@ def read_table(
     ``id_column``: a column kept as row ids (not a feature); without one, a header column named
     ``id`` or ``row_id`` is taken as it. Labels are class indices (0, 1, …) or names (any text:
     classes in sorted order, ``label_names``).
+
+    Parameters
+    ----------
+    source : str, pathlib.Path or pandas.DataFrame
+        The table: a ``.csv`` file (with or without a header), ``.parquet`` (needs pandas
+        and pyarrow), ``.npy`` (a 2-D array, no column names), ``.npz`` (features ``x`` or
+        ``X``, labels ``y`` if any; columns named ``x0``, ``x1``, …, ``y``) or a DataFrame.
+    label_column : str, int or None, default -1
+        The label column, by name or by position (negative counts from the end); None: the
+        table has no labels. The default is the last column.
+    labels : {'required', 'optional', 'none'}, default 'required'
+        ``required`` (a source's table): a label column that is absent is refused;
+        ``optional`` (a target's): a named label column may be absent, and one that is
+        present is read for evaluation only; ``none``: no column is read as labels.
+    id_column : str or None, default None
+        A column, by name, kept as the row ids and not as a feature. None: a header column
+        named ``id``, ``row_id``, ``rowid`` or ``row id`` (any case) is taken as it, unless it
+        is the label column; without one the ids are the row numbers 0, 1, ….
+    name : str or None, default None
+        The table's name. None: the file's stem (``table`` for a DataFrame).
+
+    Returns
+    -------
+    Table
+        The features (every column but the label and id columns, as float64), the labels as
+        class indices (None without a label column), the row ids, the feature names (``x0``,
+        ``x1``, … without a header) and, for text labels, the class names (``label_names``).
+
+    Raises
+    ------
+    ConfigError
+        A file that is missing or of another format, a table with no rows or no feature
+        column, a column that is absent or out of range, a cell that is not a finite number
+        or a numeric label that is not a class index; each names its file, column and row.
     """
     where = "DataFrame" if hasattr(source, "columns") else str(source)
     columnar = _columnar(source, where)
