@@ -1,4 +1,5 @@
-"""The data holder's privacy policy (DESIGN.md §2a): what the source allows, per dataset.
+"""The data holder's privacy policy (docs/privacy-model.md, "The data holder's policy"): what
+the source allows, per dataset.
 
 The party whose data it is owns its privacy. Session terms only *ask*; the source's policy, read
 from its own config, decides. A request outside the policy is refused before anything is charged,

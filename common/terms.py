@@ -1,8 +1,8 @@
 """Session terms: what the target asks for before a release.
 
-The terms are public metadata (DESIGN.md §2): the dataset name, the privacy unit and relation, the
-budget, the projection, the batch rate and every mechanism parameter. They only *ask*: the
-source's policy (``dpda.policy``) decides, and the quantities that define the guarantee (the
+The terms are public metadata (docs/privacy-model.md): the dataset name, the privacy unit and
+relation, the budget, the projection, the batch rate and every mechanism parameter. They only *ask*:
+the source's policy (``dpda.policy``) decides, and the quantities that define the guarantee (the
 attribute bound, the relation, the floors) come from the policy, never from the terms.
 ``dpda.planner.plan_batches`` turns terms plus public facts into the release plan; the public-source
 setting's terms are ``dpda.public_source_terms``.
@@ -52,7 +52,8 @@ RELEASE_DEPENDENT = ("release", "histogram_share", "calibration", "projection", 
 # +0.9 points on the 12 Office-Caltech pairs at ε = 8, docs/results.md)
 SOURCE_SPACE_DIM = 20
 # releases computed in the source's own per-row space (``projection = "source"``): sums over the
-# source's records, which need no statistic of the target (DESIGN.md §2b)
+# source's records, which need no statistic of the target (docs/privacy-model.md, "The target
+# owns its privacy too")
 SOURCE_SPACE_RELEASES = ("prototypes", "class-gaussians")
 
 # the share of a session's ε a source-space release on raw rows gives to the source's DP

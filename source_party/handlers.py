@@ -1,6 +1,7 @@
 """The source daemon's logic, without gRPC: sessions, charged releases, ledger sync.
 
-Release protocol (DESIGN.md §3), source side, for each batch of a ``ReleaseBatches`` request:
+Release protocol (docs/architecture.md, "A release's path"), source side, for each batch of a
+``ReleaseBatches`` request:
 
 1. the peer is authenticated (mTLS fingerprint → configured peer) and owns the session;
 2. the target's ledger head must equal ours for the dataset (else FAILED_PRECONDITION: sync);

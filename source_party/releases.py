@@ -1,6 +1,7 @@
 """The source's release logic (no gRPC): sessions, projection, noisy label-sorted batches.
 
-Order of operations for every batch (DESIGN.md §3): build the spec from public parameters →
+Order of operations for every batch (docs/architecture.md, "A release's path"): build the spec
+from public parameters →
 the ledger checks every cap and durably appends the entry → only then draw the sample and the
 noise → the payload hash goes into the entry. Nothing leaves but the mechanism's output: the
 noisy rows (sorted by label, shuffled within each class) and the noisy counts.

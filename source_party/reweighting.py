@@ -8,7 +8,8 @@ its rows — only through the second moment of their clipped images (``discrepan
 — and returns DP outputs only: the exponential mechanism's vertices (Frank–Wolfe methods) or
 Gaussian-noised gradients (mirror descent).
 
-What the guarantee rests on, and where each comes from (DESIGN.md §2a):
+What the guarantee rests on, and where each comes from (docs/privacy-model.md, "The public-source
+setting"):
 
 * ``r = 1``: the holder clips its mapped rows to norm 1 itself, whatever map was sent; a row the
   map sends to a non-finite value becomes 0 (a per-row rule, so still sensitivity-bounded);

@@ -1,6 +1,7 @@
 """The target's typed peer: a ``ReleaseSource`` over gRPC that verifies everything it receives.
 
-Release protocol, target side (DESIGN.md §3): (1) check the target's own ledger copy — if the
+Release protocol, target side (docs/architecture.md, "A release's path"): (1) check the target's
+own ledger copy — if the
 release would exceed the target's budget, do not ask; (2) send the request with the ledger head;
 (4) on receipt verify the payload hash, the source's signature, the hash chain and that the
 charge equals the target's own recomputation from public parameters; append the entry durably and

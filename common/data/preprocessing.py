@@ -1,4 +1,5 @@
-"""Preprocessing under the rule of DESIGN.md §2: nothing computed from the whole private dataset.
+"""Preprocessing under the rule of docs/privacy-model.md: nothing computed from the whole
+private dataset.
 
 Per-row operations (dividing a row by its own sum, square roots, L2 normalization) are DP-clean.
 Column scaling uses *public* statistics: the target's own mean/std, which the target sends (a

@@ -370,7 +370,8 @@ def holder_rows(
     """The data holder's rows as the objective reads them: through the (peer-chosen, public)
     ``transform``, then clipped to ``radius``; a row the transform sends to a non-finite value
     becomes 0. Per row and bounded whatever the transform, so Δ∞ (``gradient_sensitivity``)
-    holds for any map a peer asks for (DESIGN.md §2a: the sensitivity of the whole map)."""
+    holds for any map a peer asks for (the sensitivity of the whole map: docs/privacy-model.md,
+    "The data holder's policy")."""
     with np.errstate(all="ignore"):
         t = np.asarray(transform(x), dtype=np.float64)
         t = np.where(np.all(np.isfinite(t), axis=1, keepdims=True), t, 0.0)

@@ -4,8 +4,8 @@ Every sampler takes ``rng: np.random.Generator``. Production code builds it with
 ``dpda.dp.rng.secure_rng()`` (seeded from ``secrets``); tests pass ``np.random.default_rng(0)``.
 The global ``np.random`` state is never used.
 
-Neighbouring relations and units (DESIGN.md §2)
------------------------------------------------
+Neighbouring relations and units (docs/privacy-model.md, "Every mechanism at a glance")
+-------------------------------------------------------------------------------------
 * ``add-remove`` (default): datasets differ by one record; a removed record counts as a zero row
   for per-row releases; ``ns`` and all mechanism parameters are public metadata.
 * ``replace-one``: one record is replaced; every sensitivity below doubles.
@@ -14,8 +14,8 @@ Neighbouring relations and units (DESIGN.md §2)
   scaling the L2 sensitivity of ``((x − mean)/std)·M`` is ``b · max_j ‖M_j‖₂ / std_j``
   (``attribute_sensitivity``). The record and its label are in both neighbours.
 * Unit ``record``: each *projected* row is clipped to ``‖x·M‖₂ ≤ C`` (M is data-independent,
-  so clipping after projecting is a per-row operation); L2 sensitivity of a row = ``C``. (DESIGN.md
-  clips before projecting, sensitivity ``C·‖M‖₂``; clipping after is never looser.)
+  so clipping after projecting is a per-row operation); L2 sensitivity of a row = ``C``.
+  (Clipping before projecting gives ``C·‖M‖₂``; clipping after is never looser.)
 * Aggregate releases (record unit): per-class sums of clipped rows — disjoint classes, so one
   record moves one class sum by at most ``C`` (L2) — and per-class counts (L1 sensitivity 1).
 * Label histogram: integer counts, L1 sensitivity 1 (2 under replace-one).

@@ -151,7 +151,8 @@ class Disclosure:
 
 def _clip(x: np.ndarray, c: float) -> np.ndarray:
     """Rows clipped to L2 norm ``c``; a row with a non-finite entry (or whose norm overflows)
-    becomes the zero row first, so that nothing non-finite reaches the noise (DESIGN §2a)."""
+    becomes the zero row first, so that nothing non-finite reaches the noise
+    (docs/privacy-model.md, "The target owns its privacy too")."""
     x = np.where(np.isfinite(x).all(axis=1, keepdims=True), x, 0.0)
     with np.errstate(over="ignore"):
         norms = np.linalg.norm(x, axis=1, keepdims=True)

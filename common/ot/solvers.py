@@ -7,7 +7,7 @@ Problem (DPDA, Algorithm 2)::
 Shapes: ``a (n,)``, ``b (m,)``, ``cost (n, m)``, ``labels (n,)`` integers in ``[0, q)``.
 
 The cost is normalized before the solve (``costs.normalize``) so the regularization strengths are
-scale-free; POT's solvers fail almost silently on unnormalized costs (DESIGN.md §9). After every
+scale-free; POT's solvers fail almost silently on unnormalized costs. After every
 solve the plan is checked: non-finite entries or a plan whose mass is far from 1 raise
 ``SolverFailed``; marginal violation above ``tol`` is reported as ``converged=False``. POT's
 warnings become data (``OTResult.warnings``), never silent.
@@ -17,8 +17,8 @@ same Sinkhorn and conditional-gradient iterations as POT, in float32, in place, 
 across outer steps, with an ``O(qm)`` line search (``dpda bench speed`` measures it against POT).
 ``engine="pot"`` calls ``ot.sinkhorn`` and ``ot.optim.gcg`` with the group-lasso term written as
 one-hot matrix products (``Yᵀ(γ∘γ)`` gives the per-class, per-column squared norms): the same
-regularizer as POT's ``ot.da.sinkhorn_l1l2_gl`` without its per-class copies of the plan
-(DESIGN.md §9); it is the reference the fast engine is tested against.
+regularizer as POT's ``ot.da.sinkhorn_l1l2_gl`` without its per-class copies of the plan;
+it is the reference the fast engine is tested against.
 """
 
 from __future__ import annotations

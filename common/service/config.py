@@ -77,7 +77,9 @@ class SourceDataset(_Strict):
     accountant: Literal["pld"] = Field(default="pld", description="the ledger's accountant")
     policy: PrivacyPolicy = Field(
         default_factory=PrivacyPolicy,
-        description="what this source allows (DESIGN.md §2a); the default protects whole records",
+        description=(
+            "what this source allows (docs/privacy-model.md); the default protects whole records"
+        ),
     )
     synthetic_rows: tuple[int, int] = Field(
         default=(600, 500), description="kind synthetic: (source rows, target rows)"

@@ -124,3 +124,22 @@ def test_the_package_says_what_is_not_how_it_came_to_be() -> None:
                 if HISTORY.search(line):
                     found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_the_package_points_at_design_pages_that_exist() -> None:
+    """Every ``docs/….md`` a module names is a page of the site, and no module points at a
+    design document outside the repository."""
+    page = re.compile(r"docs/([\w/-]+\.md)")
+    missing, outside = [], []
+    for folder in FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            text = path.read_text()
+            missing += [
+                f"{path.relative_to(ROOT)}: docs/{m}"
+                for m in page.findall(text)
+                if not (ROOT / "docs" / m).is_file()
+            ]
+            if "DESIGN.md" in text or "DESIGN §" in text:
+                outside.append(str(path.relative_to(ROOT)))
+    assert not missing, "\n".join(missing)
+    assert not outside, "\n".join(outside)
