@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpda.data.loaders import Domain
-from dpda.data.preprocessing import Scaling
 from dpda.dp.events import event_from_json
-from dpda.dp.ledger import LedgerEntry, PrivacyLedger
+from dpda.dp.ledger import LedgerEntry
 from dpda.dp.pate import answers_event, noisy_argmax
 from dpda.errors import BudgetExceeded, InvalidInput
-from dpda.protocol import PateAnswer, RequestId, SessionInfo, array_digest, queries_digest
+from dpda.protocol import PateAnswer, RequestId, array_digest, queries_digest
 from dpda.source_party.teachers import TeacherCache, TeacherEnsemble, teacher_assignment
-from dpda.terms import SessionTerms
+
+if TYPE_CHECKING:
+    from dpda.source_party.releases import SourceReleaser
 
 # each peer's cache of trained teachers: 4 ensembles, at most 64 MiB (50 teachers of 31 classes
 # over 800 raw features hold ~10 MiB); the daemon pins a few peers, so the whole is bounded
@@ -28,24 +28,11 @@ PEER_TEACHER_BYTES = 64 << 20
 
 
 class PateAnswers:
-    """PATE on ``SourceReleaser``'s sessions (a base of it: the attributes and the two methods
-    declared here are the releaser's)."""
+    """PATE on one releaser's sessions (``SourceReleaser.pate``): it reads the releaser's
+    sessions, features, ledger and noise streams, and holds the teachers' caches."""
 
-    domain: Domain
-    dataset: str
-    ledger: PrivacyLedger
-    allow_raw_queries: bool
-    insecure_seed: bool
-    _noise: dict[str, np.random.Generator]  # session → its own noise stream
-    _sessions: dict[str, tuple[SessionTerms, SessionInfo, Scaling | None]]
-
-    if TYPE_CHECKING:
-
-        def session(self, session_id: str) -> tuple[SessionTerms, SessionInfo]: ...
-
-        def features(self, session_id: str) -> np.ndarray: ...
-
-    def _init_pate(self) -> None:
+    def __init__(self, releaser: SourceReleaser) -> None:
+        self.releaser = releaser
         # one bounded cache per peer: a peer's answers come as fast from teachers another peer
         # had trained as from none, so no peer learns another's scaling or basis by timing
         self._teacher_caches: dict[str, TeacherCache] = {}
@@ -63,7 +50,7 @@ class PateAnswers:
                 )
             return cache
 
-    def _close_pate(self, session_id: str) -> None:
+    def close(self, session_id: str) -> None:
         self._pate_owner.pop(session_id, None)
 
     def _teachers(self, session_id: str, peer: str | None = None) -> TeacherEnsemble:
@@ -75,10 +62,10 @@ class PateAnswers:
         sessions' releases; sessions that need other teachers train concurrently. Nothing is
         held per session: memory is each peer's cache bound, however many sessions are open,
         and an evicted ensemble is trained again (deterministically: the same teachers)."""
-        terms, info = self.session(session_id)
+        terms, info = self.releaser.session(session_id)
         owner = self._pate_owner.setdefault(session_id, peer or "in-process")
         projected = terms.pate_space == "projected"
-        scaling = self._sessions[session_id][2]
+        scaling = self.releaser.live(session_id).scaling
         key = (
             terms.pate_space,
             terms.pate_teachers,
@@ -89,11 +76,11 @@ class PateAnswers:
         parts_key = self._partition(session_id)
 
         def train() -> TeacherEnsemble:
-            x = self.features(session_id)
+            x = self.releaser.features(session_id)
             feats = x @ info.projection if projected else x
             parts = teacher_assignment(feats.shape[0], terms.pate_teachers, parts_key)
             return TeacherEnsemble(
-                feats, self.domain.labels(), parts, terms.pate_teachers, info.n_classes
+                feats, self.releaser.domain.labels(), parts, terms.pate_teachers, info.n_classes
             )
 
         return self.teacher_cache(owner).get(key, train)
@@ -108,14 +95,14 @@ class PateAnswers:
         data; reproducible under an insecure testing seed (so service = simulate)."""
         with self._partition_lock:
             if self._partition_key is None:
-                self._partition_key = self._noise[session_id].bytes(32)
+                self._partition_key = self.releaser.live(session_id).noise.bytes(32)
             return self._partition_key
 
     def check_queries(self, session_id: str, queries: np.ndarray) -> None:
-        terms, info = self.session(session_id)
+        terms, info = self.releaser.session(session_id)
         if info.plan.pate_scale is None:
             raise InvalidInput("PATE is not part of this session's terms")
-        if terms.pate_space == "raw" and not self.allow_raw_queries:
+        if terms.pate_space == "raw" and not self.releaser.allow_raw_queries:
             raise InvalidInput("this source does not accept raw-space queries")
         dim = info.projection.shape[1] if terms.pate_space == "projected" else info.n_features
         if queries.ndim != 2 or queries.shape[1] != dim or queries.shape[0] < 1:
@@ -138,16 +125,20 @@ class PateAnswers:
         ``votes``: the teachers' votes on ``queries`` (``votes``), counted before the caller
         took its lock; counted here when None."""
         self.check_queries(session_id, queries)
-        terms, info = self.session(session_id)
-        mine = [e for e in self.ledger.store.entries(self.dataset) if e.session == session_id]
+        terms, info = self.releaser.session(session_id)
+        mine = [
+            e
+            for e in self.releaser.ledger.store.entries(self.releaser.dataset)
+            if e.session == session_id
+        ]
         asked = sum(int(e.params.get("n_queries", 0)) for e in mine)
         if asked + queries.shape[0] > info.plan.pate_queries:
             raise BudgetExceeded("the session's PATE queries are used up")
         scale = float(info.plan.pate_scale)  # type: ignore[arg-type]
         event = answers_event(terms.pate_aggregator, scale, queries.shape[0])
         prior = [event_from_json(e.dp_event) for e in mine]
-        entry = self.ledger.charge(
-            dataset=self.dataset,
+        entry = self.releaser.ledger.charge(
+            dataset=self.releaser.dataset,
             events=[event],
             session=session_id,
             peer=peer,
@@ -160,9 +151,9 @@ class PateAnswers:
                 "scale": scale,
                 "n_queries": int(queries.shape[0]),
                 "teachers": terms.pate_teachers,
-                "delta": self.ledger.budgets[self.dataset].delta,
+                "delta": self.releaser.ledger.budgets[self.releaser.dataset].delta,
                 "queries_sha256": queries_digest(queries),
-                **({"insecure_seed": True} if self.insecure_seed else {}),
+                **({"insecure_seed": True} if self.releaser.insecure_seed else {}),
             },
             extra_caps=[("session", terms.epsilon, prior), *extra_caps],
         )
@@ -173,10 +164,6 @@ class PateAnswers:
         they are counted outside any lock (the work a peer sizes by its number of queries)."""
         return self._teachers(session_id).votes(queries)
 
-    def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
-        """The ``ReleaseSource`` view of ``answer``: only the labels."""
-        return self.answer(session_id, index, queries).labels
-
     def draw_answer(
         self,
         session_id: str,
@@ -185,11 +172,15 @@ class PateAnswers:
         votes: np.ndarray | None = None,
     ) -> PateAnswer:
         """Votes (unless counted before) and noise for an entry already durably in the ledger."""
-        terms, info = self.session(session_id)
+        terms, info = self.releaser.session(session_id)
         if votes is None:
             votes = self._teachers(session_id).votes(queries)
         scale = float(entry.params["scale"])
-        labels = noisy_argmax(votes, terms.pate_aggregator, scale, self._noise[session_id])
+        labels = noisy_argmax(
+            votes, terms.pate_aggregator, scale, self.releaser.live(session_id).noise
+        )
         ans = PateAnswer(labels, entry.seq)
-        self.ledger.store.update_signatures(self.dataset, entry.seq, ans.sha256(), "", "")
+        self.releaser.ledger.store.update_signatures(
+            self.releaser.dataset, entry.seq, ans.sha256(), "", ""
+        )
         return ans

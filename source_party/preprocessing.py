@@ -68,7 +68,7 @@ class SessionPreprocessing:
                         "statistics are not stored: open a new session"
                     )
             else:
-                rng = self._noise[session_id]  # type: ignore[attr-defined]
+                rng = self.live(session_id).noise  # type: ignore[attr-defined]
                 st = fit(self.rows(), pre, rng)  # type: ignore[attr-defined]
             x = st.apply(self.rows())  # type: ignore[attr-defined]
             x.setflags(write=False)

@@ -63,11 +63,23 @@ class PreparedSession:
     bound: dict[str, Any]  # what its charges depend on (recorded in every entry)
 
 
+@dataclass
+class LiveSession:
+    """A session the releaser serves: its terms and facts, the target's scaling, what its
+    charges depend on (recorded in every entry) and its own noise stream."""
+
+    terms: SessionTerms
+    info: SessionInfo
+    scaling: Scaling | None
+    bound: dict[str, Any]
+    noise: np.random.Generator
+
+
 # distinct target scalings whose prepared features are kept (each is one n × k float64 copy)
 FEATURE_CACHE = 4
 
 
-class SourceReleaser(PateAnswers, SessionPreprocessing):
+class SourceReleaser(SessionPreprocessing):
     """One source dataset behind the ledger and its privacy policy. Used in-process and by the
     gRPC handlers.
 
@@ -90,7 +102,6 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
         insecure_seed: bool = False,
     ) -> None:
         self.allow_raw_queries = allow_raw_queries
-        self._init_pate()
         self._init_preprocessing()
         self.domain = domain
         self.dataset = dataset
@@ -100,13 +111,12 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
         self.representation = representation
         self.policy = policy if policy is not None else PrivacyPolicy()
         self.insecure_seed = insecure_seed
-        self._sessions: dict[str, tuple[SessionTerms, SessionInfo, Scaling | None]] = {}
+        self._sessions: dict[str, LiveSession] = {}
         self._features: dict[str, np.ndarray] = {}  # scaling digest → prepared features (LRU)
         self._rows: np.ndarray | None = None  # the per-row representation (``rows``)
         self._feat_lock = threading.Lock()
         self._rows_lock = threading.Lock()
-        self._bound: dict[str, dict[str, Any]] = {}  # session → what its charges depend on
-        self._noise: dict[str, np.random.Generator] = {}  # session → its own noise stream
+        self.pate = PateAnswers(self)
 
     def open_session(
         self, terms: SessionTerms, disclosure: TargetDisclosure, session_id: str | None = None
@@ -228,10 +238,11 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
         k = self.domain.x.shape[1]
         n = self.domain.x.shape[0]
         info = SessionInfo(sid, n, k, self.domain.n_classes, prepared.projection, prepared.plan)
-        self._sessions[sid] = (prepared.terms, info, prepared.scaling)
         # a fresh CSPRNG stream per session; a seeded (testing) releaser keeps its one stream
-        self._noise[sid] = secure_rng() if is_cryptographic(self.rng) else self.rng
-        self._bound[sid] = prepared.bound
+        noise = secure_rng() if is_cryptographic(self.rng) else self.rng
+        self._sessions[sid] = LiveSession(
+            prepared.terms, info, prepared.scaling, prepared.bound, noise
+        )
         return info
 
     def rows(self) -> np.ndarray:
@@ -254,7 +265,7 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
         own = self.standardized_rows(session_id)
         if own is not None:  # the session's DP standardization (one array per session)
             return own
-        scaling = self._sessions[session_id][2]
+        scaling = self.live(session_id).scaling
         key = "" if scaling is None else array_digest(scaling.mean) + array_digest(scaling.std)
         with self._feat_lock:
             x = self._features.pop(key, None)
@@ -335,12 +346,15 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
             except BudgetExceeded:
                 pass  # OpenSession's release will say so, with the numbers
 
-    def session(self, session_id: str) -> tuple[SessionTerms, SessionInfo]:
+    def live(self, session_id: str) -> LiveSession:
         try:
-            terms, info, _ = self._sessions[session_id]
+            return self._sessions[session_id]
         except KeyError:
             raise InvalidInput("unknown or closed session") from None
-        return terms, info
+
+    def session(self, session_id: str) -> tuple[SessionTerms, SessionInfo]:
+        live = self.live(session_id)
+        return live.terms, live.info
 
     def resident(self, session_id: str) -> bool:
         return session_id in self._sessions
@@ -396,7 +410,7 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
                 "spec": spec.to_json(),
                 **({"preprocessing": pre.to_json()} if pre is not None and index == 0 else {}),
                 "delta": self.ledger.budgets[self.dataset].delta,
-                **self._bound[session_id],
+                **self.live(session_id).bound,
             },
             extra_caps=[("session", terms.epsilon, prior), *extra_caps],
         )
@@ -426,7 +440,7 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
         terms, info = self.session(session_id)
         x = self.features(session_id)
         spec = info.plan.release_spec(terms, index)
-        y, rng = self.domain.labels(), self._noise[session_id]
+        y, rng = self.domain.labels(), self.live(session_id).noise
         if isinstance(spec, MetricSpec):
             rel = draw_metric(x, y, terms, spec, info, index, entry, rng)
         else:
@@ -435,7 +449,9 @@ class SourceReleaser(PateAnswers, SessionPreprocessing):
 
     def close_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
-        self._close_pate(session_id)
+        self.pate.close(session_id)
         self._close_preprocessing(session_id)
-        self._bound.pop(session_id, None)
-        self._noise.pop(session_id, None)
+
+    def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
+        """The ``ReleaseSource`` view of PATE (``PateAnswers.answer``): only the labels."""
+        return self.pate.answer(session_id, index, queries).labels

@@ -52,14 +52,16 @@ class PateKind:
 
     def redraw(self, entry: LedgerEntry) -> Charged[PateAnswer]:
         sid, queries, votes = self.session_id, self.queries, self.votes
-        return Charged(entry.seq, lambda: self.releaser.draw_answer(sid, queries, entry, votes))
+        return Charged(
+            entry.seq, lambda: self.releaser.pate.draw_answer(sid, queries, entry, votes)
+        )
 
     def charge(self, entries: list[LedgerEntry]) -> Charged[PateAnswer]:
         desk, ds = self.ctx.desk, self.releaser.dataset
         known = desk.known_prefix(ds, self.ledger_head, self.ledger_length)
         name = self.ctx.name(self.peer)
         desk.require_countersigned(ds, name, set())
-        ans = self.releaser.answer(
+        ans = self.releaser.pate.answer(
             self.session_id,
             self.index,
             self.queries,
@@ -87,13 +89,13 @@ def query_teachers(
     if index < 0:
         raise InvalidInput("query index out of bounds")
     releaser, _ = sessions.session(peer, session_id)
-    releaser.check_queries(session_id, queries)
+    releaser.pate.check_queries(session_id, queries)
     with ctx.cpu.spend(peer):  # refused before any work once the peer's budget is used
-        releaser.prepare_teachers(session_id, peer)  # training outside the lock (seconds)
+        releaser.pate.prepare_teachers(session_id, peer)  # training outside the lock (seconds)
         # the votes too: their cost grows with the peer's queries and teachers (100,000
         # queries to 600 teachers held the lock about 6 s); only the charge, the noise and
         # the store need it
-        votes = releaser.votes(session_id, queries)
+        votes = releaser.pate.votes(session_id, queries)
     kind = PateKind(
         ctx, peer, releaser, session_id, index, queries, votes, ledger_head, ledger_length
     )

@@ -137,12 +137,12 @@ def test_one_sessions_teachers_do_not_wait_for_anothers(tmp_path, monkeypatch) -
                 for n in (7, 5)
             ]
         releaser = rs.handlers.releasers["synthetic"]
-        big = threading.Thread(target=releaser.prepare_teachers, args=(sids[0],))
+        big = threading.Thread(target=releaser.pate.prepare_teachers, args=(sids[0],))
         big.start()
         try:
             assert entered.wait(TIMEOUT)
             other = threading.Thread(
-                target=lambda: (releaser.prepare_teachers(sids[1]), other_done.set())
+                target=lambda: (releaser.pate.prepare_teachers(sids[1]), other_done.set())
             )
             other.start()
             trained_while_held = other_done.wait(TIMEOUT) and not go.is_set()

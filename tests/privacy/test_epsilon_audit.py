@@ -94,7 +94,7 @@ class Side:
     ) -> np.ndarray:
         s = self.spec if spec is None else spec
         x, info, entry, terms = self.x, self.info, self.entry, self.terms
-        y, rng = self.rel.domain.labels(), self.rel._noise[info.session_id]
+        y, rng = self.rel.domain.labels(), self.rel.live(info.session_id).noise
         return np.array(
             [stat(draw_rows(x, y, terms, s, info, 0, entry, rng)) for _ in range(n)],
             dtype=np.float64,
@@ -656,7 +656,7 @@ def _pate_scale(aggregator: str, pate_epsilon: float) -> float:
     scale = float(info.plan.pate_scale)
     # the releaser's own path once: it charges one answer's event and hands ``noisy_argmax``
     # the scale recorded in the entry (the vote-level audit below uses the same call)
-    rel.answer(info.session_id, 0, np.zeros((1, 2)))
+    rel.pate.answer(info.session_id, 0, np.zeros((1, 2)))
     entry = ledger.store.entries(DATASET)[-1]
     assert entry.dp_event == event_to_json(answers_event(aggregator, scale, 1))
     assert entry.params["scale"] == scale
@@ -976,7 +976,7 @@ def test_record_metric(monkeypatch: pytest.MonkeyPatch) -> None:
         assert isinstance(spec, MetricSpec)
         assert entry.dp_event == event_to_json(spec.dp_event())  # the ledger charged the spec
         feats = rel.features(info.session_id)
-        y_rel, rng = rel.domain.labels(), rel._noise[info.session_id]
+        y_rel, rng = rel.domain.labels(), rel.live(info.session_id).noise
 
         def draws(k: int, s: MetricSpec) -> np.ndarray:
             out = np.empty(k)

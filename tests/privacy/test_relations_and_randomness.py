@@ -90,7 +90,7 @@ def test_noise_is_cryptographic_and_public_randomness_is_separate() -> None:
     a = rel.open_session(_terms(projection="jl"), _disclosure())
     assert public.bit_generator.state != before  # the JL matrix came from the public stream
     b = rel.open_session(_terms(projection="jl"), _disclosure())
-    na, nb = rel._noise[a.session_id], rel._noise[b.session_id]
+    na, nb = rel.live(a.session_id).noise, rel.live(b.session_id).noise
     assert is_cryptographic(na) and is_cryptographic(nb) and na is not nb  # one per session
     assert na is not rel.rng and not np.array_equal(na.random(4), nb.random(4))
     # a seeded (testing) releaser says so in every ledger entry

@@ -54,26 +54,26 @@ def _basis(seed: int) -> np.ndarray:
 def test_a_second_session_with_the_same_terms_does_not_retrain() -> None:
     rel = _releaser()
     first, second = _open(rel, _basis(0)), _open(rel, _basis(0))
-    a = rel.prepare_teachers(first)
-    b = rel.prepare_teachers(second)
-    assert a is b and rel.teacher_cache().trainings == 1
+    a = rel.pate.prepare_teachers(first)
+    b = rel.pate.prepare_teachers(second)
+    assert a is b and rel.pate.teacher_cache().trainings == 1
     q = np.random.default_rng(5).normal(size=(6, 4))
     assert rel.query_teachers(second, 0, q).shape == (6,)
-    assert rel.teacher_cache().trainings == 1  # answering reuses them too
+    assert rel.pate.teacher_cache().trainings == 1  # answering reuses them too
     # another basis, another teacher count or a fresh JL matrix: other teachers
-    rel.prepare_teachers(_open(rel, _basis(1)))
-    rel.prepare_teachers(_open(rel, _basis(0), teachers=6))
-    rel.prepare_teachers(_open(rel, _basis(0), jl=True))
-    assert rel.teacher_cache().trainings == 4
+    rel.pate.prepare_teachers(_open(rel, _basis(1)))
+    rel.pate.prepare_teachers(_open(rel, _basis(0), teachers=6))
+    rel.pate.prepare_teachers(_open(rel, _basis(0), jl=True))
+    assert rel.pate.teacher_cache().trainings == 4
 
 
 def test_closing_a_session_keeps_the_teachers_for_the_next() -> None:
     rel = _releaser()
     sid = _open(rel, _basis(0))
-    rel.prepare_teachers(sid)
+    rel.pate.prepare_teachers(sid)
     rel.close_session(sid)
-    rel.prepare_teachers(_open(rel, _basis(0)))
-    assert rel.teacher_cache().trainings == 1
+    rel.pate.prepare_teachers(_open(rel, _basis(0)))
+    assert rel.pate.teacher_cache().trainings == 1
 
 
 def _ensemble(n_teachers: int = 3) -> TeacherEnsemble:
@@ -156,18 +156,18 @@ def test_a_second_peers_first_answer_retrains_so_it_learns_nothing_of_the_first(
     rel = _releaser()
     a1, a2, b1 = _open(rel, _basis(0)), _open(rel, _basis(0)), _open(rel, _basis(0))
     q = np.random.default_rng(5).normal(size=(6, 4))
-    rel.prepare_teachers(a1, "peer-a")
-    rel.prepare_teachers(a2, "peer-a")
-    assert rel.teacher_cache("peer-a").trainings == 1
-    assert rel.teacher_cache("peer-b").trainings == 0
-    ens_b = rel.prepare_teachers(b1, "peer-b")  # B's first: trained for B
-    assert rel.teacher_cache("peer-b").trainings == 1
-    assert ens_b is not rel.prepare_teachers(a1)  # A's session stays bound to A's cache
-    assert rel.answer(b1, 0, q, peer="peer-b").labels.shape == (6,)
-    assert rel.teacher_cache("peer-b").trainings == 1
+    rel.pate.prepare_teachers(a1, "peer-a")
+    rel.pate.prepare_teachers(a2, "peer-a")
+    assert rel.pate.teacher_cache("peer-a").trainings == 1
+    assert rel.pate.teacher_cache("peer-b").trainings == 0
+    ens_b = rel.pate.prepare_teachers(b1, "peer-b")  # B's first: trained for B
+    assert rel.pate.teacher_cache("peer-b").trainings == 1
+    assert ens_b is not rel.pate.prepare_teachers(a1)  # A's session stays bound to A's cache
+    assert rel.pate.answer(b1, 0, q, peer="peer-b").labels.shape == (6,)
+    assert rel.pate.teacher_cache("peer-b").trainings == 1
     # the same teachers either way: sharing or not changes no vote
-    np.testing.assert_array_equal(rel.votes(b1, q), rel.votes(a1, q))
-    assert rel.teacher_cache("peer-a").trainings == 1
+    np.testing.assert_array_equal(rel.pate.votes(b1, q), rel.pate.votes(a1, q))
+    assert rel.pate.teacher_cache("peer-a").trainings == 1
 
 
 def test_many_open_sessions_hold_no_more_teachers_than_the_peers_bound() -> None:
@@ -178,9 +178,9 @@ def test_many_open_sessions_hold_no_more_teachers_than_the_peers_bound() -> None
     rel = _releaser()
     sessions = [_open(rel, _basis(seed)) for seed in range(PEER_TEACHER_ENTRIES + 3)]
     for sid in sessions:
-        rel.prepare_teachers(sid, "peer-a")
-    cache = rel.teacher_cache("peer-a")
+        rel.pate.prepare_teachers(sid, "peer-a")
+    cache = rel.pate.teacher_cache("peer-a")
     assert len(cache) == PEER_TEACHER_ENTRIES and cache.nbytes <= PEER_TEACHER_BYTES
     assert cache.trainings == len(sessions)
-    rel.votes(sessions[0], np.zeros((2, 4)))  # evicted: trained again, for the same peer
+    rel.pate.votes(sessions[0], np.zeros((2, 4)))  # evicted: trained again, for the same peer
     assert cache.trainings == len(sessions) + 1
