@@ -34,7 +34,8 @@ is the larger of IQR/1.349 and 1.2533 × the mean absolute deviation from the me
 for a normal column; the second stays positive for sparse columns whose quartiles are all 0),
 floored at ``SCALE_FLOOR`` × the column's own median magnitude (a column centred at 0:
 × the median column scale) and at ``ABSOLUTE_FLOOR``. Only where the
-columns' extents spread widely (``SPREAD_RULE``: a table of mixed units) does each column keep
+columns' extents spread widely (``SPREAD_RULE`` between the first and last decile column: a
+table of mixed units) does each column keep
 its own scale; otherwise every column takes their root mean square (features in one unit:
 pixels, term frequencies), as the target's ``uniform`` scaling does. C is the
 ``NORM_QUANTILE`` quantile of the thresholded norm counts, and the rows it clips are estimated
@@ -70,9 +71,13 @@ THRESHOLD = 3.0  # counts below this many noise stds are read as 0 (pooled count
 COLUMN_THRESHOLD = 4.0
 SCALE_FLOOR = 0.1  # a scale is at least this × its column's median (× the median scale at 0)
 # per-column scales only where the columns' extents (their medians' magnitudes, zero medians
-# left out) spread by more than this factor between the first and the third quartile column;
-# else one scale for every column (features that share units: pixels, term frequencies)
+# left out) spread by more than this factor between the first and the last decile column;
+# else one scale for every column (features that share units: pixels, term frequencies). The
+# deciles, not the quartiles: a table of measurements holds a few columns in other units
+# (wine: most columns between 1 and 20, one at 100 and one at 750), and those few would
+# otherwise set the one scale that flattens every other column
 SPREAD_RULE = 30.0
+SPREAD_QUANTILES = (0.1, 0.9)
 ABSOLUTE_FLOOR = 1e-6  # and at least the grid's smallest edge
 
 
@@ -283,11 +288,12 @@ def read_columns(hist: np.ndarray, noise_std: float) -> tuple[np.ndarray, np.nda
 
 
 def mixed_units(extent: np.ndarray) -> bool:
-    """Whether the columns' extents spread by more than ``SPREAD_RULE`` (post-processing)."""
+    """Whether the columns' extents spread by more than ``SPREAD_RULE`` between the
+    ``SPREAD_QUANTILES`` columns (post-processing)."""
     live = extent[extent > 0]
     if live.size < 2:
         return False
-    lo, hi = np.quantile(live, [0.25, 0.75])
+    lo, hi = np.quantile(live, SPREAD_QUANTILES)
     return bool(hi > SPREAD_RULE * lo)
 
 
@@ -343,12 +349,25 @@ def fit(x: np.ndarray, spec: PreprocessingSpec, rng: np.random.Generator) -> Sta
         # too few columns' counts clear their noise (few rows, small ε) to standardize by: the
         # identity and C = 1, the rows as a session without preprocessing releases them
         return Standardization(np.zeros(d), np.ones(d), 1.0, float("nan"), counted)
-    if rows < KNOWN_SHARE * counted:
-        # the norms' counts are mostly below their noise (few rows, small ε): C is the norm of
-        # a row with every standardized coordinate at 1, a public rule, and nothing is estimated
-        # of the rows it clips
+    if rows < KNOWN_SHARE * counted or not plausible_bound(c, d):
+        # the norms' counts are mostly below their noise (few rows, small ε), or they set C
+        # where no standardized table's rows lie: C is the norm of a row with every
+        # standardized coordinate at 1, a public rule, and nothing is estimated of the rows
+        # it clips
         return Standardization(loc, scale, float(np.sqrt(d)), float("nan"), counted)
     return Standardization(loc, scale, c, above, rows)
+
+
+#: a bound read off the noisy norms is kept only within this factor of √d, the norm of a row
+#: whose every standardized coordinate is 1; outside it the reading is noise (a lone count
+#: of noise that cleared the threshold), not the rows
+BOUND_BAND = 4.0
+
+
+def plausible_bound(c: float, d: int) -> bool:
+    """Whether ``c`` lies within ``BOUND_BAND`` of √d (post-processing)."""
+    root = math.sqrt(d)
+    return root / BOUND_BAND <= c <= root * BOUND_BAND
 
 
 def exact_standardization(x: np.ndarray) -> Standardization:

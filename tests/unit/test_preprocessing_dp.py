@@ -17,7 +17,9 @@ from dpda.dp.preprocessing_dp import (
     column_histograms,
     exact_standardization,
     fit,
+    mixed_units,
     norm_histogram,
+    plausible_bound,
     preprocessing_spec,
 )
 from dpda.errors import PolicyRefused
@@ -229,3 +231,32 @@ def test_the_release_brings_the_source_statistics_and_the_model_applies_them() -
     assert np.array_equal(model.predict(xt * 1.5), res.model.predict(v.x))  # type: ignore[attr-defined]
     own = exact_standardization(xt * 1.5)
     assert not np.allclose(v.standardization.loc, own.loc)  # the source's, not the target's
+
+
+def test_a_table_with_a_few_columns_in_other_units_keeps_per_column_scales() -> None:
+    # wine's shape: most columns between 1 and 20, one near 100 and one near 750; the quartile
+    # columns spread by 10 only, but the deciles by more than SPREAD_RULE
+    wine_like = np.array([0.4, 1.0, 1.6, 2.0, 2.3, 2.3, 2.4, 2.6, 5.0, 13.0, 19.0, 100.0, 750.0])
+    assert mixed_units(wine_like)
+    # one unit: pixels or measurements in centimetres, within a factor of a few
+    assert not mixed_units(np.array([1.3, 3.0, 4.3, 5.8]))
+    assert not mixed_units(np.linspace(0.2, 1.0, 100))
+
+
+def test_a_bound_read_where_no_standardized_row_lies_gives_way_to_the_public_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dpda.dp.preprocessing_dp as pre
+
+    d = 16
+    assert plausible_bound(4.0, d) and plausible_bound(1.0, d) and plausible_bound(16.0, d)
+    assert not plausible_bound(0.99, d) and not plausible_bound(16.01, d)
+    x = np.random.default_rng(3).normal(size=(4000, d))
+    spec = preprocessing_spec(1e-6, d, "replace-one", 0.1)  # noise negligible
+    honest = fit(x, spec, np.random.default_rng(4))
+    assert plausible_bound(honest.clip_norm, d) and honest.clipped_rows >= 0
+    for far in (2.0**-6, 1e4):  # what a lone count of noise past the threshold reads
+        monkeypatch.setattr(pre, "read_norms", lambda h, s, c=far: (c, 0.0, 4000.0))
+        st = fit(x, spec, np.random.default_rng(4))
+        assert st.clip_norm == math.sqrt(d) and math.isnan(st.clipped_rows)
+        assert np.array_equal(st.loc, honest.loc)  # the columns' statistics stand
