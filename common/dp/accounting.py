@@ -53,7 +53,7 @@ from dpda.dp.events import (
 from dpda.dp.work_bounds import caches, check_deadline
 
 
-def _check_eps_delta(epsilon: float, delta: float) -> None:
+def check_eps_delta(epsilon: float, delta: float) -> None:
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError("epsilon must be a finite number > 0")
     if not (0 < delta < 1):
@@ -272,7 +272,7 @@ def ledger_epsilon(
     # the groups' keys are their events' canonical JSON: equal keys, equal ε (reading ε off a
     # cached PLD still costs 2–3 ms, and a charge reads it for each cap, on both sides)
     key = (tuple((k, n) for k, _, n in groups), delta, pld_interval)
-    return float(caches().epsilon.get(key, lambda: _branched(groups, delta, pld_interval)))
+    return float(caches().epsilon.get(key, lambda: branched_epsilon(groups, delta, pld_interval)))
 
 
 def group_events(events: Sequence[dp_event.DpEvent]) -> list[tuple[str, dp_event.DpEvent, int]]:
@@ -314,7 +314,7 @@ def branch_groups(
     return [(k, e, n) for k, (e, n) in out.items()]
 
 
-def _branched(
+def branched_epsilon(
     groups: Sequence[tuple[str, dp_event.DpEvent, int]],
     delta: float,
     pld_interval: float,

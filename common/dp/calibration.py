@@ -1,11 +1,14 @@
 """Calibration: the noise or the number of steps that meets an (ε, δ), rounded toward privacy.
 
-Each search inverts a function of ``dpda.dp.accounting`` and returns only a value whose spend
-it computed and found ≤ ε. A composition too large for the thread's work bound
-(``work_bounds.PlanTooLarge``) is not a spend: the searches for a noise scale move toward more
-noise, where compositions are smaller, and never return an unchecked value; the searches for a
-number of steps raise ``StepsTooLarge`` (how many steps were checked, and which count could
-not be computed) rather than call a count that could not be computed one that spends too much.
+Two searches invert a function of ``dpda.dp.accounting``: ``smallest_scale`` for every noise
+scale (a spend that falls as the scale grows) and ``largest_count`` for every number of steps
+(one that grows with the count). Each returns only a value whose spend it computed and found
+≤ ε: the rule that no calibration overshoots ε lives in these two functions. A composition
+too large for the thread's work bound (``work_bounds.PlanTooLarge``) is not a spend: the
+searches for a noise scale move toward more noise, where compositions are smaller, and never
+return an unchecked value; the searches for a number of steps raise ``StepsTooLarge`` (how
+many steps were checked, and which count could not be computed) rather than call a count that
+could not be computed one that spends too much.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from dp_accounting import dp_event
 
 from dpda.dp.accountants import LEDGER_PLD_INTERVAL, TABLE_PLD_INTERVAL, Accountant
 from dpda.dp.accounting import (
-    _branched,
-    _check_eps_delta,
+    branched_epsilon,
+    check_eps_delta,
     group_events,
     ledger_epsilon,
     revealed_sampled_epsilon,
@@ -35,9 +38,16 @@ from dpda.dp.work_bounds import (
     size_bound,
 )
 
-# Relative safety margin used when rounding σ up after a root-finder: it makes the
+# Relative safety margin used when rounding σ up after a closed-form root-finder: it makes the
 # "never overshoots" property hold despite the root-finder's tolerance.
 _SIGMA_ROUND_UP = 1e-9
+# the scales a search tries: below the floor every spend is taken to be met (more noise is
+# never needed), above the ceiling none is
+_SIGMA_FLOOR = 1e-3
+_SIGMA_CEILING = 1e6
+# a noise multiplier for a number of steps: within 1e-4 of ε (the steps' σ sets every batch's
+# noise, so it is searched closer than the exact calibration's default)
+_SIGMA_TOL = 1e-4
 
 
 class CalibrationMethod(StrEnum):
@@ -80,7 +90,7 @@ def sigma_theorem2(epsilon: float, delta: float) -> float:
     σ/w = √(2 (ln(1/(2δ)) + ε)) / ε.  Closed form, so no rounding is needed; it is valid for
     every ε > 0 (unlike the classical bound, which needs ε < 1).
     """
-    _check_eps_delta(epsilon, delta)
+    check_eps_delta(epsilon, delta)
     return math.sqrt(2.0 * (math.log(1.0 / (2.0 * delta)) + epsilon)) / epsilon
 
 
@@ -90,7 +100,7 @@ def sigma_analytic(epsilon: float, delta: float) -> float:
     Uses ``dp_accounting.get_sigma_gaussian`` and rounds the root up until the exact ε of the
     result is ≤ the target, so the answer is always on the noisier side.
     """
-    _check_eps_delta(epsilon, delta)
+    check_eps_delta(epsilon, delta)
     sigma = dp_accounting.get_sigma_gaussian(epsilon, delta)
     sigma *= 1.0 + _SIGMA_ROUND_UP
     while dp_accounting.get_epsilon_gaussian(sigma, delta) > epsilon:
@@ -105,7 +115,7 @@ def calibrate_sigma(epsilon: float, delta: float, method: CalibrationMethod | st
     if method is CalibrationMethod.THEOREM2:
         return sigma_theorem2(epsilon, delta)
     if method is CalibrationMethod.EXACT:
-        _check_eps_delta(epsilon, delta)
+        check_eps_delta(epsilon, delta)
         return exact_noise_scale(
             lambda s: [dp_event.GaussianDpEvent(s)], epsilon, delta, key="gaussian"
         )
@@ -121,7 +131,7 @@ def discrete_laplace_parameter(epsilon: float, sensitivity: int) -> float:
     return epsilon / sensitivity
 
 
-def _largest_ok(ok: Callable[[int], bool], cap: int = 10_000_000) -> int:
+def largest_count(ok: Callable[[int], bool], cap: int = 10_000_000) -> int:
     """Largest t ≥ 1 with ``ok(t)`` for a monotone ``ok`` (0 if none), capped at ``cap``:
     doubling, then bisection with the invariant "ok(lo), not ok(hi)". An ``ok`` whose
     composition is over the size bound (``PlanTooLarge``) is neither: ``StepsTooLarge``
@@ -162,7 +172,7 @@ def max_sampled_gaussian_steps(
 ) -> int:
     """Largest number of steps whose ε stays ≤ ``epsilon`` (rounds toward privacy: down);
     ``StepsTooLarge`` when a count the search needs is over the size bound."""
-    _check_eps_delta(epsilon, delta)
+    check_eps_delta(epsilon, delta)
 
     def ok(t: int) -> bool:
         return (
@@ -174,7 +184,7 @@ def max_sampled_gaussian_steps(
             <= epsilon
         )
 
-    return _largest_ok(ok)
+    return largest_count(ok)
 
 
 def sampled_sigma_for_epsilon(
@@ -185,34 +195,20 @@ def sampled_sigma_for_epsilon(
     accountant: Accountant | str,
     pld_interval: float = TABLE_PLD_INTERVAL,
 ) -> float:
-    """Smallest noise multiplier (rounded up) so that ``steps`` sampled releases cost ≤ ε."""
-    _check_eps_delta(epsilon, delta)
-
-    def eps(sigma: float) -> float:
-        return _or_inf(
+    """Smallest noise multiplier (rounded up) so that ``steps`` sampled releases cost ≤ ε:
+    ``smallest_scale``'s search, so the σ returned is one whose spend was computed."""
+    check_eps_delta(epsilon, delta)
+    return smallest_scale(
+        lambda sigma: _or_inf(
             lambda: sampled_gaussian_epsilon(
                 sigma, sampling_rate, steps, delta, accountant, pld_interval
             )
-        )
-
-    lo, hi = 1e-2, 1.0
-    while eps(hi) > epsilon:
-        lo, hi = hi, hi * 2
-        if hi > 1e6:
-            raise ValueError("no noise level reaches that epsilon")
-    for _ in range(40):  # invariant: hi satisfies the target
-        mid = 0.5 * (lo + hi)
-        if eps(mid) <= epsilon:
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo < 1e-4 * hi:
-            break
-    return hi
-
-
-_SIGMA_FLOOR = 1e-3
-_SIGMA_CEILING = 1e6
+        ),
+        epsilon,
+        start=1.0,
+        first_step=0.5,
+        tol=_SIGMA_TOL,
+    )
 
 
 def revealed_sigma_for_epsilon(
@@ -223,41 +219,24 @@ def revealed_sigma_for_epsilon(
     pld_interval: float = LEDGER_PLD_INTERVAL,
     accountant: Accountant | str = Accountant.PLD,
 ) -> float:
-    """Smallest noise multiplier (rounded up) so that ``steps`` revealed steps cost ≤ ε.
-
-    Bisection on σ with the invariant "``hi`` meets the target", stopped at a relative width
-    of 1e-4; the σ returned is always one that was checked, so it never overshoots ε.
-    Raises ``ValueError`` when no σ ≤ 1e6 meets the target.
+    """Smallest noise multiplier (rounded up) so that ``steps`` revealed steps cost ≤ ε:
+    ``smallest_scale``'s search, so the σ returned is one whose spend was computed and it never
+    overshoots ε. Raises ``ValueError`` when no σ ≤ 1e6 meets the target.
     """
-    _check_eps_delta(epsilon, delta)
+    check_eps_delta(epsilon, delta)
     if steps < 1:
         raise ValueError("steps must be ≥ 1")
-
-    def ok(sigma: float) -> bool:
-        e = _or_inf(
+    return smallest_scale(
+        lambda sigma: _or_inf(
             lambda: revealed_sampled_epsilon(
                 sigma, sampling_rate, steps, delta, pld_interval, accountant
             )
-        )
-        return e <= epsilon
-
-    hi = 1.0
-    while not ok(hi):
-        hi *= 2
-        if hi > _SIGMA_CEILING:
-            raise ValueError("no noise level reaches that epsilon")
-    lo = hi / 2
-    while ok(lo):  # find a σ that fails (invariant: ok(hi), not ok(lo))
-        hi, lo = lo, lo / 2
-        if lo < _SIGMA_FLOOR:
-            return hi
-    while hi - lo > 1e-4 * hi:
-        mid = 0.5 * (lo + hi)
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+        ),
+        epsilon,
+        start=1.0,
+        first_step=0.5,
+        tol=_SIGMA_TOL,
+    )
 
 
 def max_revealed_steps(
@@ -273,7 +252,7 @@ def max_revealed_steps(
     Doubling then bisection with the invariant "``lo`` meets the target"; capped at 10⁷ steps.
     ``StepsTooLarge`` when a count the search needs is over the size bound.
     """
-    _check_eps_delta(epsilon, delta)
+    check_eps_delta(epsilon, delta)
 
     def ok(t: int) -> bool:
         e = _bounded_spend(
@@ -283,7 +262,7 @@ def max_revealed_steps(
         )
         return e <= epsilon
 
-    return _largest_ok(ok)
+    return largest_count(ok)
 
 
 # ------------------------------------------------------------ exact calibration (any events)
@@ -293,7 +272,7 @@ _COARSE_PLD_INTERVAL = 1e-2
 _SCALE_SEARCH_STEPS = 60  # evaluations per search at most (each bracketing or narrowing step)
 
 
-def _smallest_ok(
+def smallest_scale(
     spend: Callable[[float], float], epsilon: float, start: float, first_step: float, tol: float
 ) -> float:
     """The smallest checked scale s with ``spend(s) ≤ epsilon`` for a ``spend`` that falls as s
@@ -307,10 +286,10 @@ def _smallest_ok(
     if f_hi > epsilon:
         lo, f_lo = hi, f_hi
         while f_hi > epsilon:
-            lo, f_lo = hi, f_hi
-            hi, g = lo * (1 + g), 2 * g
-            if hi > _SIGMA_CEILING:
+            if hi >= _SIGMA_CEILING:
                 raise ValueError("no noise level reaches that epsilon")
+            lo, f_lo = hi, f_hi
+            hi, g = min(lo * (1 + g), _SIGMA_CEILING), 2 * g
             f_hi = spend(hi)
     else:
         lo, f_lo = hi, f_hi
@@ -363,14 +342,14 @@ def exact_noise_scale(
     Rounded toward more noise: the answer always spends ≤ ε, and ≥ (1 − ``tol``)·ε unless the
     search reached its floor.
     """
-    _check_eps_delta(epsilon, delta)
+    check_eps_delta(epsilon, delta)
 
     # the coarse grid's rounding (up to one step per pure part) must stay well inside ε
     grid = max(LEDGER_PLD_INTERVAL, min(_COARSE_PLD_INTERVAL, epsilon / 100))
 
     def coarse(s: float) -> float:
         check_deadline()
-        return _or_inf(lambda: _branched(group_events(build(s)), delta, grid, cached=False))
+        return _or_inf(lambda: branched_epsilon(group_events(build(s)), delta, grid, cached=False))
 
     def fine(s: float) -> float:
         return _or_inf(lambda: ledger_epsilon(group_events(build(s)), delta, LEDGER_PLD_INTERVAL))
@@ -378,9 +357,9 @@ def exact_noise_scale(
     def make() -> float:
         start = sigma_analytic(epsilon, delta)  # a single Gaussian's: a starting point only
         try:
-            near = _smallest_ok(coarse, epsilon, start, 0.05, tol)
+            near = smallest_scale(coarse, epsilon, start, 0.05, tol)
         except ValueError:  # the coarse grid's rounding alone may exceed a tiny ε
             near = start
-        return _smallest_ok(fine, epsilon, near, 0.01, tol)
+        return smallest_scale(fine, epsilon, near, 0.01, tol)
 
     return float(caches().scale.get((key, epsilon, delta, tol), make))
