@@ -12,8 +12,8 @@ What each knob means, in the source's own units:
   feature of one record by at most ``attribute_bound``, measured in the source's per-row
   representation (after the per-row transform, before any scaling the target sends). It protects
   neither labels nor membership: rows are released sorted by label, and knowing only a record's own
-  features an adversary reads its label off the nearest noisy row (measured: 100% at ε = 8 on
-  Office-Caltech C→A). So the attribute unit needs the explicit opt-in
+  features an adversary reads its label off the nearest noisy row (``dpda bench label-leak``;
+  docs/privacy-model.md gives the rates). So the attribute unit needs the explicit opt-in
   ``attribute_unit_exposes_labels_and_membership = true``.
 * ``neighbouring``: ``replace-one`` only. The source discloses exact sizes (``n_rows``; a whole
   batch has exactly ``ns`` rows), so add/remove neighbours differ visibly in size and the only
@@ -84,8 +84,8 @@ class PrivacyPolicy(BaseModel):
     preprocessing_share_range: tuple[float, float] = (0.02, 0.3)
     # sinkhorn-synthetic: the source's own bound on one release's work, in multiply-adds of its
     # gradient steps (``synthetic_work``); the release runs under the daemon's lock, so a peer
-    # must not be able to ask for minutes of it (measured at the bound: 0.18–0.37 s over five
-    # shapes from ℓ = 1, 100 points to 20k rows, ℓ = 50; the default terms ask about 5e7)
+    # must not be able to ask for minutes of it (its time at the bound: docs/results.md, "DP
+    # synthetic points through a Sinkhorn loss"; the default terms ask about 5e7)
     max_synthetic_work: float = Field(default=4e8, gt=0)
     # the learned ground cost (``dpda.dp.metric``): a record-level release (whole
     # records, replace-one, an exact Gaussian charge) of a new kind, reading the labels: an
@@ -285,7 +285,7 @@ def check_plan(policy: PrivacyPolicy, plan: Any, terms: Any) -> None:
 def reweighting_work(steps: int, rows: int, dim: int) -> float:
     """Multiply-adds of ``steps`` reweighting steps on ``rows`` public rows of ``dim``: per step
     M(q) and the gradient (2·m·d²), the eigendecomposition (≈ 10·d³), and a fixed cost of
-    ≈ 40 µs a step (measured at m = 2, d = 1), counted as 10⁵."""
+    counted as 10⁵ (docs/results.md, "Where the constants come from")."""
     return float(steps) * (2.0 * rows * dim * dim + 10.0 * dim**3 + 1e5)
 
 

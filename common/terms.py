@@ -39,8 +39,8 @@ LABEL_CAVEAT = (
 # smaller, so a small share costs the sums almost nothing. One constant, to be tuned.
 AGGREGATE_HISTOGRAM_SHARE = 0.1
 
-# Defaults that differ by release (measured: dpda simulate on 6 Office-Caltech pairs and M↔U,
-# seed 0, ε = 8: sinkhorn-synthetic 37.7 → 48.8 with these two; see the README).
+# Defaults that differ by release (chosen with dpda simulate on Office-Caltech and the digits:
+# docs/results.md, "DP synthetic points through a Sinkhorn loss").
 RELEASE_DEFAULTS: dict[str, dict[str, Any]] = {
     "sinkhorn-synthetic": {"histogram_share": 0.1, "calibration": "analytic"},
     "prototypes": {"histogram_share": AGGREGATE_HISTOGRAM_SHARE, "calibration": "exact"},
@@ -392,8 +392,8 @@ class SessionTerms(BaseModel):
         if self.release == "rows" and self.privacy_unit == "record" and self.dpda:
             # Rows are sent sorted by label. Replacing one record by one of another class moves
             # one row across every block boundary in between, so the released vector changes at
-            # up to q positions (≈ 2C·√(classes crossed + 1), measured 3.8C at 5 classes), not
-            # at one (2C). No bound is charged for that, so the combination is refused.
+            # up to q positions (≈ 2C·√(classes crossed + 1)), not at one (2C). No bound is
+            # charged for that, so the combination is refused.
             raise ValueError(
                 "release: per-row releases are offered under the attribute unit only (under the "
                 "record unit a label change moves rows across every class block in between); "

@@ -292,8 +292,8 @@ class SourceReleaser(SessionPreprocessing):
         charged, drawn or written: the release still checks and charges for itself and finds
         the composition cached. The daemon runs this after ``OpenSession`` for the first
         release, and after each release for the next, while the target fits the last one
-        (cold, a composition costs 30–130 ms, measured, that otherwise sits inside the
-        release, under the handlers' lock). The features are not prepared ahead: a session
+        (a cold composition's time otherwise sits inside the release, under the handlers'
+        lock: docs/results.md, "Service overhead"). The features are not prepared ahead: a session
         costs no memory until a release needs it."""
         terms, info = self.session(session_id)
         if not (0 <= index < info.plan.releases):

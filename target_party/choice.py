@@ -55,13 +55,12 @@ CRITERIA = ("silhouette", "entropy", "snd", "consistency", "counts")
 # the criterion that keeps one arm where the vote does not serve: the best silhouette among
 # the arms whose predicted class shares are within COUNT_GATE (total variation) of the noisy
 # counts' (any arm when none is).
-# Measured on the suite (seeds 0–2) and Office-Caltech (seed 0) at ε 8 and 2: the sum of the
-# standardized entropy and consistency ("entropy+consistency") does 0.4 better on the suite
-# and 2.2 worse on Office-Caltech at ε = 2 (docs/results.md)
+# Chosen on the suite and Office-Caltech at ε 8 and 2 against the other criteria and their
+# sums (docs/results.md#devsuite)
 CRITERION = "silhouette"
 # what the job keeps: the majority vote of the adapted arms near the noisy counts ("vote"),
-# or the one arm ``CRITERION`` scores best (any other value). Measured on the development suite
-# and Office-Caltech (seeds 0–2, ε 8 and 2; docs/results.md)
+# or the one arm ``CRITERION`` scores best (any other value). Chosen on the development suite
+# and Office-Caltech (docs/results.md#devsuite)
 RULE = "vote"
 COUNT_GATE = 0.2
 SCALINGS = ("uniform", "zscore")  # the target's column scalings an arm may use

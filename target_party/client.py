@@ -296,18 +296,17 @@ class GrpcReleaseSource:
         return info
 
     def compose_ahead(self, terms: SessionTerms, scaling_std: np.ndarray | None) -> None:
-        """Started as the job starts, in the background while the target computes its own
-        part of the session (its basis, the clip norm): the ledger sync ``open_session`` would
-        do first, then the session's plan and first charge composed onto the synced ledger —
-        what the plan check and the pre-check (1) compute once the signed plan is back (cold,
-        30–90 ms of PLD, measured, that would otherwise sit between OpenSession and the first
-        release; the accountant's caches make a later ask wait for a composition in flight
-        rather than start its own). ``open_session`` waits for the sync only. A release's event
-        depends on the terms and the source's size (``describe``), not on the projection or
-        the clip norm (only its sensitivity does), so an identity basis stands in for the
-        target's; the real plan and check are computed again from what the source signs. A
-        failed sync is ``open_session``'s error; a failed composition only leaves the cache
-        cold."""
+        """Started as the job starts, in the background while the target computes its own part of
+        the session (its basis, the clip norm): the ledger sync ``open_session`` would do first,
+        then the session's plan and first charge composed onto the synced ledger — what the plan
+        check and the pre-check (1) compute once the signed plan is back (cold PLD compositions that
+        would otherwise sit between OpenSession and the first release: docs/results.md, "Service
+        overhead"; the accountant's caches make a later ask wait for a composition in flight rather
+        than start its own). ``open_session`` waits for the sync only. A release's event depends on
+        the terms and the source's size (``describe``), not on the projection or the clip norm (only
+        its sensitivity does), so an identity basis stands in for the target's; the real plan and
+        check are computed again from what the source signs. A failed sync is ``open_session``'s
+        error; a failed composition only leaves the cache cold."""
         facts = self.facts
 
         def compose() -> None:

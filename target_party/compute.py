@@ -31,8 +31,7 @@ from dpda.errors import ConfigError
 from dpda.service.config import ComputeConfig
 
 # Peak bytes of one fit (cost, kernel, plan and the solver's work arrays) per plan entry
-# (source points × target rows): 13.3–13.8 measured at 1,000 × 10,000 and 1,000 × 20,000
-# (README, "Past one machine"), rounded up.
+# (source points × target rows), rounded up from docs/results.md#past-one-machine.
 BYTES_PER_CELL = 16
 # the share of a worker's memory one fit may take: Dask starts spilling at 60% of the limit and
 # pauses the worker at 80%, and a worker also holds the target's rows and finished results

@@ -29,11 +29,10 @@ from typing import Any
 
 from dpda.terms import SessionTerms
 
-# calibrated on two measured jobs of `dpda simulate` (prototypes, 64 columns, an unlabeled
-# target) on this project's 2-core machine: memory on 100,000 source and 10⁶ target rows
-# (3,732 MB peak), time on 20,000 source and 200,000 target rows (26 s of CPU)
+# calibrated on two jobs of `dpda simulate` (prototypes, 64 columns, an unlabeled target) on 2
+# cores, one for memory and one for time (docs/results.md#at-a-users-scale)
 BASE_MB = 260.0  # the interpreter, numpy, scikit-learn, the CLI: the job at 2,000 rows
-MEMORY_FACTOR = 1.85  # the measured peak above BASE_MB over the shapes' sum
+MEMORY_FACTOR = 1.85  # the calibration job's peak above BASE_MB over the shapes' sum
 BASE_SECONDS = 3.0
 SECONDS_PER_CELL = 3.0e-7  # a plan entry of one fit (cost, solve, map), CPU seconds
 SECONDS_PER_ROW_COLUMN = 1.0e-7  # reading, scaling and labelling a target row, per column

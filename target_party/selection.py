@@ -32,7 +32,7 @@ log = logging.getLogger("dpda.target")
 # (reg_e, reg_g): entropic strength on the max-normalized cost × group-lasso strength
 GRID = tuple((e, g) for e in (0.01, 0.02, 0.05, 0.1) for g in (0.1, 0.5, 2.0))
 SELECT_MAX_CELLS = 2e7  # plan entries over all releases; above it the grid would cost minutes
-NEIGHBOURS = 20  # target rows consulted per source point (5, 20, 50 measured: README)
+NEIGHBOURS = 20  # target rows consulted per source point (chosen among 5, 20, 50: README)
 
 
 def circular_score(

@@ -158,6 +158,6 @@ class SourceTransport:
 
     def close(self) -> None:
         # unsubscribed first: closing a watched channel waits for gRPC's connectivity poller
-        # (measured 100–140 ms per job)
+        # (docs/results.md, "Service overhead")
         self.raw_channel.unsubscribe(self._watch)
         self.channel.close()

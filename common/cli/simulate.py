@@ -363,7 +363,7 @@ TERM_HELP = {
     "projection_dim": "ℓ, the projected dimension",
     "batch_size": "Poisson minibatch size B (0: one whole-dataset release)",
     "steps": "minibatches (0: as many as ε allows, at most --max-steps)",
-    "histogram_noise_ratio": "minibatch histogram σ_h/σ (0.5 measured best with a calibrated σ)",
+    "histogram_noise_ratio": "minibatch histogram σ_h/σ (0.5: the best with a calibrated σ)",
     "clip_norm": "record unit: the row norm bound C",
     "release": "default: prototypes (record unit), rows (attribute unit, Algorithm 2); "
     "sinkhorn-synthetic: DP-Sinkhorn synthetic points (record unit)",

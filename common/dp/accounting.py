@@ -355,9 +355,8 @@ def _ledger_epsilon(
     if any(_has_exponential(e) for _, e, _ in groups):
         # The PLD accountant sees an exponential-mechanism step only as generic ε₀-DP; its
         # bounded range (ε₀²/8-zCDP, Cesar & Rogers 2021) is known to the RDP accountant alone.
-        # Both bound ε at δ for the same events, so the smaller bound holds (measured: T = 1000
-        # steps calibrated to ε = 1 by RDP are ε = 2.49 to PLD). Ledgers without such steps keep
-        # the PLD figure exactly.
+        # Both bound ε at δ for the same events, so the smaller bound holds (how far apart they
+        # are: docs/privacy-model.md). Ledgers without such steps keep the PLD figure exactly.
         every = [dp_event.SelfComposedDpEvent(e, n) if n > 1 else e for _, e, n in groups]
         eps = min(eps, epsilon_of(every, delta, Accountant.RDP))
     return eps

@@ -63,9 +63,8 @@ from dpda.dp.mechanisms import MIN_GAUSSIAN_STD, gaussian_noise
 
 # ε shares (column sums, sums of squares, covariance), chosen from measurements (README)
 DEFAULT_SHARES = (0.15, 0.15, 0.7)
-# C_z = Z_CLIP·√k (the noise grows with C_z²; rows past it are clipped). Measured (ε_t = 4,
-# seeds 0–1, six Office-Caltech pairs, M↔U, synthetic): 0.15 / 0.25 / 0.5 / 1.0 give OC
-# 28.0 / 27.0 / 23.3 / 16.6, M→U 54.3 / 58.8 / 67.0 / 64.5, U→M 45.6 / 48.1 / 51.3 / 53.0
+# C_z = Z_CLIP·√k (the noise grows with C_z²; rows past it are clipped); chosen on
+# Office-Caltech and the digits (docs/results.md, "Where the constants come from")
 Z_CLIP = 0.5
 # the representation's natural row bound, used as C when none is configured
 NATURAL_CLIP = {"sqrt": 1.0, "l2": 1.0, "rownorm": 1.0}

@@ -116,16 +116,15 @@ def gaussian_pld_points(
     multiplier σ (sensitivity 1), each taken with probability ``sampling_rate`` when
     ``sampled``, on a grid of ``interval``.
 
-    Plain Gaussians are built as one Gaussian of μ = √count/σ, whose grid spans the loss of
-    both neighbours: about (20·μ + μ²)/interval points (measured 20–120·μ/interval for
-    μ = 1–100); this takes (30·μ + 1.25·μ²). Sampled steps are built once and self-composed:
-    the composition keeps one step's span (30·μ + 1.25·μ² at μ = 1/σ; 80·μ + 1.25·μ² for a
-    revealed coin, whose mixture with the identity keeps the Gaussian's whole truncated span)
-    plus the bulk of the composed loss, which spreads as √count·s, s the standard deviation
-    of one step's loss: p·√(e^{μ²} − 1) (its χ² divergence) but at most μ for a Poisson
-    sampled step, √(p·μ² + p(1 − p)·μ⁴/4) for a revealed one (no loss, or the Gaussian's
-    N(μ²/2, μ²)). This takes the span plus 34·√count·s, all over ``interval``: measured
-    1.15–6.4× the points built for σ ∈ [0.5, 5], p ∈ [10⁻³, 1], count ≤ 10⁴, both kinds.
+    Plain Gaussians are built as one Gaussian of μ = √count/σ, whose grid spans the loss of both
+    neighbours: about (20·μ + μ²)/interval points; this takes (30·μ + 1.25·μ²). Sampled steps are
+    built once and self-composed: the composition keeps one step's span (30·μ + 1.25·μ² at μ = 1/σ;
+    80·μ + 1.25·μ² for a revealed coin, whose mixture with the identity keeps the Gaussian's whole
+    truncated span) plus the bulk of the composed loss, which spreads as √count·s, s the standard
+    deviation of one step's loss: p·√(e^{μ²} − 1) (its χ² divergence) but at most μ for a Poisson
+    sampled step, √(p·μ² + p(1 − p)·μ⁴/4) for a revealed one (no loss, or the Gaussian's N(μ²/2,
+    μ²)). This takes the span plus 34·√count·s, all over ``interval``: above the points built for
+    the shapes docs/results.md lists ("Where the constants come from").
     """
     if noise_multiplier <= 0:
         return 0.0  # not DP at all: nothing is discretized
