@@ -19,47 +19,12 @@ from dpda.ot.costs import dpot_cost, label_mask
 from dpda.ot.fast import SinkhornState, Workspace
 from dpda.ot.mapping import barycentric_map
 from dpda.ot.solvers import OTResult, one_hot, sinkhorn_group_lasso, uniform
+from dpda.ot.traffic import Traffic
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo
 from dpda.target_party.compute import Compute, split_rows
 from dpda.target_party.training import ROW_CLASSIFIERS, accuracy, fit_on_rows, fit_predict
 from dpda.target_party.view import AdaptConfig, LocalSpace, TargetView
 from dpda.terms import SessionTerms, synthetic_params
-
-
-@dataclass(frozen=True)
-class FitTraffic:
-    """What a job's fits did, summed over its batches: the counts ``dpda bench speed --visda``
-    and ``dpda bench scale`` print beside the bytes-over-bandwidth bound."""
-
-    fits: int = 0
-    kernel_builds: int = 0
-    passes: int = 0  # passes over a kernel: one per Sinkhorn iteration
-    bytes_read: int = 0  # bytes of plan-sized arrays read (solver, cost, products)
-    pass_bytes: int = 0  # bytes the passes alone must read (passes × plan bytes)
-    seconds: float = 0.0  # the fits' own time (where they ran)
-
-    @classmethod
-    def of(cls, fits: list[BatchFit]) -> FitTraffic:
-        return cls(
-            fits=len(fits),
-            kernel_builds=sum(f.kernel_builds for f in fits),
-            passes=sum(f.passes for f in fits),
-            bytes_read=sum(f.bytes_read for f in fits),
-            pass_bytes=sum(f.pass_bytes for f in fits),
-            seconds=float(sum(f.seconds for f in fits)),
-        )
-
-    def to_json(self) -> dict[str, float]:
-        per = max(self.fits, 1)
-        return {
-            "fits": self.fits,
-            "kernel_builds_per_fit": self.kernel_builds / per,
-            "passes_per_fit": self.passes / per,
-            "bytes_read_per_fit": self.bytes_read / per,
-            "pass_bytes_per_fit": self.pass_bytes / per,
-            "read_over_pass_bytes": self.bytes_read / max(self.pass_bytes, 1),
-            "seconds_per_fit": self.seconds / per,
-        }
 
 
 @dataclass(frozen=True)
@@ -75,12 +40,8 @@ class BatchFit:
     points: np.ndarray  # (n, ℓ) the source points transported (noisy rows, prototypes, …)
     weights: np.ndarray  # (n,) their masses
     # what the fit read (the solver's passes plus the cost's normalization and the three
-    # products with the plan: images, class masses, back-mapped rows)
-    kernel_builds: int = 0
-    passes: int = 0
-    bytes_read: int = 0
-    pass_bytes: int = 0  # what the passes alone must read: passes × the plan's bytes
-    seconds: float = 0.0  # the fit's own time, where it ran
+    # products with the plan: images, class masses, back-mapped rows), and its own time
+    traffic: Traffic = Traffic()
     # target-side potentials of the first entropic solve, in the raw cost's units (the warm
     # start of a later batch's fit); None when the fit covers a subset of the target's rows
     warm: np.ndarray | None = None
@@ -165,15 +126,16 @@ def fit_points(
         back_mapped=barycentric_map(plan.T, pts, res.cols) if back_map else None,
         points=pts,
         weights=a,
-        kernel_builds=res.kernel_builds,
-        passes=res.passes,
         # + the cost's normalization (its maximum, then the division) and the products with
         # the plan: the two maps, and Yᵀγ where the solver did not sum it
-        bytes_read=res.bytes_read
-        + 2 * cost.normalized.nbytes
-        + (1 + back_map + (res.class_mass is None)) * plan.nbytes,
-        pass_bytes=res.passes * plan.nbytes,
-        seconds=time.perf_counter() - t0,
+        traffic=res.traffic
+        + Traffic(
+            bytes_read=2 * cost.normalized.nbytes
+            + (1 + back_map + (res.class_mass is None)) * plan.nbytes,
+            pass_bytes=res.traffic.passes * plan.nbytes,
+            fits=1,
+            seconds=time.perf_counter() - t0,
+        ),
         warm=None if out is None else out.beta * cost.scale,
     )
 
@@ -412,11 +374,8 @@ def combine(pieces: list[BatchFit], shares: list[float], weights: np.ndarray) ->
         back_mapped=back,
         points=np.vstack([f.points for f in pieces]),
         weights=weights,
-        kernel_builds=sum(f.kernel_builds for f in pieces),
-        passes=sum(f.passes for f in pieces),
-        bytes_read=sum(f.bytes_read for f in pieces),
-        pass_bytes=sum(f.pass_bytes for f in pieces),
-        seconds=sum(f.seconds for f in pieces),
+        # the pieces are one fit of the batch
+        traffic=replace(sum((f.traffic for f in pieces), Traffic()), fits=1),
         warm=pieces[0].warm,
     )
 

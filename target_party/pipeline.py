@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from dpda.errors import ConfigError, PeerMisbehaved
+from dpda.ot.traffic import Traffic
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo, TargetDisclosure
 from dpda.target_party.arms import pate, without_adaptation
 from dpda.target_party.compute import Compute
 from dpda.target_party.fitting import (
     Fitted,
-    FitTraffic,
     JobSession,
     PendingFit,
     release_workspace,
@@ -68,7 +68,7 @@ class DPDAResult:
         default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False
     )
     target_projected: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
-    fit_traffic: FitTraffic = field(default_factory=FitTraffic)
+    fit_traffic: Traffic = field(default_factory=Traffic)
     # the view the model was fitted in (its scaling and standardization: the saved model's)
     view: TargetView | None = field(default=None, repr=False)
     # what the release was forecast to be worth (``forecast.forecast``: as ``dpda target plan``)
@@ -294,7 +294,7 @@ def _result(
         terms=s.terms,
         session_id=s.info.session_id,
         selection=selection,
-        fit_traffic=FitTraffic.of(fits),
+        fit_traffic=sum((f.traffic for f in fits), Traffic()),
         view=view,
         forecast=forecast(s.terms, s.info.plan, s.info.n_rows, s.info.n_classes, view.x.shape[0]),
     )

@@ -18,8 +18,9 @@ Rows are cut into ``SPANS`` spans, each with its own accumulators, run on ``thre
 threads (numpy releases the GIL; the solver holds BLAS to one thread per caller meanwhile): the
 result does not depend on the number of threads.
 
-``Traffic`` counts kernel builds, passes over the kernel (one per Sinkhorn iteration) and every
-byte of an ``n × m`` array read; ``bytes_read / (passes · nm · itemsize)`` is how much the solve
+A ``Tally`` counts, as the passes run, kernel builds, passes over the kernel (one per Sinkhorn
+iteration) and every byte of an ``n × m`` array read; the solve reports it as a
+``dpda.ot.traffic.Traffic``. ``bytes_read / (passes · nm · itemsize)`` is how much the solve
 reads beyond what its Sinkhorn iterations must.
 """
 
@@ -32,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from dpda.ot.traffic import Traffic
+
 BLOCK_ELEMS = 1 << 19  # elements per block: 2 MB of float32, held in cache between operations
 # row spans, each with its own accumulators, whatever the number of threads that run them: the
 # sums, so the plan, are then the same bit for bit on one thread or several
@@ -40,17 +43,15 @@ _UNDERFLOW = 1e-30  # a kernel column whose largest entry is below this is shift
 
 
 @dataclass
-class Traffic:
-    """What a solve did: kernel builds, passes over the kernel, bytes of ``n × m`` arrays read."""
+class Tally:
+    """What a solve's passes did so far, counted as they run (``traffic()``: the value)."""
 
     kernel_builds: int = 0
     passes: int = 0
     bytes_read: int = 0
 
-    def add(self, other: Traffic) -> None:
-        self.kernel_builds += other.kernel_builds
-        self.passes += other.passes
-        self.bytes_read += other.bytes_read
+    def traffic(self) -> Traffic:
+        return Traffic(self.kernel_builds, self.passes, self.bytes_read)
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def build_kernel(
     shift: np.ndarray,
     layout: Rows,
     pool: ThreadPoolExecutor | None,
-    traffic: Traffic,
+    traffic: Tally,
     g: np.ndarray | None = None,
     table: np.ndarray | None = None,
     alpha: float | None = None,
@@ -186,7 +187,7 @@ def sweep(
     u: np.ndarray,
     layout: Rows,
     pool: ThreadPoolExecutor | None,
-    traffic: Traffic,
+    traffic: Tally,
 ) -> np.ndarray:
     """One pass: ``u = a / Kv`` (into ``u``), then return ``Kᵀu``."""
     tiny = np.finfo(k.dtype).tiny
@@ -220,7 +221,7 @@ def direction(
     n_classes: int,
     layout: Rows,
     pool: ThreadPoolExecutor | None,
-    traffic: Traffic,
+    traffic: Tally,
 ) -> tuple[float, np.ndarray, np.ndarray]:
     """Overwrite ``k`` with ``Δ = u∘K∘v − G``; return ``⟨C,Δ⟩``, ``Yᵀ(G∘Δ)``, ``Yᵀ(Δ∘Δ)``."""
     m = k.shape[1]
@@ -261,7 +262,7 @@ def step(
     alpha: float,
     layout: Rows,
     pool: ThreadPoolExecutor | None,
-    traffic: Traffic,
+    traffic: Tally,
 ) -> None:
     """``G += alpha·Δ`` (``Δ`` scaled in place)."""
 
@@ -282,7 +283,7 @@ def plan(
     v: np.ndarray,
     layout: Rows,
     pool: ThreadPoolExecutor | None,
-    traffic: Traffic,
+    traffic: Tally,
 ) -> None:
     """Overwrite ``k`` with the plan ``u∘K∘v``."""
 
@@ -306,7 +307,7 @@ class Summary:
 
 
 def squares(
-    g: np.ndarray, n_classes: int, layout: Rows, pool: ThreadPoolExecutor | None, traffic: Traffic
+    g: np.ndarray, n_classes: int, layout: Rows, pool: ThreadPoolExecutor | None, traffic: Tally
 ) -> np.ndarray:
     """``Yᵀ(G∘G)`` (q, m), float64."""
     m = g.shape[1]
@@ -331,7 +332,7 @@ def summary(
     n_classes: int,
     layout: Rows,
     pool: ThreadPoolExecutor | None,
-    traffic: Traffic,
+    traffic: Tally,
 ) -> Summary:
     n, m = g.shape
     rows = np.empty(n)

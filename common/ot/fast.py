@@ -38,7 +38,8 @@ import numpy as np
 from ot.optim import scalar_search_armijo
 
 from dpda.ot import _blocked
-from dpda.ot._blocked import Traffic
+from dpda.ot._blocked import Tally
+from dpda.ot.traffic import Traffic
 
 _EPS_NORM = 1e-12
 _CHUNK = 1 << 17  # elements per BLAS dot in dot64: a few hundred KB
@@ -238,7 +239,7 @@ def _scalings(
     b: np.ndarray,
     layout: _blocked.Rows,
     pool: ThreadPoolExecutor | None,
-    traffic: Traffic,
+    traffic: Tally,
     max_iter: int,
     stop_thr: float,
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
@@ -308,7 +309,7 @@ def group_lasso(
         labels, a = labels[order], np.asarray(a)[order]
     threads = solver_threads() if threads is None else max(1, threads)
     layout = _blocked.rows_for(n, m, threads, labels)
-    traffic = Traffic()
+    traffic = Tally()
     a_d: np.ndarray = a.astype(dtype)
     b_d: np.ndarray = b.astype(dtype)
     inner: list[int] = []
@@ -390,7 +391,7 @@ def group_lasso(
         outer=outer,
         inner=inner,
         marginal_error=marginal,
-        traffic=traffic,
+        traffic=traffic.traffic(),
         start_state=start_state,
         rows=rows,
         cols=done.cols,

@@ -32,7 +32,7 @@ import ot
 
 from dpda.errors import SolverFailed
 from dpda.ot import fast
-from dpda.ot._blocked import Traffic
+from dpda.ot.traffic import Traffic
 
 _EPS_NORM = 1e-12
 MASK_COST = 1e3  # masked entries of a normalized cost: exp(-1e3 / λe) underflows to exactly 0
@@ -48,9 +48,7 @@ class OTResult:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     # what the fast engine read (zero for POT's): kernel builds, passes over the kernel (one
     # per Sinkhorn iteration), bytes of n × m arrays read
-    kernel_builds: int = 0
-    passes: int = 0
-    bytes_read: int = 0
+    traffic: Traffic = field(default_factory=Traffic)
     # the dual potentials of the first entropic solve: ``start`` for the next problem with the
     # same target rows and marginal (None from the POT engine or a start at a·bᵀ)
     start_state: fast.SinkhornState | None = None
@@ -111,7 +109,6 @@ def _finish(
         raise SolverFailed("transport plan is degenerate (mass far from 1)")
     err = max(float(np.abs(rows - a).sum()), float(np.abs(cols - b).sum()))
     msgs = tuple(sorted({str(w.message) for w in caught}))
-    traffic = info.traffic if info is not None else Traffic()
     return OTResult(
         plan=plan,
         transport_cost=info.cost
@@ -121,9 +118,7 @@ def _finish(
         converged=err <= tol,
         marginal_error=err,
         warnings=msgs,
-        kernel_builds=traffic.kernel_builds,
-        passes=traffic.passes,
-        bytes_read=traffic.bytes_read,
+        traffic=info.traffic if info is not None else Traffic(),
         start_state=info.start_state if info is not None else None,
         class_mass=info.class_mass if info is not None else None,
         rows=rows,
@@ -202,49 +197,132 @@ def sinkhorn_group_lasso(
     threads: int | None = None,
     workspace: fast.Workspace | None = None,
 ) -> OTResult:
-    """Entropic + group-lasso OT by generalized conditional gradient (POT's ``gcg`` iterations).
-
-    ``warm_start=False`` starts from ``a·bᵀ`` exactly as POT's ``sinkhorn_l1l2_gl`` does.
-
-    Fast engine only: ``inner_tol`` is the L1 marginal error at which each inner Sinkhorn solve
-    stops (default ``1e-6``, float32 resolution; the plan is a convex combination of the inner
-    plans, so its own marginal error stays below the largest of theirs: ``tol / 4`` still
-    reports ``converged``). ``start``: the ``start_state`` of an earlier result with the same
-    target rows and marginal, in the units of this ``cost`` (a warm start for the first solve;
-    the plan is the same fixed point). ``threads``: threads for the passes over the plan
-    (default: the BLAS threads in effect). ``workspace``: buffers reused from solve to solve
-    (``fast.Workspace``); the plan is then valid until the workspace's next solve.
-    """
+    """Entropic + group-lasso OT by generalized conditional gradient (POT's ``gcg`` iterations):
+    ``group_lasso_fast`` (``engine="fast"``) or ``group_lasso_pot`` (``engine="pot"``), which
+    document their arguments. The fast engine's own options (``inner_tol``, ``start``,
+    ``threads``, ``workspace``) are refused with the POT engine."""
     _check_inputs(a, b, cost)
     labels = np.asarray(labels)
     if labels.shape != (a.size,):
         raise ValueError("labels must have shape (n,)")
     if engine == "fast":
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            plan, info = fast.group_lasso(
-                a,
-                b,
-                cost,
-                one_hot(labels),
-                reg_e,
-                reg_g,
-                outer_iter=outer_iter,
-                inner_iter=inner_iter,
-                stop_thr=stop_thr,
-                inner_stop_thr=1e-6 if inner_tol is None else inner_tol,
-                warm_start=warm_start,
-                start=start,
-                threads=threads,
-                workspace=workspace,
-            )
-        return _finish(plan, a, b, cost, info.outer, caught, tol, info)
+        return group_lasso_fast(
+            a, b, cost, labels, reg_e, reg_g, outer_iter=outer_iter, inner_iter=inner_iter,
+            stop_thr=stop_thr, tol=tol, warm_start=warm_start, inner_tol=inner_tol, start=start,
+            threads=threads, workspace=workspace,
+        )  # fmt: skip
     _check_engine(engine)
-    f, df = group_lasso_terms(one_hot(labels))
+    if not (inner_tol is None and start is None and threads is None and workspace is None):
+        raise ValueError("inner_tol, start, threads and workspace serve the fast engine only")
+    return group_lasso_pot(
+        a, b, cost, labels, reg_e, reg_g, outer_iter=outer_iter, inner_iter=inner_iter,
+        stop_thr=stop_thr, tol=tol, warm_start=warm_start,
+    )  # fmt: skip
+
+
+def group_lasso_fast(
+    a: np.ndarray,
+    b: np.ndarray,
+    cost: np.ndarray,
+    labels: np.ndarray,
+    reg_e: float,
+    reg_g: float,
+    *,
+    outer_iter: int = 10,
+    inner_iter: int = 200,
+    stop_thr: float = 1e-9,
+    tol: float = 1e-3,
+    warm_start: bool = True,
+    inner_tol: float | None = None,
+    start: fast.SinkhornState | None = None,
+    threads: int | None = None,
+    workspace: fast.Workspace | None = None,
+) -> OTResult:
+    """The group-lasso problem by this package's blocked solver (``dpda.ot.fast``), in float32.
+
+    Parameters
+    ----------
+    a, b : numpy.ndarray
+        Source (n,) and target (m,) marginals, each summing to 1.
+    cost : numpy.ndarray
+        The (n, m) cost, already normalized.
+    labels : numpy.ndarray
+        The (n,) class of each source row.
+    reg_e, reg_g : float
+        Entropic and group-lasso strengths.
+    outer_iter, inner_iter : int
+        Conditional-gradient steps, and Sinkhorn iterations within each.
+    stop_thr : float
+        Relative change of the objective at which the outer loop stops.
+    tol : float
+        L1 marginal error under which the result reports ``converged``.
+    warm_start : bool
+        Start from the entropic plan (``False``: from ``a·bᵀ``, as POT's ``sinkhorn_l1l2_gl``).
+    inner_tol : float, optional
+        The L1 marginal error at which each inner Sinkhorn solve stops (default ``1e-6``,
+        float32 resolution; the plan is a convex combination of the inner plans, so its own
+        marginal error stays below the largest of theirs: ``tol / 4`` still reports
+        ``converged``).
+    start : dpda.ot.fast.SinkhornState, optional
+        The ``start_state`` of an earlier result with the same target rows and marginal, in
+        this ``cost``'s units: a warm start for the first solve (the plan is the same fixed
+        point).
+    threads : int, optional
+        Threads for the passes over the plan (default: the BLAS threads in effect).
+    workspace : dpda.ot.fast.Workspace, optional
+        Buffers reused from solve to solve; the plan is then valid until its next solve.
+    """
+    _check_inputs(a, b, cost)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        # Start from the entropic plan, not POT's default a·bᵀ: every iterate is then a convex
-        # combination of plans that respect masked (forbidden) entries exactly.
+        plan, info = fast.group_lasso(
+            a,
+            b,
+            cost,
+            one_hot(np.asarray(labels)),
+            reg_e,
+            reg_g,
+            outer_iter=outer_iter,
+            inner_iter=inner_iter,
+            stop_thr=stop_thr,
+            inner_stop_thr=1e-6 if inner_tol is None else inner_tol,
+            warm_start=warm_start,
+            start=start,
+            threads=threads,
+            workspace=workspace,
+        )
+    return _finish(plan, a, b, cost, info.outer, caught, tol, info)
+
+
+def group_lasso_pot(
+    a: np.ndarray,
+    b: np.ndarray,
+    cost: np.ndarray,
+    labels: np.ndarray,
+    reg_e: float,
+    reg_g: float,
+    *,
+    outer_iter: int = 10,
+    inner_iter: int = 200,
+    stop_thr: float = 1e-9,
+    tol: float = 1e-3,
+    warm_start: bool = True,
+) -> OTResult:
+    """The group-lasso problem by POT's ``ot.optim.gcg``, in float64: the reference the fast
+    engine is checked against.
+
+    Parameters
+    ----------
+    a, b, cost, labels, reg_e, reg_g, outer_iter, inner_iter, stop_thr, tol
+        As for ``group_lasso_fast`` (``stop_thr`` is POT's).
+    warm_start : bool
+        Start from the entropic plan rather than POT's default ``a·bᵀ``: every iterate is then a
+        convex combination of plans that respect masked (forbidden) entries exactly.
+    """
+    _check_inputs(a, b, cost)
+    f, df = group_lasso_terms(one_hot(np.asarray(labels)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         g0 = (
             ot.sinkhorn(a, b, cost, reg_e, numItermax=inner_iter, stopThr=stop_thr)
             if warm_start

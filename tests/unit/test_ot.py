@@ -90,6 +90,8 @@ def test_unknown_engine_is_refused(rng: np.random.Generator) -> None:
     c = dpot_cost(xs, xt).normalized
     with pytest.raises(ValueError, match="engine"):
         sinkhorn_group_lasso(uniform(60), uniform(50), c, ys, 0.05, 0.5, engine="gpu")
+    with pytest.raises(ValueError, match="fast engine only"):
+        sinkhorn_group_lasso(uniform(60), uniform(50), c, ys, 0.05, 0.5, engine="pot", threads=2)
 
 
 def test_degenerate_plan_is_an_error_not_a_result(rng: np.random.Generator) -> None:

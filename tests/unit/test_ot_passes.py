@@ -11,6 +11,7 @@ from dpda.ot import fast
 from dpda.ot._blocked import BLOCK_ELEMS
 from dpda.ot.costs import dpot_cost
 from dpda.ot.solvers import one_hot, sinkhorn_group_lasso, uniform
+from dpda.ot.traffic import Traffic
 
 
 def _batch(rng: np.random.Generator, xt: np.ndarray, n: int = 80, q: int = 3):
@@ -83,7 +84,7 @@ def test_inner_tolerance_keeps_the_plan_and_its_convergence(rng: np.random.Gener
     tight = sinkhorn_group_lasso(uniform(80), uniform(70), c, ys, 0.02, 0.5)
     loose = sinkhorn_group_lasso(uniform(80), uniform(70), c, ys, 0.02, 0.5, inner_tol=2.5e-4)
     assert loose.converged and loose.marginal_error < 1e-3
-    assert loose.passes < tight.passes
+    assert loose.traffic.passes < tight.traffic.passes
     assert _mass_moved(loose.plan, tight.plan.astype(np.float64)) < 2e-3
 
 
@@ -182,3 +183,13 @@ def test_span_class_tables_cover_only_their_classes_and_sum_as_whole_tables() ->
     assert [_blocked._classes(layout, lo, hi)[1] for lo, hi in layout.spans()] == [
         hi - lo for lo, hi in layout.spans()
     ]
+
+
+def test_traffic_adds_field_by_field_and_a_job_counts_its_fits() -> None:
+    one = Traffic(kernel_builds=2, passes=30, bytes_read=900, pass_bytes=600, fits=1, seconds=0.5)
+    two = one + one + Traffic()
+    assert two == Traffic(4, 60, 1800, 1200, 2, 1.0)
+    per = two.to_json()
+    assert per["fits"] == 2 and per["passes_per_fit"] == 30 and per["read_over_pass_bytes"] == 1.5
+    with pytest.raises(AttributeError):  # a value: summed with +, never changed in place
+        one.passes = 0  # type: ignore[misc]
