@@ -160,6 +160,9 @@ class SimulationOutcome:
     # what the source's DP preprocessing estimated (its own record), or what it was not
     preprocessing: dict[str, Any] = field(default_factory=dict)
     source_only_logistic: float | None = None  # non-private, logistic, the baselines' scaling
+    # several sources (``simulate_consortium``): each source's spend, the ones that opened and
+    # the ones missing, and why (``Consortium.report``); None for a one-source job
+    consortium: dict[str, Any] | None = None
 
     @property
     def dpda(self) -> DPDAResult:
@@ -216,6 +219,14 @@ class SimulationOutcome:
             "target_row_queries": self.target_row_queries
             if any(r.pate_queries for r in self.runs.values())
             else None,
+            **(
+                {
+                    "epsilon_spent_by_source": self.consortium["epsilon_spent_by_source"],
+                    "consortium": self.consortium,
+                }
+                if self.consortium is not None
+                else {}
+            ),
         }
 
 
@@ -448,6 +459,96 @@ def simulate(
         references=references,
         preprocessing=pre_report,
         source_only_logistic=so_lr,
+    )
+
+
+def simulate_consortium(
+    sources: dict[str, Domain],
+    target: Domain,
+    terms: SessionTerms,
+    representation: str,
+    cfg: AdaptConfig,
+    seed: int | None,
+    baselines: bool | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    scaling_mode: str = "auto",
+    reference_rows: int = REFERENCE_ROWS,
+) -> SimulationOutcome:
+    """One target job over several sources (``dpda.target_party.consortium``), each an
+    in-process source with a ledger, a budget and a noise stream of its own, under ``terms``.
+
+    The non-private references pool the sources' rows (what a user with every source's data
+    would run). ``to_json`` gains ``epsilon_spent_by_source`` and ``consortium``; its
+    ``epsilon_spent`` is the largest of the sources' spends.
+
+    Parameters
+    ----------
+    sources : dict of str to Domain
+        Each source's rows and labels, by the name the report gives it; at least two.
+    target, terms, representation, cfg, seed, baselines, progress, scaling_mode, reference_rows
+        As for ``simulate``.
+
+    Returns
+    -------
+    SimulationOutcome
+        The job's run (``runs["dpda"]``), each source's ledger entries (``ledgers``, by
+        source), the pooled references and ``consortium``.
+    """
+    from dpda.target_party.consortium import Consortium, check_consortium_terms
+
+    check_consortium_terms(terms)
+    releasers: dict[str, SourceReleaser] = {}
+    stores: dict[str, MemoryLedgerStore] = {}
+    spent: dict[str, Callable[[], float]] = {}
+    for k, (name, domain) in enumerate(sources.items()):
+        if seed is not None:  # each source its own streams, a pure function of the seed
+            rng, public = testing_streams(seed * 1000 + k)
+        else:
+            rng, public = secure_rng(), public_rng()
+        store = stores[name] = MemoryLedgerStore()
+        ledger = PrivacyLedger(store, {terms.dataset: Budget(terms.epsilon, terms.delta)})
+        releasers[name] = SourceReleaser(
+            domain,
+            terms.dataset,
+            ledger,
+            rng,
+            representation,
+            policy=PrivacyPolicy.rehearsal(terms.privacy_unit, terms.release, 1.0),
+            public=public,
+            insecure_seed=seed is not None,
+        )
+        spent[name] = partial(ledger.spent, terms.dataset)
+    consortium = Consortium(releasers, spent)
+    view = _own_view(target, representation, scaling_mode, terms)
+    run = run_dpda(consortium, view, terms, cfg, consortium.spent, progress)
+    pooled = Domain(
+        "+".join(sources),
+        np.vstack([d.x for d in sources.values()]),
+        np.concatenate([d.labels() for d in sources.values()]),
+        max(d.n_classes for d in sources.values()),
+    )
+    run_refs = target.y is not None if baselines is None else baselines
+    kept: str | None = None
+    by_scaling: dict[str, dict[str, float | None]] = {}
+    references: dict[str, Any] = {"ran": run_refs, "pooled": list(sources)}
+    if run_refs:
+        _, kept, by_scaling = best_scaling_baselines(
+            pooled, target, representation, cfg, reference_rows
+        )
+        references["method"] = reference_method(
+            pooled.x.shape[0], target.x.shape[0], reference_rows
+        )
+    return SimulationOutcome(
+        by_scaling[kept]["source_only"] if kept else None,
+        by_scaling[kept]["otda"] if kept else None,
+        {"dpda": run},
+        {name: st.entries(terms.dataset) for name, st in stores.items()},
+        baseline_scaling=kept,
+        baseline_by_scaling=by_scaling,
+        references=references,
+        preprocessing={"mode": "none"},
+        source_only_logistic=by_scaling[kept]["source_only_logistic"] if kept else None,
+        consortium=consortium.report(),
     )
 
 

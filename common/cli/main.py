@@ -334,7 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["office-caltech", "mnist-usps"],
         help="a benchmark instead of your own files",
     )
-    sm.add_argument("--source", help="benchmark domain letter (A C D W / M U)")
+    sm.add_argument(
+        "--source",
+        action="append",
+        help="benchmark domain letter (A C D W / M U); given several times, one job over "
+        "several private sources (a consortium: each source's ε its own; the JSON gains "
+        "epsilon_spent_by_source)",
+    )
     sm.add_argument("--target", help="benchmark domain letter (A C D W / M U)")
     sm.add_argument(
         "--setting",

@@ -50,7 +50,11 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
     if not (args.dataset and args.source and args.target):
         raise ConfigError("give --source-file and --target-file, or --dataset, --source, --target")
     data_dir = require_data_dir(args.data_dir)
-    s = load_domain(data_dir, args.dataset, args.source)
+    if args.sources:
+        if args.target in args.sources or len(set(args.sources)) < len(args.sources):
+            raise ConfigError("--source: each source once, and none of them the --target")
+        args.source_domains = {x: load_domain(data_dir, args.dataset, x) for x in args.sources}
+    s = load_domain(data_dir, args.dataset, args.sources[0] if args.sources else args.source)
     t = load_domain(data_dir, args.dataset, args.target)
     table = Table.of(t)
     rep = args.representation or DEFAULT_REPRESENTATION[args.dataset]
@@ -116,17 +120,48 @@ def _simulate_once(
     from dpda.simulation import METHODS
     from dpda.target_party.view import adapt_config
 
-    delta = args.delta if args.delta is not None else default_delta(src.x.shape[0])
-    check_delta(delta, src.x.shape[0], "--delta", "the source")
+    # several sources share the terms: δ small enough for the largest of them
+    n = max(
+        (d.x.shape[0] for d in args.source_domains.values()) if args.sources else [src.x.shape[0]]
+    )
+    delta = args.delta if args.delta is not None else default_delta(n)
+    check_delta(delta, n, "--delta", "the source")
     label = "source" if args.source_file else f"{args.dataset}:{args.source}"
     terms = terms_from_args(args, label, delta)
     cfg = adapt_config(args, seed if seed is not None else 0)
     methods = METHODS if args.method == "all" else (args.method,)
     try:
-        out = _run_simulate(args, src, tgt, rep, scaling, seed, terms, cfg, methods)
+        if args.sources:
+            if methods != ("dpda",):
+                raise ConfigError("--method: several sources run the dpda method only")
+            out = _run_consortium(args, tgt, rep, scaling, seed, terms, cfg)
+        else:
+            out = _run_simulate(args, src, tgt, rep, scaling, seed, terms, cfg, methods)
     except (ValueError, ConfigError) as exc:  # a setting's error, named by its flag
         raise ConfigError(flag_error(str(exc), args)) from None
     return out, terms, out.to_json(terms)
+
+
+def _run_consortium(
+    args: argparse.Namespace,
+    tgt: Any,
+    rep: str,
+    scaling: str,
+    seed: int | None,
+    terms: Any,
+    cfg: Any,
+) -> Any:
+    from dpda.service.progress import Progress
+    from dpda.simulation import simulate_consortium
+    from dpda.target_party.view import resolve_scaling
+
+    return simulate_consortium(
+        args.source_domains, tgt.domain, terms, rep, cfg, seed,
+        progress=Progress("releases"),
+        scaling_mode=resolve_scaling(args.scaling or "auto", terms, scaling),
+        baselines=True if getattr(args, "references", False) else None,
+        reference_rows=getattr(args, "reference_rows", REFERENCE_ROWS),
+    )  # fmt: skip
 
 
 def _run_simulate(
@@ -197,7 +232,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from dpda.data.preprocessing import check_representation
     from dpda.data.tables import write_predictions
+    from dpda.errors import ConfigError
 
+    # --source given several times: one job over several sources (``simulate_consortium``)
+    given = args.source or []
+    args.sources = list(given) if len(given) > 1 else None
+    args.source = "+".join(given) if given else None
+    if args.sources and (args.source_file or args.setting != "private-source"):
+        raise ConfigError("--source: several sources rehearse a benchmark's private-source job")
     src, tgt, rep, scaling, names = _simulate_data(args)
     check_representation(src.x, rep, "--representation")
     check_representation(tgt.x, rep, "--representation")
@@ -326,6 +368,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"(δ={delta:.3g}); σ/w={data['sigma']:.4f}  ℓ={data['projection_dim']} "
         f"({terms.projection}); nothing was charged: the ledger here is in memory"
     )
+    if "epsilon_spent_by_source" in data:
+        cons = data["consortium"]
+        each = "  ".join(f"{k} {v:.3f}" for k, v in data["epsilon_spent_by_source"].items())
+        print(f"  each source's own ε (of {terms.epsilon} each): {each}")
+        for name, why in cons["missing"].items():
+            print(f"  source {name} is missing from the job: {why}")
     if data["target_disclosures"] == "none":
         print("  the target sent nothing about its rows (a source-space release): its ε is 0")
     elif data["target_epsilon_spent"] is not None:

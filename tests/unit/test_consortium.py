@@ -1,0 +1,96 @@
+"""A job over several sources: each source charges its own session on its own ledger, a source
+that refuses leaves the job with the others (and is named), and nothing is charged twice."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+
+from dpda.data.synthetic import two_domains
+from dpda.dp.ledger import Budget
+from dpda.errors import ConfigError, PolicyRefused
+from dpda.protocol import TargetDisclosure
+from dpda.simulation import simulate_consortium
+from dpda.target_party.consortium import Consortium
+from dpda.target_party.view import AdaptConfig
+from dpda.terms import SessionTerms
+from tests.support import memory_releaser
+
+TERMS = SessionTerms(
+    dataset="synthetic", epsilon=4.0, delta=1e-4, projection_dim=10, preprocessing="none"
+)
+
+
+def _sources(n: int = 3) -> dict:
+    out = {}
+    for k in range(n):
+        src, _ = two_domains(300, 200, k=12, seed=k)
+        out[f"s{k}"] = memory_releaser(
+            src, "synthetic", Budget(8.0, 1e-4), np.random.default_rng(k)
+        )
+    return out
+
+
+def test_each_source_charges_its_own_session_once_and_the_batches_are_theirs() -> None:
+    parts = _sources()
+    con = Consortium(
+        {n: r for n, (r, _) in parts.items()},
+        {n: partial(led.spent, "synthetic") for n, (_, led) in parts.items()},
+    )
+    info = con.open_session(TERMS, TargetDisclosure(None, None))
+    assert info.plan.steps == sum(s.plan.steps for s in con.sessions.values()) == 3
+    for i in range(info.plan.steps):
+        rel = con.release(info.session_id, i)
+        assert rel.index == i and con.source_of(i) == f"s{i}"
+    con.close_session(info.session_id)
+    spent = con.spent_by_source()
+    assert set(spent) == {"s0", "s1", "s2"}
+    for name, (_, led) in parts.items():
+        assert 0.99 * TERMS.epsilon <= spent[name] <= TERMS.epsilon
+        assert len(led.store.entries("synthetic")) == 1  # one charge each, none twice
+    assert con.spent() == max(spent.values())
+
+
+def test_a_source_that_refuses_leaves_the_job_with_the_others_and_is_named() -> None:
+    parts = _sources()
+
+    class Refusing:
+        def open_session(self, *a, **kw):
+            raise PolicyRefused("over its cap")
+
+    sources = {n: r for n, (r, _) in parts.items()}
+    sources["s1"] = Refusing()  # type: ignore[assignment]
+    con = Consortium(sources, {n: partial(led.spent, "synthetic") for n, (_, led) in parts.items()})
+    info = con.open_session(TERMS, TargetDisclosure(None, None))
+    assert set(con.sessions) == {"s0", "s2"} and "over its cap" in con.missing["s1"]
+    assert info.plan.steps == 2 and {con.source_of(i) for i in range(2)} == {"s0", "s2"}
+    assert con.spent_by_source()["s1"] == 0.0  # nothing charged at the refusing source
+
+
+def test_terms_a_consortium_does_not_combine_are_refused_before_anything_opens() -> None:
+    parts = _sources(2)
+    con = Consortium(
+        {n: r for n, (r, _) in parts.items()},
+        {n: partial(led.spent, "synthetic") for n, (_, led) in parts.items()},
+    )
+    with pytest.raises(ConfigError, match="own space"):
+        con.open_session(
+            TERMS.model_copy(update={"projection": "target-pca"}), TargetDisclosure(None, None)
+        )
+    assert all(led.store.entries("synthetic") == [] for _, led in parts.values())
+    with pytest.raises(ConfigError, match="two sources"):
+        Consortium({"s0": parts["s0"][0]}, {})
+
+
+def test_the_rehearsal_reports_each_sources_spend_and_pools_the_references() -> None:
+    domains = {f"s{k}": two_domains(300, 200, k=12, seed=k)[0] for k in range(3)}
+    _, target = two_domains(300, 200, k=12, seed=9)
+    out = simulate_consortium(domains, target, TERMS, "raw", AdaptConfig(), seed=0)
+    data = out.to_json(TERMS)
+    assert set(data["epsilon_spent_by_source"]) == set(domains)
+    assert data["epsilon_spent"] == max(data["epsilon_spent_by_source"].values()) <= 4.0
+    assert data["accuracy"]["kept"] is not None and data["accuracy"]["dp_no_adaptation"] is not None
+    assert data["references"]["pooled"] == list(domains)
+    assert all(len(entries) == 1 for entries in out.ledgers.values())
