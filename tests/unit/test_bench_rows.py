@@ -36,6 +36,7 @@ def test_growth_is_the_exponent_between_the_smallest_and_largest_rows() -> None:
     assert "rehearsal" not in g  # one run that finished: no growth to state
 
 
+@pytest.mark.slow  # the bench end to end: 20 s
 def test_bench_scale_rows_smoke(tmp_path, capsys) -> None:
     out = tmp_path / "rows.json"
     argv = ["bench", "scale", "--rows", "300", "600", "--rehearsal-max", "300"]

@@ -58,6 +58,7 @@ def test_reference_method_says_which_rows_the_otda_reference_solved() -> None:
     assert "every row (100000 × 8000)" in reference_method(100_000, 8000, 0)["otda"]
 
 
+@pytest.mark.slow  # three whole rehearsals
 @pytest.mark.parametrize("asked", [None, True, False])
 def test_references_run_only_where_labels_can_score_them_unless_asked(asked, monkeypatch) -> None:
     s, t = two_domains(n_source=200, n_target=120, k=8, seed=1)
