@@ -234,6 +234,32 @@ def _own_view(target: Domain, representation: str, asked: str, t: SessionTerms) 
     return target_view(target, representation, scaling_mode=resolve_scaling(asked, t), terms=t)
 
 
+def in_process_source(
+    domain: Domain,
+    terms: SessionTerms,
+    representation: str,
+    seed: int | None,
+    attribute_bound: float = 1.0,
+) -> tuple[SourceReleaser, MemoryLedgerStore, Callable[[], float]]:
+    """A rehearsal's source: ``domain`` behind an in-memory ledger with the terms' budget, the
+    rehearsal policy (``PrivacyPolicy.rehearsal``) and streams drawn from ``seed`` (None: fresh
+    secure ones); returns the releaser, its ledger's store and what reads its spend."""
+    rng, public = testing_streams(seed) if seed is not None else (secure_rng(), public_rng())
+    store = MemoryLedgerStore()
+    ledger = PrivacyLedger(store, {terms.dataset: Budget(terms.epsilon, terms.delta)})
+    releaser = SourceReleaser(
+        domain,
+        terms.dataset,
+        ledger,
+        rng,
+        representation,
+        policy=PrivacyPolicy.rehearsal(terms.privacy_unit, terms.release, attribute_bound),
+        public=public,
+        insecure_seed=seed is not None,
+    )
+    return releaser, store, partial(ledger.spent, terms.dataset)
+
+
 def simulate(
     source: Domain,
     target: Domain,
@@ -398,21 +424,9 @@ def simulate(
     views: dict[str, TargetView] = {}
     pre_report: dict[str, Any] = {}
     for method, t in by_method.items():
-        rng, public = testing_streams(seed) if seed is not None else (secure_rng(), public_rng())
-        store = MemoryLedgerStore()
-        ledger = PrivacyLedger(store, {t.dataset: Budget(t.epsilon, t.delta)})
-        policy = PrivacyPolicy.rehearsal(t.privacy_unit, t.release, attribute_bound)
-        releaser = SourceReleaser(
-            source,
-            t.dataset,
-            ledger,
-            rng,
-            representation,
-            policy=policy,
-            public=public,
-            insecure_seed=seed is not None,
+        releaser, store, spent = in_process_source(
+            source, t, representation, seed, attribute_bound=attribute_bound
         )
-        spent = partial(ledger.spent, t.dataset)
         # a source-space release: its own view (its scaling, the rows clipped to its C), held
         # only while its job runs
         own = view if not t.source_space else _own_view(target, representation, asked_scaling, t)
@@ -501,23 +515,10 @@ def simulate_consortium(
     stores: dict[str, MemoryLedgerStore] = {}
     spent: dict[str, Callable[[], float]] = {}
     for k, (name, domain) in enumerate(sources.items()):
-        if seed is not None:  # each source its own streams, a pure function of the seed
-            rng, public = testing_streams(seed * 1000 + k)
-        else:
-            rng, public = secure_rng(), public_rng()
-        store = stores[name] = MemoryLedgerStore()
-        ledger = PrivacyLedger(store, {terms.dataset: Budget(terms.epsilon, terms.delta)})
-        releasers[name] = SourceReleaser(
-            domain,
-            terms.dataset,
-            ledger,
-            rng,
-            representation,
-            policy=PrivacyPolicy.rehearsal(terms.privacy_unit, terms.release, 1.0),
-            public=public,
-            insecure_seed=seed is not None,
+        # each source its own noise streams, a pure function of the seed
+        releasers[name], stores[name], spent[name] = in_process_source(
+            domain, terms, representation, None if seed is None else seed * 1000 + k
         )
-        spent[name] = partial(ledger.spent, terms.dataset)
     consortium = Consortium(releasers, spent)
     view = _own_view(target, representation, scaling_mode, terms)
     run = run_dpda(consortium, view, terms, cfg, consortium.spent, progress)

@@ -395,7 +395,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 # the session terms `dpda simulate` takes as flags: type, default and choices come from
-# SessionTerms (the one declaration); tests/unit/test_cli.py compares them
+# SessionTerms (the one declaration); tests/unit/cli/test_cli.py compares them
 TERM_FLAGS = (
     "privacy_unit", "neighbouring", "projection", "projection_dim", "batch_size", "steps",
     "noise_multiplier", "histogram_noise_ratio", "max_steps", "histogram_share", "calibration",

@@ -7,7 +7,7 @@ the PLD accountant checks the size of what it is about to make against the threa
 
 The subclasses use the accountants' ``_maybe_compose`` hook and ``_pld`` state, which are not
 public API: the project pins dp-accounting to the version they are written for
-(``pyproject.toml``), and ``tests/unit/test_accounting.py`` checks that version and the
+(``pyproject.toml``), and ``tests/unit/dp/test_accounting.py`` checks that version and the
 results of library events.
 """
 

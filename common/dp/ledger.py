@@ -76,7 +76,7 @@ class LedgerEntry:
 
 
 class LedgerStore(Protocol):
-    """The contract both stores keep (tests/unit/test_ledger_stores.py runs it on each)."""
+    """The contract both stores keep (tests/unit/dp/test_ledger_stores.py runs it on each)."""
 
     def entries(self, dataset: str | None = None) -> list[LedgerEntry]: ...
     def datasets(self) -> list[str]: ...

@@ -169,7 +169,7 @@ def class_gaussians_sensitivity(
     is at most 2 + 2P + 2 − 2P² = 4 + 2P(1 − P) ≤ 4 + 1/2 = 9/2 (P(1 − P) ≤ 1/4).
 
     Attained: u = (cos θ, sin θ), v = (−sin θ, −cos θ) with sin 2θ = 1/2 (θ = 15°): ‖u − v‖² =
-    2(1 + sin 2θ) = 3 and ‖u∘u − v∘v‖² = 2cos² 2θ = 3/2. (tests/unit/test_aggregates.py checks
+    2(1 + sin 2θ) = 3 and ‖u∘u − v∘v‖² = 2cos² 2θ = 3/2. (tests/unit/dp/test_aggregates.py checks
     the bound by numerical optimisation in 2–6 dimensions.) The √6 charged before adds the two
     parts' separate maxima (4 and 2), which no single pair reaches together.
 

@@ -7,7 +7,7 @@ import pytest
 from dpda.errors import ConfigError
 from dpda.service.config import load_source, load_target
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 
 
 def test_example_configs_validate() -> None:
@@ -72,7 +72,7 @@ def test_deploy_examples_load_with_the_default_policy() -> None:
 
     from dpda.service.config import load_source, load_target
 
-    root = Path(__file__).resolve().parents[2] / "deploy"
+    root = Path(__file__).resolve().parents[3] / "deploy"
     src = load_source(root / "source.example.toml")
     (ds,) = src.datasets
     assert ds.policy.units == ("record",) and "rows" not in ds.policy.releases

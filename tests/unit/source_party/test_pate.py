@@ -27,8 +27,7 @@ from dpda.source_party.releases import SourceReleaser
 from dpda.source_party.teachers import TeacherEnsemble, teacher_assignment
 from dpda.terms import SessionTerms
 from tests.support import memory_releaser
-
-from .noise_checks import std_matches
+from tests.unit.noise_checks import std_matches
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,7 @@ from dpda.planner import plan_batches
 from dpda.protocol import TargetDisclosure
 from dpda.terms import SessionTerms
 from tests.support import memory_releaser
-
-from .noise_checks import std_matches
+from tests.unit.noise_checks import std_matches
 
 N, DELTA = 1123, 1 / (10 * 1123)
 

@@ -27,8 +27,7 @@ from dpda.planner import plan_batches
 from dpda.protocol import BatchRelease, TargetDisclosure
 from dpda.terms import SessionTerms
 from tests.support import memory_releaser
-
-from .noise_checks import std_matches
+from tests.unit.noise_checks import std_matches
 
 HOSTILE = [np.nan, np.inf, -np.inf, 1e308, -1e308, 1e-300, -1e-300, 0.0]
 

@@ -15,8 +15,7 @@ from dpda.protocol import TargetDisclosure
 from dpda.target_party.fitting import aggregate_points
 from dpda.terms import SessionTerms
 from tests.support import memory_releaser
-
-from .noise_checks import std_matches
+from tests.unit.noise_checks import std_matches
 
 
 def _release(

@@ -22,8 +22,7 @@ from dpda.policy import PrivacyPolicy
 from dpda.protocol import TargetDisclosure
 from dpda.terms import SessionTerms, metric_params
 from tests.support import memory_releaser
-
-from .noise_checks import std_matches
+from tests.unit.noise_checks import std_matches
 
 
 def _terms(**kw: object) -> SessionTerms:

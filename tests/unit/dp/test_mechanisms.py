@@ -21,8 +21,7 @@ from dpda.policy import PrivacyPolicy
 from dpda.protocol import TargetDisclosure
 from dpda.terms import SessionTerms
 from tests.support import memory_releaser
-
-from .noise_checks import std_matches
+from tests.unit.noise_checks import std_matches
 
 
 def test_jl_matrix_scale(rng: np.random.Generator) -> None:
