@@ -311,3 +311,19 @@ def test_keep_better_keeps_the_release_without_adaptation_when_the_criterion_pre
         assert out.to_json(_terms())["accuracy"]["kept"] == d.accuracy
     else:
         assert "choice" not in ad and ad["kept_accuracy"] == d.accuracy_by_method["dpda"]
+
+
+def test_a_fit_over_a_large_plan_takes_fewer_steps_and_the_plans_own_tolerance() -> None:
+    from dpda.target_party.fitting import LARGE_PLAN, solve_effort
+    from dpda.target_party.view import AdaptConfig
+
+    cfg = AdaptConfig()
+    assert solve_effort(cfg, LARGE_PLAN) == {
+        "outer_iter": cfg.outer_iter,
+        "inner_tol": cfg.inner_tol,
+    }
+    large = solve_effort(cfg, LARGE_PLAN + 1)
+    assert large["outer_iter"] == min(cfg.outer_iter, 4) and large["inner_tol"] == 1e-3
+    # a user's own tighter cap or looser tolerance stands
+    mine = solve_effort(replace(cfg, outer_iter=2, inner_tol=5e-3), LARGE_PLAN + 1)
+    assert mine == {"outer_iter": 2, "inner_tol": 5e-3}
