@@ -179,7 +179,9 @@ def scores_of(x: np.ndarray, pred: np.ndarray, count_share: np.ndarray, seed: in
     smallest = int(np.bincount(ps).clip(0)[np.unique(ps)].min())
     folds = min(5, smallest) if smallest >= 2 else 0
     if folds >= 2:
-        knn = KNeighborsClassifier(n_neighbors=min(NEIGHBOURS, xs.shape[0] - 1))
+        # at most the rows of the smallest training fold (a few rows: fewer neighbours)
+        train = xs.shape[0] - -(-xs.shape[0] // folds)
+        knn = KNeighborsClassifier(n_neighbors=max(1, min(NEIGHBOURS, train)))
         # the neighbours' distances in blocks of a few MB (the same neighbours)
         with sklearn.config_context(working_memory=SCORE_MEMORY_MB):
             out["consistency"] = float(np.mean(cross_val_score(knn, xs, ps, cv=folds)))
