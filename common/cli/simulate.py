@@ -49,10 +49,10 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
         return src.domain, tgt, rep, scaling, names
     if not (args.dataset and args.source and args.target):
         raise ConfigError("give --source-file and --target-file, or --dataset, --source, --target")
+    if args.sources and (args.target in args.sources or len(set(args.sources)) < len(args.sources)):
+        raise ConfigError("--source: each source once, and none of them the --target")
     data_dir = require_data_dir(args.data_dir)
     if args.sources:
-        if args.target in args.sources or len(set(args.sources)) < len(args.sources):
-            raise ConfigError("--source: each source once, and none of them the --target")
         args.source_domains = {x: load_domain(data_dir, args.dataset, x) for x in args.sources}
     s = load_domain(data_dir, args.dataset, args.sources[0] if args.sources else args.source)
     t = load_domain(data_dir, args.dataset, args.target)

@@ -94,3 +94,23 @@ def test_the_rehearsal_reports_each_sources_spend_and_pools_the_references() -> 
     assert data["accuracy"]["kept"] is not None and data["accuracy"]["dp_no_adaptation"] is not None
     assert data["references"]["pooled"] == list(domains)
     assert all(len(entries) == 1 for entries in out.ledgers.values())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--source", "A", "--source", "A", "--target", "W"],
+        ["--source", "A", "--source", "W", "--target", "W"],
+    ],
+)
+def test_the_cli_refuses_a_source_twice_or_the_target_as_a_source_naming_the_flag(
+    argv: list[str], tmp_path, capsys
+) -> None:
+    from dpda.cli.main import main
+
+    out = tmp_path / "out.json"
+    rc = main(["simulate", "--dataset", "office-caltech", *argv, "--json", str(out)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--source" in err and "Traceback" not in err
+    assert not out.exists()  # nothing ran, nothing written
