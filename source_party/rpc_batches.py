@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dpda.dp.ledger import LedgerEntry
@@ -20,9 +20,6 @@ from dpda.source_party.ledger_desk import SignedRelease
 from dpda.source_party.releases import SourceReleaser
 from dpda.source_party.replay import Charged, replay_or_charge
 from dpda.source_party.rpc_sessions import Sessions
-
-# one batch, replayed or charged (``SourceHandlers._release_one``)
-ReleaseOneFn = Callable[[str, SourceReleaser, str, int, set[str]], SignedRelease]
 
 
 @dataclass
@@ -91,61 +88,61 @@ class BatchKind:
         self.ctx.store.put_batch(self.releaser.dataset, payload, rid)
 
 
-def release_one(
-    ctx: SourceContext,
-    peer: str,
-    releaser: SourceReleaser,
-    session_id: str,
-    index: int,
-    call: set[str],
-) -> SignedRelease:
-    """One batch, replayed or charged (under the lock); the learned cost and synthetic points
-    are charged under it and trained outside it (``SourceReleaser.draws_unlocked``;
-    ``release_batches`` holds the session's own lock)."""
-    unlocked = releaser.draws_unlocked(session_id, index)
-    kind = BatchKind(ctx, peer, releaser, session_id, index, call, draw_unlocked=unlocked)
-    out = replay_or_charge(ctx.desk, releaser.dataset, kind)
-    return SignedRelease(out.payload, out.entry)
+class Batches:
+    """``ReleaseBatches``: ``release_one`` is the step a test's subclass may replace to play a
+    misbehaving source."""
 
+    def __init__(self, ctx: SourceContext, sessions: Sessions) -> None:
+        self.ctx = ctx
+        self.sessions = sessions
 
-def release_batches(
-    ctx: SourceContext,
-    sessions: Sessions,
-    one: ReleaseOneFn,
-    peer: str,
-    session_id: str,
-    start: int,
-    count: int,
-    ledger_head: str,
-    ledger_length: int = -1,
-) -> Iterator[SignedRelease]:
-    """Batches ``start … start+count−1``, each signed and sent as soon as it is stored; ``one``
-    releases a single batch (``release_one``, or the façade's replacement of it)."""
-    if count < 1 or count > ctx.max_batches or start < 0:
-        raise InvalidInput("batch range out of bounds")
-    releaser, info = sessions.session(peer, session_id)
-    if start + count > info.plan.releases:
-        raise InvalidInput("batch range out of bounds")
-    ctx.workers.await_warm(session_id)  # outside the lock: the work it did is not done twice
-    with ctx.lock:
-        known = ctx.desk.known_prefix(releaser.dataset, ledger_head, ledger_length)
-    call = {str(RequestId.batch(session_id, i)) for i in range(start, start + count)}
-    for index in range(start, start + count):
-        if releaser.draws_unlocked(session_id, index):
-            # the learned cost and synthetic points train for seconds, sized by the peer's
-            # terms: charged and stored under the lock, trained outside it, one draw of the
-            # session at a time and under the peer's CPU budget
-            with ctx.serial(session_id), ctx.cpu.spend(peer):
-                signed = one(peer, releaser, session_id, index, call)
-            with ctx.lock:
-                signed, known = ctx.desk.with_catch_up(releaser.dataset, signed, known)
-                crash_point("source.release.signed")
-        else:
-            with ctx.lock:  # charge, draw and store atomically; send outside the lock
-                signed = one(peer, releaser, session_id, index, call)
-                signed, known = ctx.desk.with_catch_up(releaser.dataset, signed, known)
-                crash_point("source.release.signed")
-        yield signed
-    # the last one is on its way (gRPC asks for more once it has sent it): the session's
-    # next release is composed while the target fits this one
-    sessions.warm(peer, releaser, session_id, start + count)
+    def release_one(
+        self, peer: str, releaser: SourceReleaser, session_id: str, index: int, call: set[str]
+    ) -> SignedRelease:
+        """One batch, replayed or charged (under the lock); the learned cost and synthetic
+        points are charged under it and trained outside it (``SourceReleaser.draws_unlocked``;
+        ``release_batches`` holds the session's own lock)."""
+        unlocked = releaser.draws_unlocked(session_id, index)
+        kind = BatchKind(self.ctx, peer, releaser, session_id, index, call, draw_unlocked=unlocked)
+        out = replay_or_charge(self.ctx.desk, releaser.dataset, kind)
+        return SignedRelease(out.payload, out.entry)
+
+    def release_batches(
+        self,
+        peer: str,
+        session_id: str,
+        start: int,
+        count: int,
+        ledger_head: str,
+        ledger_length: int = -1,
+    ) -> Iterator[SignedRelease]:
+        """Batches ``start … start+count−1``, each signed and sent as soon as it is stored."""
+        ctx, sessions = self.ctx, self.sessions
+        if count < 1 or count > ctx.max_batches or start < 0:
+            raise InvalidInput("batch range out of bounds")
+        releaser, info = sessions.session(peer, session_id)
+        if start + count > info.plan.releases:
+            raise InvalidInput("batch range out of bounds")
+        ctx.workers.await_warm(session_id)  # outside the lock: its work is not done twice
+        with ctx.lock:
+            known = ctx.desk.known_prefix(releaser.dataset, ledger_head, ledger_length)
+        call = {str(RequestId.batch(session_id, i)) for i in range(start, start + count)}
+        for index in range(start, start + count):
+            if releaser.draws_unlocked(session_id, index):
+                # the learned cost and synthetic points train for seconds, sized by the peer's
+                # terms: charged and stored under the lock, trained outside it, one draw of
+                # the session at a time and under the peer's CPU budget
+                with ctx.serial(session_id), ctx.cpu.spend(peer):
+                    signed = self.release_one(peer, releaser, session_id, index, call)
+                with ctx.lock:
+                    signed, known = ctx.desk.with_catch_up(releaser.dataset, signed, known)
+                    crash_point("source.release.signed")
+            else:
+                with ctx.lock:  # charge, draw and store atomically; send outside the lock
+                    signed = self.release_one(peer, releaser, session_id, index, call)
+                    signed, known = ctx.desk.with_catch_up(releaser.dataset, signed, known)
+                    crash_point("source.release.signed")
+            yield signed
+        # the last one is on its way (gRPC asks for more once it has sent it): the session's
+        # next release is composed while the target fits this one
+        sessions.warm(peer, releaser, session_id, start + count)

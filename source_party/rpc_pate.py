@@ -76,28 +76,35 @@ class PateKind:
         self.ctx.store.put_answer(self.releaser.dataset, seq, rid, payload.payload_bytes())
 
 
-def query_teachers(
-    ctx: SourceContext,
-    sessions: Sessions,
-    peer: str,
-    session_id: str,
-    index: int,
-    queries: np.ndarray,
-    ledger_head: str,
-    ledger_length: int = -1,
-) -> tuple[PateAnswer, LedgerEntry, tuple[LedgerEntry, ...]]:
-    if index < 0:
-        raise InvalidInput("query index out of bounds")
-    releaser, _ = sessions.session(peer, session_id)
-    releaser.pate.check_queries(session_id, queries)
-    with ctx.cpu.spend(peer):  # refused before any work once the peer's budget is used
-        releaser.pate.prepare_teachers(session_id, peer)  # training outside the lock (seconds)
-        # the votes too: their cost grows with the peer's queries and teachers (100,000
-        # queries to 600 teachers held the lock about 6 s); only the charge, the noise and
-        # the store need it
-        votes = releaser.pate.votes(session_id, queries)
-    kind = PateKind(
-        ctx, peer, releaser, session_id, index, queries, votes, ledger_head, ledger_length
-    )
-    out = replay_or_charge(ctx.desk, releaser.dataset, kind)
-    return out.payload, out.entry, out.catch_up
+class PateQueries:
+    """``QueryTeachers``: the teachers' noisy votes on a peer's queries."""
+
+    def __init__(self, ctx: SourceContext, sessions: Sessions) -> None:
+        self.ctx = ctx
+        self.sessions = sessions
+
+    def query_teachers(
+        self,
+        peer: str,
+        session_id: str,
+        index: int,
+        queries: np.ndarray,
+        ledger_head: str,
+        ledger_length: int = -1,
+    ) -> tuple[PateAnswer, LedgerEntry, tuple[LedgerEntry, ...]]:
+        ctx = self.ctx
+        if index < 0:
+            raise InvalidInput("query index out of bounds")
+        releaser, _ = self.sessions.session(peer, session_id)
+        releaser.pate.check_queries(session_id, queries)
+        with ctx.cpu.spend(peer):  # refused before any work once the peer's budget is used
+            releaser.pate.prepare_teachers(session_id, peer)  # training outside the lock
+            # the votes too: their cost grows with the peer's queries and teachers (100,000
+            # queries to 600 teachers held the lock about 6 s); only the charge, the noise
+            # and the store need it
+            votes = releaser.pate.votes(session_id, queries)
+        kind = PateKind(
+            ctx, peer, releaser, session_id, index, queries, votes, ledger_head, ledger_length
+        )
+        out = replay_or_charge(ctx.desk, releaser.dataset, kind)
+        return out.payload, out.entry, out.catch_up

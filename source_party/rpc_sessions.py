@@ -8,7 +8,6 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,11 +23,6 @@ from dpda.service.crashpoints import crash_point
 from dpda.source_party.context import SourceContext
 from dpda.source_party.releases import PreparedSession, SourceReleaser
 from dpda.terms import SessionTerms, terms_error
-
-# the planning step (``SourceHandlers._plan``): checks and the release plan of new terms
-PlanFn = Callable[
-    [SourceReleaser, SessionTerms, TargetDisclosure, np.ndarray | None], PreparedSession
-]
 
 
 def check_target_claim(
@@ -72,12 +66,22 @@ def check_target_claim(
 
 
 class Sessions:
-    """Release sessions: ``plan`` is the planning step, passed in so that a subclass of the
-    façade that replaces it is the one called."""
+    """Release sessions: ``DescribeDataset``, ``OpenSession``, ``GetProjection`` and the
+    release half of ``CloseSession``. ``plan`` is the planning step a test's subclass may
+    replace to play a misbehaving source."""
 
-    def __init__(self, ctx: SourceContext, plan: PlanFn) -> None:
+    def __init__(self, ctx: SourceContext) -> None:
         self.ctx = ctx
-        self.plan = plan
+
+    def plan(
+        self,
+        releaser: SourceReleaser,
+        terms: SessionTerms,
+        disclosure: TargetDisclosure,
+        projection: np.ndarray | None = None,
+    ) -> PreparedSession:
+        """Policy checks and the release plan of ``terms`` (``Workers.plan``)."""
+        return self.ctx.workers.plan(releaser, terms, disclosure, projection)
 
     def describe(self, peer: str, dataset: str, planned_terms_json: str = "") -> dict[str, Any]:
         """The public facts of a dataset for a pinned peer (``DescribeDataset``): its shape, the
@@ -163,6 +167,10 @@ class Sessions:
             self.warm(peer, releaser, sid)
         plan_json = info.plan.model_dump_json()
         return info, plan_json, ctx.sign_plan(terms.model_dump_json(), plan_json)
+
+    def projection(self, peer: str, session_id: str) -> np.ndarray:
+        """The session's projection (``GetProjection``)."""
+        return self.session(peer, session_id)[1].projection
 
     def warm(self, peer: str, releaser: SourceReleaser, sid: str, index: int = 0) -> None:
         """Compose the charge of the session's release ``index`` ahead (``Workers.warm``)."""

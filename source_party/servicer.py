@@ -1,4 +1,5 @@
-"""Thin gRPC servicer: decode (serde) → handler → encode. No math, no policy."""
+"""Thin gRPC servicer: decode (serde) → the RPC family's method (``SourceHandlers``) → encode.
+No math, no policy."""
 
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
         self, request: pb.DescribeDatasetRequest, context: Any
     ) -> pb.DescribeDatasetResponse:
         return pb.DescribeDatasetResponse(
-            **self.h.describe(self._peer(context), request.dataset, request.planned_terms_json)
+            **self.h.sessions.describe(
+                self._peer(context), request.dataset, request.planned_terms_json
+            )
         )
 
     @_guard
@@ -72,7 +75,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
         basis = (
             serde.from_pb(request.basis, dtype="<f8", ndim=2) if request.HasField("basis") else None
         )
-        info, plan_json, sig = self.h.open_session(
+        info, plan_json, sig = self.h.sessions.open_session(
             self._peer(context),
             request.terms_json,
             scaling,
@@ -94,14 +97,14 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
     def GetProjection(
         self, request: pb.GetProjectionRequest, context: Any
     ) -> pb.GetProjectionResponse:
-        m = self.h.projection(self._peer(context), request.session_id)
+        m = self.h.sessions.projection(self._peer(context), request.session_id)
         return pb.GetProjectionResponse(projection=serde.to_pb(m))
 
     def ReleaseBatches(
         self, request: pb.ReleaseBatchesRequest, context: Any
     ) -> Iterator[pb.BatchRelease]:
         try:
-            for sr in self.h.release_batches(
+            for sr in self.h.batches.release_batches(
                 self._peer(context),
                 request.session_id,
                 request.start,
@@ -128,7 +131,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
         self, request: pb.QueryTeachersRequest, context: Any
     ) -> pb.QueryTeachersResponse:
         queries = serde.from_pb(request.queries, dtype="<f8", ndim=2)
-        ans, entry, catch_up = self.h.query_teachers(
+        ans, entry, catch_up = self.h.pate.query_teachers(
             self._peer(context),
             request.session_id,
             request.index,
@@ -146,12 +149,14 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
 
     @_guard
     def Countersign(self, request: pb.CountersignRequest, context: Any) -> pb.CountersignResponse:
-        self.h.countersign(self._peer(context), request.dataset, request.seq, request.target_sig)
+        self.h.sync.countersign(
+            self._peer(context), request.dataset, request.seq, request.target_sig
+        )
         return pb.CountersignResponse()
 
     @_guard
     def GetLedger(self, request: pb.GetLedgerRequest, context: Any) -> pb.GetLedgerResponse:
-        entries, length, head, pending = self.h.ledger_entries(
+        entries, length, head, pending = self.h.sync.ledger_entries(
             self._peer(context), request.dataset, request.since_seq
         )
         return pb.GetLedgerResponse(
@@ -162,7 +167,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
     def RestoreLedger(
         self, request: pb.RestoreLedgerRequest, context: Any
     ) -> pb.RestoreLedgerResponse:
-        length, head = self.h.restore_ledger(
+        length, head = self.h.sync.restore_ledger(
             self._peer(context), request.dataset, list(request.entries_json)
         )
         return pb.RestoreLedgerResponse(length=length, head=head)
@@ -189,7 +194,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
             serde.from_pb(request.scaling_std, dtype="<f8", ndim=1),
         )
         basis = serde.from_pb(request.basis, dtype="<f8", ndim=2)
-        rs, plan_json, sig = self.h.open_reweighting(
+        rs, plan_json, sig = self.h.reweights.open(
             self._peer(context),
             request.terms_json,
             rows,
@@ -211,7 +216,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
     def ReweightSteps(
         self, request: pb.ReweightStepsRequest, context: Any
     ) -> pb.ReweightStepsResponse:
-        out, entry, catch_up = self.h.reweight_steps(
+        out, entry, catch_up = self.h.reweights.steps(
             self._peer(context),
             request.session_id,
             request.start,

@@ -100,6 +100,14 @@ class SignedStub:
         return self._stub.OpenSession(request, **kw)
 
 
+def handlers_with(**parts: type) -> type:
+    """A ``SourceHandlers`` whose RPC families named in ``parts`` (``sessions``, ``batches``,
+    ``pate``) are the given subclasses: a source that misbehaves in one step only."""
+    from dpda.source_party.handlers import SourceHandlers
+
+    return type("Handlers", (SourceHandlers,), {f"{k}_class": v for k, v in parts.items()})
+
+
 def start_target_serve(dep: Any, log_path: Path) -> tuple[subprocess.Popen, int]:
     """``dpda target serve`` as a real process; (process, admin port) once it listens."""
     port_file = dep.target_state / "admin_port"

@@ -17,12 +17,14 @@ from dpda.protocol import TargetDisclosure
 from dpda.service.config import load_source, load_target
 from dpda.simulation import simulate
 from dpda.source_party.app import run_server
-from dpda.source_party.handlers import SignedRelease, SourceHandlers
+from dpda.source_party.handlers import SignedRelease
+from dpda.source_party.rpc_batches import Batches
+from dpda.source_party.rpc_sessions import Sessions
 from dpda.target_party.app import open_state, run
 from dpda.target_party.view import AdaptConfig
 from dpda.terms import SessionTerms
 
-from .helpers import DELTA, synthetic_deployment
+from .helpers import DELTA, handlers_with, synthetic_deployment
 
 
 def _run_target(dep, port):
@@ -74,11 +76,11 @@ def _first_gaussian(ev: dict) -> dict:
     return _first_gaussian(ev["events"][0] if "events" in ev else ev["event"])
 
 
-class _Tamper(SourceHandlers):
+class _Tamper(Batches):
     mode = ""
 
-    def _release_one(self, peer, releaser, session_id, index, call) -> SignedRelease:
-        sr = super()._release_one(peer, releaser, session_id, index, call)
+    def release_one(self, peer, releaser, session_id, index, call) -> SignedRelease:
+        sr = super().release_one(peer, releaser, session_id, index, call)
         rel, entry = sr.release, sr.entry
         if self.mode == "payload":
             z = rel.z.copy()
@@ -94,7 +96,7 @@ class _Tamper(SourceHandlers):
             forged = LedgerEntry(**d)
             from dpda.service import signing
 
-            sig = signing.sign(self.key, forged.signed_message())
+            sig = signing.sign(self.ctx.desk.key, forged.signed_message())
             return SignedRelease(rel, dataclasses.replace(forged, source_sig=sig))
         if self.mode in ("statistics", "no-statistics"):
             # a hostile standardization (a scale ≤ 0), or none, under a digest and signature
@@ -106,7 +108,7 @@ class _Tamper(SourceHandlers):
             forged = dataclasses.replace(entry, payload_sha256=forged_rel.sha256(), source_sig="")
             from dpda.service import signing
 
-            sig = signing.sign(self.key, forged.signed_message())
+            sig = signing.sign(self.ctx.desk.key, forged.signed_message())
             return SignedRelease(forged_rel, dataclasses.replace(forged, source_sig=sig))
         return sr
 
@@ -114,7 +116,7 @@ class _Tamper(SourceHandlers):
 @pytest.mark.parametrize("mode", ["payload", "signature", "charge", "statistics", "no-statistics"])
 def test_target_detects_a_misbehaving_source(tmp_path, mode: str) -> None:
     dep = synthetic_deployment(tmp_path)
-    cls = type(f"Tamper_{mode}", (_Tamper,), {"mode": mode})
+    cls = handlers_with(batches=type(f"Tamper_{mode}", (_Tamper,), {"mode": mode}))
     why = {"statistics": "not finite and positive", "no-statistics": "lacks the source's"}
     with run_server(load_source(dep.source_config), cls) as rs:
         with pytest.raises(PeerMisbehaved, match=why.get(mode)):
@@ -123,15 +125,15 @@ def test_target_detects_a_misbehaving_source(tmp_path, mode: str) -> None:
     assert target_ledger.store.entries("synthetic") == []  # nothing accepted
 
 
-class _OtherBasis(SourceHandlers):
+class _OtherBasis(Sessions):
     """Plans and releases with an orthonormal basis of its own instead of the target's."""
 
-    def _plan(self, releaser, terms, disclosure, projection=None):
+    def plan(self, releaser, terms, disclosure, projection=None):
         if disclosure.basis is not None and projection is None:
             rng = np.random.default_rng(0)
             q, _ = np.linalg.qr(rng.normal(size=np.asarray(disclosure.basis).shape))
             disclosure = TargetDisclosure(disclosure.scaling, q)
-        return super()._plan(releaser, terms, disclosure, projection)
+        return super().plan(releaser, terms, disclosure, projection)
 
 
 def test_target_detects_a_source_using_another_projection(tmp_path) -> None:
@@ -139,7 +141,7 @@ def test_target_detects_a_source_using_another_projection(tmp_path) -> None:
     target-pca): every release's signed ledger entry binds the digest of the projection it was
     computed with, and one that is not the target's basis is refused, nothing accepted."""
     dep = synthetic_deployment(tmp_path, job={"projection": "target-pca"})
-    with run_server(load_source(dep.source_config), _OtherBasis) as rs:
+    with run_server(load_source(dep.source_config), handlers_with(sessions=_OtherBasis)) as rs:
         with pytest.raises(PeerMisbehaved, match="computed with another projection"):
             _run_target(dep, rs.port)
         methods = {r.method.rsplit("/", 1)[-1] for r, _ in rs.audit.records()}
@@ -148,39 +150,39 @@ def test_target_detects_a_source_using_another_projection(tmp_path) -> None:
     assert target_ledger.store.entries("synthetic") == []
 
 
-class _OtherScaling(SourceHandlers):
+class _OtherScaling(Sessions):
     """Releases with a column mean of its own instead of the target's (the plan, which reads
     only the std, is unchanged)."""
 
-    def _plan(self, releaser, terms, disclosure, projection=None):
+    def plan(self, releaser, terms, disclosure, projection=None):
         if disclosure.scaling is not None:
             sc = disclosure.scaling
             disclosure = TargetDisclosure(Scaling(sc.mean + 1.0, sc.std), disclosure.basis)
-        return super()._plan(releaser, terms, disclosure, projection)
+        return super().plan(releaser, terms, disclosure, projection)
 
 
 def test_target_detects_a_source_using_another_scaling(tmp_path) -> None:
     """Every release's signed entry binds the digests of the scaling its features were
     computed with; one that is not the scaling the target sent is refused, nothing accepted."""
     dep = synthetic_deployment(tmp_path, job={"projection": "target-pca"})
-    with run_server(load_source(dep.source_config), _OtherScaling) as rs:
+    with run_server(load_source(dep.source_config), handlers_with(sessions=_OtherScaling)) as rs:
         with pytest.raises(PeerMisbehaved, match="computed with another scaling"):
             _run_target(dep, rs.port)
     target_ledger, _ = open_state(load_target(dep.target_config))
     assert target_ledger.store.entries("synthetic") == []
 
 
-class _FailOnce(SourceHandlers):
+class _FailOnce(Batches):
     """Refuses the session's release ``index`` once (the job stops with its session saved)."""
 
     index = 1
     failed = False
 
-    def _release_one(self, peer, releaser, session_id, index, call) -> SignedRelease:
+    def release_one(self, peer, releaser, session_id, index, call) -> SignedRelease:
         if index == self.index and not type(self).failed:
             type(self).failed = True
             raise InvalidInput("not now", public=True)
-        return super()._release_one(peer, releaser, session_id, index, call)
+        return super().release_one(peer, releaser, session_id, index, call)
 
 
 @pytest.mark.parametrize("stop_at", [0, 1])
@@ -194,7 +196,8 @@ def test_a_resumed_session_with_another_scaling_is_refused_before_anything_is_as
     digests; the session's release entries bind them too)."""
     job = {"batch_size": 120, "steps": 3, "projection": "jl"}  # a JL basis is kept on resume
     dep = synthetic_deployment(tmp_path, job=job, attribute_unit=True)
-    handlers = type("FailAt", (_FailOnce,), {"index": stop_at})
+    fail_at = type("FailAt", (_FailOnce,), {"index": stop_at, "failed": False})
+    handlers = handlers_with(batches=fail_at)
     with run_server(load_source(dep.source_config), handlers) as rs:
         set_source_address(dep, f"127.0.0.1:{rs.port}")
         with pytest.raises(InvalidInput, match="not now"):
@@ -435,12 +438,12 @@ def test_plan_says_when_a_job_does_not_fit_and_spends_nothing(tmp_path) -> None:
     ],
 )
 def test_a_source_lying_in_its_description_is_refused_before_anything(tmp_path, lie) -> None:
-    class Lying(SourceHandlers):
+    class Lying(Sessions):
         def describe(self, peer: str, dataset: str, planned_terms_json: str = "") -> dict:
             return {**super().describe(peer, dataset, planned_terms_json), **lie}
 
     dep = synthetic_deployment(tmp_path)
-    with run_server(load_source(dep.source_config), Lying) as rs:
+    with run_server(load_source(dep.source_config), handlers_with(sessions=Lying)) as rs:
         with pytest.raises(PeerMisbehaved, match="description of its dataset is out of range"):
             _run_target(dep, rs.port)
         assert rs.handlers.ledger.store.entries("synthetic") == []

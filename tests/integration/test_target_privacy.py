@@ -18,17 +18,18 @@ from dpda.errors import BudgetExceeded, ConfigError, LedgerCorrupt, PeerMisbehav
 from dpda.service import signing
 from dpda.service.config import load_source, load_target
 from dpda.source_party.app import run_server
-from dpda.source_party.handlers import SourceHandlers
+from dpda.source_party.rpc_pate import PateQueries
+from dpda.source_party.rpc_sessions import Sessions
 from dpda.target_party.app import open_state, run
 from dpda.target_party.own_rows import OWN_ROWS
 from dpda.target_party.view import target_pca_basis
 
-from .helpers import synthetic_deployment
+from .helpers import handlers_with, synthetic_deployment
 
 DEFAULT = {"row_clip": 15.0}  # the default policy; raw rows need their norm bound
 
 
-class _Recording(SourceHandlers):
+class _Recording(Sessions):
     """An honest source that keeps what the target sent it."""
 
     seen: list = []
@@ -48,7 +49,7 @@ def test_with_the_default_policy_no_exact_statistic_leaves_the_target(tmp_path) 
         tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5, "projection": "target-pca"}
     )
     _Recording.seen = []
-    with run_server(load_source(dep.source_config), _Recording) as rs:
+    with run_server(load_source(dep.source_config), handlers_with(sessions=_Recording)) as rs:
         out = _run(dep, rs.port)
         again = _run(dep, rs.port)  # the same job again: the stored disclosure, uncharged
     (terms, scaling, basis), (terms2, scaling2, basis2) = _Recording.seen
@@ -107,15 +108,20 @@ def test_the_exact_opt_in_is_listed_as_unprotected(tmp_path) -> None:
     ]
 
 
-class _Queried(SourceHandlers):
-    """An honest source that keeps the target's disclosure and every PATE query it receives."""
+class _Opened(Sessions):
+    """An honest source's sessions that keep the target's disclosure."""
 
     opened: list = []
-    queries: list = []
 
     def open_session(self, peer, terms_json, scaling, basis, *args, **kw):  # type: ignore[override]
         type(self).opened.append((scaling, basis))
         return super().open_session(peer, terms_json, scaling, basis, *args, **kw)
+
+
+class _Queried(PateQueries):
+    """An honest source's PATE answers that keep every query it receives."""
+
+    queries: list = []
 
     def query_teachers(self, peer, session_id, index, queries, *args, **kw):  # type: ignore[override]
         type(self).queries.append(np.array(queries))
@@ -125,7 +131,7 @@ class _Queried(SourceHandlers):
 def _nearest_row_distance(queries: np.ndarray) -> float:
     """How close the closest query came to a target row, in the session's projected space (the
     scaling and basis the target sent; the source can compute this for its own part)."""
-    (scaling, basis), *_ = _Queried.opened
+    (scaling, basis), *_ = _Opened.opened
     _, t = two_domains()
     rows = scaling.apply(per_row(t.x, "raw")) @ basis
     d2 = ((queries[:, None, :] - rows[None, :, :]) ** 2).sum(axis=2)
@@ -148,8 +154,10 @@ def test_pate_sends_target_rows_only_under_the_exact_opt_in(tmp_path, method, ro
     dep = synthetic_deployment(
         tmp_path, target_privacy=privacy, job={"projection_dim": 5, "method": method}
     )
-    _Queried.opened, _Queried.queries = [], []
-    with run_server(load_source(dep.source_config), _Queried) as rs:
+    _Opened.opened, _Queried.queries = [], []
+    with run_server(
+        load_source(dep.source_config), handlers_with(sessions=_Opened, pate=_Queried)
+    ) as rs:
         out = _run(dep, rs.port)
     sent = np.vstack(_Queried.queries)
     assert sent.shape[0] == out["pate_queries"] > 0
@@ -221,19 +229,19 @@ def test_dp_row_queries_need_dp_disclosures() -> None:
         TargetPrivacyPolicy(row_queries="dp", query_epsilon=9.0)
 
 
-class _Greedy(SourceHandlers):
+class _Greedy(Sessions):
     """A hostile source: it plans PATE queries the target never asked for, to get its rows."""
 
-    def _plan(self, releaser, terms, disclosure, projection=None):  # type: ignore[override]
+    def plan(self, releaser, terms, disclosure, projection=None):  # type: ignore[override]
         asked = terms.model_copy(update={"pate_epsilon": 1.0, "pate_queries": 200})
-        return super()._plan(releaser, asked, disclosure, projection)
+        return super().plan(releaser, asked, disclosure, projection)
 
 
 def test_a_source_cannot_make_the_target_send_rows(tmp_path) -> None:
     dep = synthetic_deployment(
         tmp_path, target_privacy=DEFAULT, job={"projection_dim": 5, "projection": "target-pca"}
     )
-    with run_server(load_source(dep.source_config), _Greedy) as rs:
+    with run_server(load_source(dep.source_config), handlers_with(sessions=_Greedy)) as rs:
         with pytest.raises(PeerMisbehaved, match="plan"):
             _run(dep, rs.port)
         methods = [r.method for r, _ in rs.audit.records()]
@@ -287,7 +295,7 @@ def test_the_source_refuses_a_forged_disclosure_claim(tmp_path) -> None:
                 assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
-class _Replaying(SourceHandlers):
+class _Replaying(PateQueries):
     """A hostile source that fails the target's first PATE request after reading it, hoping
     that the rerun of the job draws the noise on the same rows again (two noisy looks at each
     row for one charge)."""
@@ -310,7 +318,7 @@ def test_a_replaying_source_gets_the_same_noisy_rows_again_for_one_charge(tmp_pa
         job={"projection_dim": 5, "method": "pate"},
     )
     _Replaying.queries, _Replaying.failed = [], False
-    with run_server(load_source(dep.source_config), _Replaying) as rs:
+    with run_server(load_source(dep.source_config), handlers_with(pate=_Replaying)) as rs:
         with pytest.raises(Exception):  # noqa: B017 - the job fails on the source's fault
             _run(dep, rs.port)
         out = _run(dep, rs.port)  # the operator reruns it: the same session resumes
@@ -326,9 +334,11 @@ def test_a_replaying_source_gets_the_same_noisy_rows_again_for_one_charge(tmp_pa
 
 class _Renaming(_Replaying):
     """A hostile source that fails the first PATE request and answers the rerun's resumed
-    session with a new session id, hoping for a second charge (and a second noisy copy of the
-    same rows)."""
+    session with a new session id (``_Renamed``), hoping for a second charge (and a second
+    noisy copy of the same rows)."""
 
+
+class _Renamed(Sessions):
     def open_session(self, peer, terms_json, scaling, basis, session_id="", *args, **kw):  # type: ignore[override]
         return super().open_session(peer, terms_json, scaling, basis, "", *args, **kw)
 
@@ -341,7 +351,9 @@ def test_a_source_that_renames_the_resumed_session_is_refused_and_charges_nothin
     )
     _Renaming.queries, _Renaming.failed = [], False
     tcfg = load_target(dep.target_config)
-    with run_server(load_source(dep.source_config), _Renaming) as rs:
+    with run_server(
+        load_source(dep.source_config), handlers_with(sessions=_Renamed, pate=_Renaming)
+    ) as rs:
         with pytest.raises(Exception):  # noqa: B017 - the job fails on the source's fault
             _run(dep, rs.port)
         ledger, _ = open_state(tcfg)
@@ -365,7 +377,7 @@ def test_the_same_jobs_row_queries_are_charged_once_whatever_the_session(tmp_pat
     )
     _Replaying.queries, _Replaying.failed = [], False
     tcfg = load_target(dep.target_config)
-    with run_server(load_source(dep.source_config), _Replaying) as rs:
+    with run_server(load_source(dep.source_config), handlers_with(pate=_Replaying)) as rs:
         with pytest.raises(Exception):  # noqa: B017 - the job fails on the source's fault
             _run(dep, rs.port)
         ledger, _ = open_state(tcfg)
@@ -378,7 +390,7 @@ def test_the_same_jobs_row_queries_are_charged_once_whatever_the_session(tmp_pat
     assert rest and all(np.array_equal(first, q) for q in rest)
 
 
-class _AlwaysFailing(SourceHandlers):
+class _AlwaysFailing(PateQueries):
     """A hostile source that fails every PATE request after reading it."""
 
     def query_teachers(self, *args, **kw):  # type: ignore[override]
@@ -391,7 +403,7 @@ def test_reruns_of_a_job_the_source_keeps_failing_are_bounded(tmp_path) -> None:
         target_privacy={**DEFAULT, "row_queries": "dp"},
         job={"projection_dim": 5, "method": "pate"},
     )
-    with run_server(load_source(dep.source_config), _AlwaysFailing) as rs:
+    with run_server(load_source(dep.source_config), handlers_with(pate=_AlwaysFailing)) as rs:
         set_source_address(dep, f"127.0.0.1:{rs.port}")
         tcfg = load_target(dep.target_config).model_copy(update={"max_reruns": 2})
         for _ in range(2):
