@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 # each peer's cache of trained teachers: 4 ensembles, at most 64 MiB (50 teachers of 31 classes
 # over 800 raw features hold ~10 MiB); the daemon pins a few peers, so the whole is bounded
+# the largest magnitude a query's value may have: a row of any session's space lies far
+# inside it, and a linear teacher's scores on it stay finite
+QUERY_LIMIT = 1e12
 PEER_TEACHER_ENTRIES = 4
 PEER_TEACHER_BYTES = 64 << 20
 
@@ -109,6 +112,11 @@ class PateAnswers:
             raise InvalidInput("queries have the wrong shape")
         if not np.all(np.isfinite(queries)):
             raise InvalidInput("queries have non-finite values")
+        if np.any(np.abs(queries) > QUERY_LIMIT):
+            raise InvalidInput(
+                f"queries have values beyond ±{QUERY_LIMIT:g}: no row of the session's space "
+                "lies there (the teachers' scores would overflow)"
+            )
         if queries.shape[0] > info.plan.pate_queries:
             raise InvalidInput("more queries than the session's terms allow")
 

@@ -177,6 +177,11 @@ def test_queries_beyond_the_terms_or_malformed_are_refused() -> None:
     for bad in (np.zeros((3, 5)), np.full((2, 6), np.nan), np.zeros((0, 6))):
         with pytest.raises(InvalidInput):
             rel.query_teachers(sid, 2, bad)
+    # the largest finite double, and a value just past the limit: a clear refusal, where the
+    # teachers' scores would overflow
+    for big in (np.finfo(np.float64).max, -1e13):
+        with pytest.raises(InvalidInput, match="beyond"):
+            rel.query_teachers(sid, 2, np.full((2, 6), big))
     assert len(ledger.store.entries()) == n
 
 
