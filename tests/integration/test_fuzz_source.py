@@ -2,7 +2,7 @@
 
 One daemon per module (a real gRPC server with real mTLS on port 0 and a real SQLite state file),
 one channel per peer. For every RPC the fuzzer (``fuzz_requests``, generated from the proto
-descriptors) sends ``DPDA_FUZZ_N`` (default 10,000) malformed or hostile requests as the pinned
+descriptors) sends ``DPDA_FUZZ_N`` (default 1,000; the campaign: 10,000) malformed or hostile requests as the pinned
 peer: random and edge values, wrong dtypes, shapes and sizes, non-finite data, broken and hostile
 terms, bad signatures, forged ledger entries, undecodable bytes, calls on sessions never opened or
 already closed, replays. The oracle, for every answer:
@@ -62,7 +62,7 @@ from dpda.terms import SessionTerms
 from .fuzz_requests import METHODS, SERVICE, Generator, Live
 from .helpers import DELTA, SignedStub, synthetic_deployment
 
-N = int(os.environ.get("DPDA_FUZZ_N", "10000"))
+N = int(os.environ.get("DPDA_FUZZ_N", "1000"))
 N_UNPINNED = int(os.environ.get("DPDA_FUZZ_UNPINNED_N", str(min(N, 2000))))
 N_ORDERS = int(os.environ.get("DPDA_FUZZ_ORDERS", str(max(1, min(150, N // 60)))))
 SEED = int(os.environ.get("DPDA_FUZZ_SEED", "12"))
