@@ -33,6 +33,11 @@ def _abort(
     abort_with(context, exc)
 
 
+def _ledger_length(request: Any) -> int:
+    """The length of the target's ledger a request states (-1: not stated)."""
+    return int(request.ledger_length) if request.HasField("ledger_length") else -1
+
+
 def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: SourceServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
@@ -110,7 +115,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
                 request.start,
                 request.count,
                 request.ledger_head,
-                request.ledger_length if request.HasField("ledger_length") else -1,
+                _ledger_length(request),
             ):
                 stats = sr.release.statistics_vector()
                 yield pb.BatchRelease(
@@ -137,7 +142,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
             request.index,
             queries,
             request.ledger_head,
-            request.ledger_length if request.HasField("ledger_length") else -1,
+            _ledger_length(request),
         )
         return pb.QueryTeachersResponse(
             labels=serde.to_pb(ans.labels),
@@ -222,7 +227,7 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
             request.start,
             request.count,
             request.ledger_head,
-            request.ledger_length if request.HasField("ledger_length") else -1,
+            _ledger_length(request),
         )
         resp = pb.ReweightStepsResponse(
             entry_json=entry.to_json(),

@@ -70,6 +70,18 @@ def _read_csv(path: Path) -> tuple[list[str] | None, list[list[str]], int]:
     return first, rows[1:], 2
 
 
+def _read_parquet(path: Path) -> Any:
+    """The Parquet file at ``path`` as a pandas frame (the ``data`` extra)."""
+    try:
+        import pandas as pd
+
+        return pd.read_parquet(path)
+    except ImportError:
+        raise ConfigError(
+            f"{path}: reading Parquet needs pandas and pyarrow: pip install 'dpda[data]'"
+        ) from None
+
+
 def _frame_columns(frame: Any, where: str) -> tuple[list[str], list[list[Any]]]:
     names = [str(c) for c in frame.columns]
     return names, frame.itertuples(index=False, name=None)
@@ -88,15 +100,7 @@ def _raw(source: Any, where: str) -> tuple[list[str] | None, list[list[Any]], in
         header, rows, first = _read_csv(path)
         return header, rows, first, "line"
     if suffix == ".parquet":
-        try:
-            import pandas as pd
-
-            frame = pd.read_parquet(path)
-        except ImportError:
-            raise ConfigError(
-                f"{path}: reading Parquet needs pandas and pyarrow: pip install 'dpda[data]'"
-            ) from None
-        names, rows = _frame_columns(frame, where)
+        names, rows = _frame_columns(_read_parquet(path), where)
         return names, [list(r) for r in rows], 0, "row"
     if suffix == ".npy":
         arr = np.load(path, allow_pickle=False)
@@ -136,14 +140,7 @@ def _columnar(source: Any, where: str) -> tuple[list[str] | None, list[np.ndarra
             raise ConfigError(f"{path}: no such file")
         suffix = path.suffix.lower()
         if suffix == ".parquet":
-            try:
-                import pandas as pd
-
-                frame = pd.read_parquet(path)
-            except ImportError:
-                raise ConfigError(
-                    f"{path}: reading Parquet needs pandas and pyarrow: pip install 'dpda[data]'"
-                ) from None
+            frame = _read_parquet(path)
         elif suffix == ".npy":
             arr = np.load(path, allow_pickle=False)
             if arr.ndim != 2:
