@@ -11,6 +11,7 @@ Hierarchy::
     ├── LedgerCorrupt         the hash chain or a signature does not verify
     ├── LedgerBehind          the peer's copy of the ledger lags this one: sync, then retry
     ├── PeerMisbehaved        the peer's charge, signature or payload hash is wrong
+    ├── SourceDropped         a source of a several-source job failed mid-job (target-local)
     ├── SolverFailed          OT returned a non-finite or degenerate plan
     ├── NotAuthorized         the caller's certificate has no role for this method
     └── Overloaded            the caller exceeded its concurrency, rate or session limits
@@ -79,6 +80,13 @@ class PeerMisbehaved(DpdaError):
     code = "PEER_MISBEHAVED"
 
 
+class SourceDropped(DpdaError):
+    """One source of a several-source job failed while the job asked it for a release: the job
+    goes on with the other sources' releases and names the one missing."""
+
+    code = "SOURCE_DROPPED"
+
+
 class SolverFailed(DpdaError):
     code = "SOLVER_FAILED"
 
@@ -104,6 +112,7 @@ PUBLIC_CATALOG: dict[str, str] = {
     "LEDGER_CORRUPT": "ledger verification failed",
     "LEDGER_BEHIND": "the ledger copy is behind this party's: sync it and retry",
     "PEER_MISBEHAVED": "the peer's response failed verification",
+    "SOURCE_DROPPED": "a source of the job failed; the job goes on without it",
     "SOLVER_FAILED": "the transport solver failed",
     "PERMISSION_DENIED": "not authorized",
     "OVERLOADED": "the caller exceeded its limits; retry later",

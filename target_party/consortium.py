@@ -9,9 +9,15 @@ job's minibatches are combined). The same releases, pooled, are the job's releas
 adaptation, so the label-free choice weighs adapting against not adapting on all of them.
 
 A source that refuses the session or fails to open it leaves the job with the others, and
-the job says which one is missing (``missing``); with none left, the job stops. The sources'
-ε are their own: a record belongs to one source, so each source's guarantee is its own
-session's spend (``spent_by_source``), and no source's charge depends on another's release.
+the job says which one is missing (``missing``); with none left, the job stops. A source that
+fails while the job asks it for a release (refused, unreachable, or a release that does not
+verify) is dropped the same way: its releases are skipped (``SourceDropped``), the job goes on
+with the others', and what that source charged stays on its own ledger, charged once (the
+target asks no source for another's release, and never asks again for one it was refused).
+
+The sources' ε are their own: a record belongs to one source, so each source's guarantee is
+its own session's spend (``spent_by_source``), and no source's charge depends on another's
+release.
 
 Offered for whole-dataset aggregate releases in the source's own space without DP
 preprocessing (each source's DP standardization would put its points in a space of its own)
@@ -20,15 +26,18 @@ and without PATE queries; other terms are refused before any session opens.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from dpda.errors import ConfigError, DpdaError
+from dpda.errors import ConfigError, DpdaError, SourceDropped
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo, TargetDisclosure
 from dpda.terms import SessionTerms
+
+log = logging.getLogger("dpda.target")
 
 
 def check_consortium_terms(terms: SessionTerms) -> None:
@@ -102,17 +111,32 @@ class Consortium:
         )
 
     def release(self, session_id: str, index: int, peer: str | None = None) -> BatchRelease:
+        """The job's batch ``index``: its source's release. Raises ``SourceDropped`` when that
+        source has failed (now or earlier in the job): the job skips the batch."""
         name, local = self._index[index]
+        if name in self.missing:
+            raise SourceDropped(f"source {name!r} left the job: {self.missing[name]}")
         sid = self.sessions[name].session_id
-        rel = self.sources[name].release(sid, local)
+        try:
+            rel = self.sources[name].release(sid, local)
+        except DpdaError as exc:
+            self.missing[name] = f"failed at its release {local}: {type(exc).__name__}: {exc}"
+            raise SourceDropped(f"source {name!r} left the job: {self.missing[name]}") from exc
         return replace(rel, index=index)
 
     def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
         raise ConfigError("several sources: PATE queries are not combined across sources")
 
     def close_session(self, session_id: str) -> None:
+        """Close every source's session; a dropped source's close is tried, and its failure
+        only logged."""
         for name, info in self.sessions.items():
-            self.sources[name].close_session(info.session_id)
+            try:
+                self.sources[name].close_session(info.session_id)
+            except DpdaError as exc:
+                if name not in self.missing:
+                    raise
+                log.warning("closing the session of dropped source %r: %s", name, exc)
 
     def source_of(self, index: int) -> str:
         """The source whose release is the job's batch ``index``."""

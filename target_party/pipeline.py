@@ -10,6 +10,7 @@ without-adaptation arms in ``arms``.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from dpda.errors import ConfigError, PeerMisbehaved
+from dpda.errors import ConfigError, PeerMisbehaved, SourceDropped
 from dpda.ot.traffic import Traffic
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo, TargetDisclosure
 from dpda.target_party.arms import pate, without_adaptation
@@ -33,6 +34,8 @@ from dpda.target_party.forecast import forecast
 from dpda.target_party.selection import select
 from dpda.target_party.view import AdaptConfig, RowQueries, TargetView, local_space, session_terms
 from dpda.terms import SessionTerms
+
+log = logging.getLogger("dpda.target")
 
 
 @dataclass(frozen=True)
@@ -138,11 +141,20 @@ def _release_all(
         s.metric = s.source.release(s.info.session_id, steps).z
         out.release_seconds += time.perf_counter() - t0
         out.spend.append(spent())
+    dropped: SourceDropped | None = None
     for i in range(steps):
         t0 = time.perf_counter()
-        rel = s.source.release(s.info.session_id, i)
+        try:
+            rel = s.source.release(s.info.session_id, i)
+        except SourceDropped as exc:  # one source of several: the job goes on with the others
+            out.release_seconds += time.perf_counter() - t0
+            log.warning("%s; the job goes on with the other sources' releases", exc)
+            dropped = exc
+            if progress:
+                progress(i + 1, steps)
+            continue
         out.release_seconds += time.perf_counter() - t0
-        if i == 0 and rel.standardization is not None and s.space is not None:
+        if not out.releases and rel.standardization is not None and s.space is not None:
             # the source's DP statistics came with the release: the target's rows move into
             # the same standardized space, and its OT space with them
             s.view = s.view.adopt(*rel.standardization)
@@ -155,6 +167,8 @@ def _release_all(
             out.spend.append(spent())  # countersignature run meanwhile, in the background
         if progress:
             progress(i + 1, steps)
+    if dropped is not None and not out.releases:
+        raise SourceDropped(f"every source left the job; the last: {dropped}")
     out.fits = s.collect(pending)
     return out
 

@@ -10,11 +10,11 @@ import pytest
 
 from dpda.data.synthetic import two_domains
 from dpda.dp.ledger import Budget
-from dpda.errors import ConfigError, PolicyRefused
+from dpda.errors import ConfigError, DpdaError, PolicyRefused, SourceDropped
 from dpda.protocol import TargetDisclosure
 from dpda.simulation import simulate_consortium
 from dpda.target_party.consortium import Consortium
-from dpda.target_party.view import AdaptConfig
+from dpda.target_party.view import AdaptConfig, target_view
 from dpda.terms import SessionTerms
 from tests.support import memory_releaser
 
@@ -114,3 +114,63 @@ def test_the_cli_refuses_a_source_twice_or_the_target_as_a_source_naming_the_fla
     err = capsys.readouterr().err
     assert "--source" in err and "Traceback" not in err
     assert not out.exists()  # nothing ran, nothing written
+
+
+class _DiesAtRelease:
+    """A source that opens its session, charges and draws its release, then dies before the
+    release reaches the target (a daemon killed mid-job, as the target's client sees it:
+    unreachable)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.asked = inner, 0
+
+    def open_session(self, *a, **kw):
+        return self.inner.open_session(*a, **kw)
+
+    def release(self, *a, **kw):
+        self.asked += 1
+        self.inner.release(*a, **kw)  # charged at the source, then lost with the daemon
+        raise DpdaError("source unreachable: the daemon stopped answering")
+
+    def close_session(self, *a, **kw):
+        raise DpdaError("source unreachable: the daemon stopped answering")
+
+
+def test_a_source_that_fails_mid_job_is_dropped_and_the_job_ends_on_the_others() -> None:
+    from dpda.target_party.pipeline import run_dpda
+
+    parts = _sources()
+    dying = _DiesAtRelease(parts["s1"][0])
+    sources = {n: r for n, (r, _) in parts.items()}
+    sources["s1"] = dying  # type: ignore[assignment]
+    con = Consortium(sources, {n: partial(led.spent, "synthetic") for n, (_, led) in parts.items()})
+    _, target = two_domains(300, 200, k=12, seed=9)
+    view = target_view(target, "raw", scaling_mode="zscore", terms=TERMS)
+    out = run_dpda(con, view, TERMS, AdaptConfig(seed=0), con.spent)
+    assert out.accuracy is not None and out.n_batches == 3
+    assert dying.asked == 1  # asked once, never again
+    assert set(con.missing) == {"s1"} and "unreachable" in con.missing["s1"]
+    assert con.report()["opened"] == ["s0", "s1", "s2"] and "s1" in con.report()["missing"]
+    for _, led in parts.values():
+        # each source charged once, the dropped one too (its release was charged at the
+        # source before the target lost it): nothing twice, nothing at another's ledger
+        assert len(led.store.entries("synthetic")) == 1
+    assert con.spent_by_source()["s1"] <= TERMS.epsilon
+
+
+def test_a_job_whose_every_source_fails_mid_job_says_so() -> None:
+    from dpda.target_party.pipeline import run_dpda
+
+    parts = _sources(2)
+    sources = {n: _DiesAtRelease(r) for n, (r, _) in parts.items()}
+    con = Consortium(sources, {n: partial(led.spent, "synthetic") for n, (_, led) in parts.items()})
+    _, target = two_domains(300, 200, k=12, seed=9)
+    with pytest.raises(SourceDropped, match="every source left the job"):
+        run_dpda(
+            con,
+            target_view(target, "raw", scaling_mode="zscore", terms=TERMS),
+            TERMS,
+            AdaptConfig(),
+            con.spent,
+        )
+    assert set(con.missing) == {"s0", "s1"}
