@@ -12,7 +12,8 @@ other scalings or dimensions are compared on the same rows:
 - ``snd``: soft neighbourhood density of the same model's probabilities (skada's
   ``SoftNeighborhoodDensity``: the entropy of each row's softmax similarity to the others);
 - ``consistency``: how well a ``NEIGHBOURS``-NN vote of the other rows predicts each row's
-  label (5-fold, on the rows): labels that follow the target's own structure are learnable;
+  label (5-fold, on the rows; the rows' neighbour order is computed once for every arm,
+  ``ScoreRows``): labels that follow the target's own structure are learnable;
 - ``counts``: one minus the total-variation distance between the predicted class shares and
   the release's noisy class shares.
 
@@ -123,8 +124,55 @@ def _probabilities(x: np.ndarray, pred: np.ndarray) -> np.ndarray:
     return np.asarray(clf.predict_proba(x))
 
 
-SCORE_MEMORY_MB = 1  # the neighbour search's working memory
 SND_BLOCK = 128  # rows of the similarity matrix held at a time (a few MB, not SCORE_ROWS²)
+
+
+@dataclass(frozen=True)
+class ScoreRows:
+    """The rows every arm's labels are scored on: at most ``SCORE_ROWS`` of the target's rows
+    (drawn from the job's seed, the same for every arm), and each one's other rows by distance
+    (``order``, nearest first; computed once, ``SND_BLOCK`` rows at a time), which the
+    ``consistency`` criterion's neighbour votes read for every arm."""
+
+    idx: np.ndarray
+    xs: np.ndarray
+    order: np.ndarray
+
+    @staticmethod
+    def of(x: np.ndarray, seed: int) -> ScoreRows:
+        rng = np.random.default_rng([seed, 53])
+        idx = np.sort(rng.choice(x.shape[0], min(SCORE_ROWS, x.shape[0]), replace=False))
+        xs = np.asarray(x[idx])
+        z = xs.astype(np.float64)
+        n = z.shape[0]
+        sq = np.einsum("ij,ij->i", z, z)
+        order = np.empty((n, n), dtype=np.int32)
+        for i in range(0, n, SND_BLOCK):
+            d = sq[i : i + SND_BLOCK, None] - 2.0 * (z[i : i + SND_BLOCK] @ z.T) + sq[None, :]
+            order[i : i + SND_BLOCK] = np.argsort(d, axis=1, kind="stable")
+        return ScoreRows(idx, xs, order)
+
+    def consistency(self, labels: np.ndarray, folds: int, k: int) -> float:
+        """The mean accuracy, over ``folds`` stratified folds (scikit-learn's
+        ``StratifiedKFold``, as ``cross_val_score`` splits), of a ``k``-nearest-neighbour vote
+        of the training rows predicting each held-out row's label (ties to the smaller label,
+        as scikit-learn's ``KNeighborsClassifier``)."""
+        from sklearn.model_selection import StratifiedKFold
+
+        n = labels.size
+        q = int(labels.max()) + 1
+        scores = []
+        for train, test in StratifiedKFold(folds).split(np.zeros((n, 1)), labels):
+            in_train = np.zeros(n, dtype=bool)
+            in_train[train] = True
+            near = self.order[test]
+            mask = in_train[near]
+            first = mask & (np.cumsum(mask, axis=1) <= k)  # the k nearest training rows
+            votes = labels[near[first].reshape(test.size, k)]
+            counts = np.zeros((test.size, q), dtype=np.int64)
+            np.add.at(counts, (np.repeat(np.arange(test.size), k), votes.ravel()), 1)
+            scores.append(float(np.mean(counts.argmax(axis=1) == labels[test])))
+        return float(np.mean(scores))
 
 
 def _snd(p: np.ndarray) -> float:
@@ -153,22 +201,24 @@ def class_shares(pred: np.ndarray, count_share: np.ndarray) -> tuple[np.ndarray,
     return share, top, bool(share[top] > COLLAPSE_SHARE and count_share[top] < COLLAPSE_COUNT_SHARE)
 
 
-def scores_of(x: np.ndarray, pred: np.ndarray, count_share: np.ndarray, seed: int) -> dict:
+def scores_of(
+    x: np.ndarray,
+    pred: np.ndarray,
+    count_share: np.ndarray,
+    seed: int,
+    rows: ScoreRows | None = None,
+) -> dict:
     """Every criterion of ``CRITERIA`` for the labels ``pred`` of the rows ``x`` (higher is
-    better; NaN where undefined: fewer than two classes predicted)."""
-    import sklearn
-    from sklearn.model_selection import cross_val_score
-    from sklearn.neighbors import KNeighborsClassifier
-
+    better; NaN where undefined: fewer than two classes predicted). ``rows``: the scored rows
+    of ``x`` and their neighbour order (``ScoreRows.of(x, seed)``), shared by every arm."""
     from dpda.target_party.selection import cluster_score
 
     share = class_shares(pred, count_share)[0]
     out = {"counts": float(1.0 - 0.5 * np.abs(share - count_share).sum())}
     if np.unique(pred).size < 2:
         return {**dict.fromkeys(CRITERIA, float("nan")), **out}
-    rng = np.random.default_rng([seed, 53])
-    idx = np.sort(rng.choice(x.shape[0], min(SCORE_ROWS, x.shape[0]), replace=False))
-    xs, ps = x[idx], pred[idx]
+    rows = ScoreRows.of(x, seed) if rows is None else rows
+    xs, ps = rows.xs, np.asarray(pred)[rows.idx].astype(np.int64)
     out["silhouette"] = cluster_score(x, pred, seed)
     if np.unique(ps).size < 2:
         return {**dict.fromkeys(CRITERIA, float("nan")), **out}
@@ -181,10 +231,7 @@ def scores_of(x: np.ndarray, pred: np.ndarray, count_share: np.ndarray, seed: in
     if folds >= 2:
         # at most the rows of the smallest training fold (a few rows: fewer neighbours)
         train = xs.shape[0] - -(-xs.shape[0] // folds)
-        knn = KNeighborsClassifier(n_neighbors=max(1, min(NEIGHBOURS, train)))
-        # the neighbours' distances in blocks of a few MB (the same neighbours)
-        with sklearn.config_context(working_memory=SCORE_MEMORY_MB):
-            out["consistency"] = float(np.mean(cross_val_score(knn, xs, ps, cv=folds)))
+        out["consistency"] = rows.consistency(ps, folds, max(1, min(NEIGHBOURS, train)))
     else:
         out["consistency"] = float("nan")
     return out
@@ -346,8 +393,9 @@ def choose(
             failed.append(f"{mode}/{dim}: {e}")
     if failed:
         log.warning("label-free choice: variants whose transport failed: %s", "; ".join(failed))
+    scored = ScoreRows.of(s.xt_proj, s.cfg.seed)  # once: the same rows for every arm
     for a in arms:
-        a.scores = scores_of(s.xt_proj, a.pred, count_share, s.cfg.seed)
+        a.scores = scores_of(s.xt_proj, a.pred, count_share, s.cfg.seed, scored)
         share, top, a.collapsed = class_shares(a.pred, count_share)
         a.largest_share = float(share[top])
         if s.view.labels is not None:

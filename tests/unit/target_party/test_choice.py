@@ -121,7 +121,7 @@ def test_the_guard_keeps_the_release_without_adaptation_when_no_arm_is_scored(
     from dpda.simulation import simulate
     from dpda.target_party.view import AdaptConfig
 
-    def undefined(x, pred, shares, seed):
+    def undefined(x, pred, shares, seed, rows=None):
         return dict.fromkeys(CRITERIA, float("nan"))
 
     monkeypatch.setattr(choice, "scores_of", undefined)
@@ -169,8 +169,10 @@ def test_the_guard_does_not_keep_an_arm_that_names_one_class(monkeypatch) -> Non
 
     real = choice.scores_of
 
-    def one_class_wins(x, pred, shares, seed):  # the labelling into one class scores best
-        got = real(x, pred, shares, seed)
+    def one_class_wins(
+        x, pred, shares, seed, rows=None
+    ):  # the labelling into one class scores best
+        got = real(x, pred, shares, seed, rows)
         return {**got, choice.CRITERION: 10.0 if np.unique(pred).size == 1 else 0.0}
 
     monkeypatch.setattr(choice, "scores_of", one_class_wins)
@@ -341,3 +343,25 @@ def test_arm_vote_counts_one_vote_a_model_and_gives_ties_to_the_first() -> None:
     np.testing.assert_allclose(m.predict_proba(x)[0], [1.5 / 3.5, 2 / 3.5, 0.0])  # weighted
     for two in (m, ArmVote([a, b])):  # the weighted shares' argmax is the vote, ties too
         assert (two.predict_proba(x).argmax(axis=1) == two.predict(x)).all()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_shared_neighbour_order_gives_scikit_learns_cross_validated_knn_score(seed) -> None:
+    """``consistency`` reads one neighbour order for every arm; it is the score
+    ``cross_val_score`` gives a ``KNeighborsClassifier`` on the same rows and folds."""
+    from sklearn.model_selection import cross_val_score
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from dpda.target_party.choice import ScoreRows
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(int(rng.integers(40, 300)), 6))
+    labels = (
+        (x[:, 0] > 0).astype(int) + (x[:, 1] > 0.5) if seed % 2 else rng.integers(0, 4, x.shape[0])
+    )
+    rows = ScoreRows.of(x, seed)
+    ps = np.unique(labels[rows.idx], return_inverse=True)[1]
+    k = 10 if seed < 3 else 3
+    mine = rows.consistency(ps, 5, k)
+    theirs = np.mean(cross_val_score(KNeighborsClassifier(n_neighbors=k), rows.xs, ps, cv=5))
+    assert mine == pytest.approx(theirs, abs=1e-12)

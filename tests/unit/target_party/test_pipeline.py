@@ -284,8 +284,8 @@ def test_keep_better_keeps_the_release_without_adaptation_when_the_criterion_pre
     real = choice.scores_of
     plain: list[np.ndarray] = []
 
-    def prefers_no_adaptation(x, pred, shares, seed):
-        got = real(x, pred, shares, seed)
+    def prefers_no_adaptation(x, pred, shares, seed, rows=None):
+        got = real(x, pred, shares, seed, rows)
         liked = any(np.array_equal(pred, p) for p in plain)
         return {**got, choice.CRITERION: 1.0 if liked else 0.0, "counts": 1.0}
 
