@@ -259,10 +259,10 @@ def group_lasso_fast(
     warm_start : bool
         Start from the entropic plan (``False``: from ``a·bᵀ``, as POT's ``sinkhorn_l1l2_gl``).
     inner_tol : float, optional
-        The L1 marginal error at which each inner Sinkhorn solve stops (default ``1e-6``,
-        float32 resolution; the plan is a convex combination of the inner plans, so its own
-        marginal error stays below the largest of theirs: ``tol / 4`` still reports
-        ``converged``).
+        The L1 marginal error at which each inner Sinkhorn solve stops (default
+        ``dpda.ot.fast.INNER_TOL``, 1e-5: a hundredth of ``tol``; the plan is a convex
+        combination of the inner plans, so its own marginal error stays below the largest of
+        theirs, and ``tol / 4`` still reports ``converged``).
     start : dpda.ot.fast.SinkhornState, optional
         The ``start_state`` of an earlier result with the same target rows and marginal, in
         this ``cost``'s units: a warm start for the first solve (the plan is the same fixed
@@ -285,7 +285,7 @@ def group_lasso_fast(
             outer_iter=outer_iter,
             inner_iter=inner_iter,
             stop_thr=stop_thr,
-            inner_stop_thr=1e-6 if inner_tol is None else inner_tol,
+            inner_stop_thr=fast.INNER_TOL if inner_tol is None else inner_tol,
             warm_start=warm_start,
             start=start,
             threads=threads,
