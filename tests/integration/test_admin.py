@@ -134,7 +134,7 @@ def _scope(
 
 
 def test_host_origin_and_content_type_checks() -> None:
-    """Issue 12, item 5, at the app level: what ``guard`` lets through to the routes."""
+    """At the app level: what ``guard`` lets through to the routes."""
     from dpda.service.admin import AdminApp
     from dpda.service.metrics import Metrics
 
@@ -223,7 +223,7 @@ def test_what_reveals_the_ledger_needs_the_token_and_health_does_not() -> None:
 
 
 def test_queries_are_decoded_and_every_error_is_returned() -> None:
-    """Issue 14: ``?dataset=office-caltech%3AC`` reached the ledger undecoded (an empty answer);
+    """``?dataset=office-caltech%3AC`` reached the ledger undecoded (an empty answer);
     a bad query answers 400 naming the field."""
     from dpda.service.admin import AdminApp
     from dpda.service.metrics import Metrics

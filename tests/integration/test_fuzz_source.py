@@ -1,11 +1,11 @@
-"""Issue 12: property-based fuzzing of every ``SourceService`` RPC against a real source daemon.
+"""Property-based fuzzing of every ``SourceService`` RPC against a real source daemon.
 
 One daemon per module (a real gRPC server with real mTLS on port 0 and a real SQLite state file),
 one channel per peer. For every RPC the fuzzer (``fuzz_requests``, generated from the proto
-descriptors) sends ``DPDA_FUZZ_N`` (default 1,000; the campaign: 10,000) malformed or hostile requests as the pinned
-peer: random and edge values, wrong dtypes, shapes and sizes, non-finite data, broken and hostile
-terms, bad signatures, forged ledger entries, undecodable bytes, calls on sessions never opened or
-already closed, replays. The oracle, for every answer:
+descriptors) sends ``DPDA_FUZZ_N`` (default 1,000; the campaign: 10,000) malformed or hostile
+requests as the pinned peer: random and edge values, wrong dtypes, shapes and sizes, non-finite
+data, broken and hostile terms, bad signatures, forged ledger entries, undecodable bytes, calls
+on sessions never opened or already closed, replays. The oracle, for every answer:
 
 * the status is one of the catalogue (``common.errors.PUBLIC_CATALOG``): the details read
   ``"CODE: public text"`` and the gRPC status is the one ``source_party.servicer.STATUS`` (or the

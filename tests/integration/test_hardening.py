@@ -1,4 +1,4 @@
-"""Issue 12 regressions against real daemons: bounded work per caller, admission before parsing,
+"""Regressions against real daemons: bounded work per caller, admission before parsing,
 session limits and expiry, role-bound terms signatures, countersign-before-next-release,
 denials on record, and a lost source tail restored from the target's copy.
 

@@ -1,4 +1,4 @@
-"""Issue 12, item 5: the target's job API (``dpda target serve``) against browsers and callers.
+"""The target's job API (``dpda target serve``) against browsers and callers.
 
 9ac3bc1, on loopback with no token (the default): a ``text/plain`` POST from a foreign origin
 started a job (CSRF; DNS rebinding with a foreign Host as well); ``data_kind = table, data_path =

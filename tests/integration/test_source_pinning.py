@@ -1,4 +1,4 @@
-"""Issue 12, item 11: the target pins the source's certificate before it sends anything.
+"""The target pins the source's certificate before it sends anything.
 
 9ac3bc1: the target checked only that the server's certificate chained to the peer CA, so an
 impostor holding any certificate from that CA (here: a real source daemon serving the same

@@ -121,7 +121,7 @@ def test_the_broken_rdp_ledger_option_is_gone(tmp_path) -> None:
     ],
 )
 def test_session_terms_refuse_non_finite_and_absurd_floats(field: str, value: str) -> None:
-    """Issue 12 fuzzing: ``noise_multiplier = Infinity`` parsed, and 1e300 overflowed the
+    """``noise_multiplier = Infinity`` parsed, and 1e300 overflowed the
     accountant's PLD inside the source's planner (INTERNAL); the terms now refuse both by name."""
     from dpda.terms import SessionTerms, terms_error
 
@@ -133,7 +133,7 @@ def test_session_terms_refuse_non_finite_and_absurd_floats(field: str, value: st
 
 @pytest.mark.parametrize("bound", [1e308, float("inf"), 0.0])
 def test_a_policys_attribute_bound_is_finite_and_bounded(bound: float) -> None:
-    """Issue 12, item 9: ``feature_bound = 1e308`` was charged, then failed with INTERNAL (the
+    """``feature_bound = 1e308`` was charged, then failed with INTERNAL (the
     sensitivity overflowed after the ledger entry). The policy now refuses it by name."""
     from pydantic import ValidationError
 

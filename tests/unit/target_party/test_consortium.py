@@ -84,6 +84,7 @@ def test_terms_a_consortium_does_not_combine_are_refused_before_anything_opens()
         Consortium({"s0": parts["s0"][0]}, {})
 
 
+@pytest.mark.slow
 def test_the_rehearsal_reports_each_sources_spend_and_pools_the_references() -> None:
     domains = {f"s{k}": two_domains(300, 200, k=12, seed=k)[0] for k in range(3)}
     _, target = two_domains(300, 200, k=12, seed=9)
@@ -136,6 +137,7 @@ class _DiesAtRelease:
         raise DpdaError("source unreachable: the daemon stopped answering")
 
 
+@pytest.mark.slow
 def test_a_source_that_fails_mid_job_is_dropped_and_the_job_ends_on_the_others() -> None:
     from dpda.target_party.pipeline import run_dpda
 
@@ -158,6 +160,7 @@ def test_a_source_that_fails_mid_job_is_dropped_and_the_job_ends_on_the_others()
     assert con.spent_by_source()["s1"] <= TERMS.epsilon
 
 
+@pytest.mark.slow
 def test_a_job_whose_every_source_fails_mid_job_says_so() -> None:
     from dpda.target_party.pipeline import run_dpda
 
