@@ -32,7 +32,9 @@ than ``COLLAPSE_SHARE`` of the rows in one class while the noisy counts give tha
 than ``COLLAPSE_COUNT_SHARE`` is not kept, and when no arm has a defined score the job keeps
 the release without adaptation; either is logged and written in the choice's ``guard``. When
 the target has labels (a rehearsal), each arm's accuracy is recorded beside its scores — for
-the report only, never for the choice.
+the report only, never for the choice. A target of more than ``CHOICE_ROWS`` rows is chosen
+for on a uniform subsample of that many (the arms' accuracies are then the subsample's), and
+the kept model labels every row.
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ COLLAPSE_COUNT_SHARE = 0.75
 NEIGHBOURS = 10
 SND_TEMPERATURE = 0.05  # skada's default
 SCORE_ROWS = 2000  # rows the quadratic criteria read (drawn from the job's seed)
+# target rows the arms are fitted and scored on: above it, a uniform subsample of this many
+# (drawn from the job's seed), and the kept model labels every row, a block at a time; the
+# choice's memory and time then stay bounded whatever the target's size
+CHOICE_ROWS = 20_000
+LABEL_BLOCK = 1 << 16  # rows the kept model labels at a time
 
 
 @dataclass
@@ -272,6 +279,34 @@ def _variant(s: JobSession, mode: str, dim: int) -> JobSession:
     return JobSession(s.source, view, s.terms, s.cfg, s.info, xt, s.compute, space=space)
 
 
+def _on_rows(s: JobSession, idx: np.ndarray) -> JobSession:
+    """The session on the target rows ``idx`` only (the same release, scaling and OT space)."""
+    from dpda.target_party.fitting import JobSession
+
+    v = s.view
+    view = replace(
+        v,
+        x=v.x[idx],
+        labels=None if v.labels is None else v.labels[idx],
+        known=v.known[idx],
+        raw=None if v.raw is None else v.raw[idx],
+    )
+    return JobSession(
+        s.source, view, s.terms, s.cfg, s.info, s.xt_proj[idx], s.compute,
+        metric=s.metric, space=s.space,
+    )  # fmt: skip
+
+
+def label_rows(model: Any, x: np.ndarray) -> np.ndarray:
+    """``model``'s labels of the rows ``x``, ``LABEL_BLOCK`` rows at a time."""
+    return np.concatenate(
+        [
+            np.asarray(model.predict(x[i : i + LABEL_BLOCK]))
+            for i in range(0, x.shape[0], LABEL_BLOCK)
+        ]
+    )
+
+
 def _no_adaptation(s: JobSession, fits: list[Any]) -> tuple[object, np.ndarray]:
     from sklearn.neighbors import KNeighborsClassifier
 
@@ -369,6 +404,11 @@ def choose(
     rule = RULE if rule is None else rule
     from dpda.target_party.training import accuracy
 
+    full = s
+    if s.view.x.shape[0] > CHOICE_ROWS:  # the arms on a subsample; the kept model on every row
+        rng = np.random.default_rng([s.cfg.seed, 59])
+        s = _on_rows(s, np.sort(rng.choice(s.view.x.shape[0], CHOICE_ROWS, replace=False)))
+
     counts = np.sum([np.asarray(r.noisy_counts, dtype=float) for r in done.releases], axis=0)
     count_share = np.clip(counts, 0, None) / max(float(np.clip(counts, 0, None).sum()), 1.0)
     job = s.view.scaling
@@ -422,6 +462,7 @@ def choose(
         "guard": guard,
         "failed": failed,
         "count_gate": COUNT_GATE,
+        "scored_rows": int(s.view.x.shape[0]),
         "arms": rows,
     }
     done.model, done.pred = kept.model, kept.pred
@@ -431,6 +472,8 @@ def choose(
         if not voted["collapsed"]:
             done.model, done.pred = model, pred
             out.update(kept=voted["name"], kept_adapts=True, kept_accuracy=voted["accuracy"])
+    if s is not full:  # chosen on a subsample: the kept model labels every row
+        done.pred = label_rows(done.model, full.view.x)
     return out
 
 

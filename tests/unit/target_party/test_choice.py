@@ -365,3 +365,23 @@ def test_the_shared_neighbour_order_gives_scikit_learns_cross_validated_knn_scor
     mine = rows.consistency(ps, 5, k)
     theirs = np.mean(cross_val_score(KNeighborsClassifier(n_neighbors=k), rows.xs, ps, cv=5))
     assert mine == pytest.approx(theirs, abs=1e-12)
+
+
+@pytest.mark.slow
+def test_a_large_target_is_chosen_for_on_a_subsample_and_every_row_is_labeled(monkeypatch):
+    """Above ``CHOICE_ROWS`` target rows the arms are fitted and scored on a subsample of that
+    many, and the kept model labels every row, a block at a time."""
+    import dpda.target_party.choice as choice
+    from dpda.data.devsuite import pair
+    from dpda.simulation import simulate
+    from dpda.target_party.view import AdaptConfig
+
+    monkeypatch.setattr(choice, "CHOICE_ROWS", 60)
+    monkeypatch.setattr(choice, "LABEL_BLOCK", 16)
+    s, t = pair("iris", 0)
+    out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
+    data = out.to_json(_terms())
+    assert data["choice"]["scored_rows"] == 60 < t.x.shape[0]
+    pred = np.asarray(out.dpda.predictions)  # the kept model's, on every row
+    assert pred.shape == (t.x.shape[0],)
+    assert data["accuracy"]["kept"] == pytest.approx(100.0 * np.mean(pred == t.labels()))
