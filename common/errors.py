@@ -11,7 +11,7 @@ Hierarchy::
     ├── LedgerCorrupt         the hash chain or a signature does not verify
     ├── LedgerBehind          the peer's copy of the ledger lags this one: sync, then retry
     ├── PeerMisbehaved        the peer's charge, signature or payload hash is wrong
-    ├── SourceDropped         a source of a several-source job failed mid-job (target-local)
+    ├── SourceDropped         a source of a several-source job failed mid-job (never sent)
     ├── SolverFailed          OT returned a non-finite or degenerate plan
     ├── NotAuthorized         the caller's certificate has no role for this method
     └── Overloaded            the caller exceeded its concurrency, rate or session limits
@@ -82,9 +82,9 @@ class PeerMisbehaved(DpdaError):
 
 class SourceDropped(DpdaError):
     """One source of a several-source job failed while the job asked it for a release: the job
-    goes on with the other sources' releases and names the one missing."""
-
-    code = "SOURCE_DROPPED"
+    goes on with the other sources' releases and names the one missing. Raised by the target
+    only and never sent: it has no code of its own (``INTERNAL``, whose class is
+    ``DpdaError``), so no peer's refusal can come back as it and make a job skip a release."""
 
 
 class SolverFailed(DpdaError):
@@ -112,7 +112,6 @@ PUBLIC_CATALOG: dict[str, str] = {
     "LEDGER_CORRUPT": "ledger verification failed",
     "LEDGER_BEHIND": "the ledger copy is behind this party's: sync it and retry",
     "PEER_MISBEHAVED": "the peer's response failed verification",
-    "SOURCE_DROPPED": "a source of the job failed; the job goes on without it",
     "SOLVER_FAILED": "the transport solver failed",
     "PERMISSION_DENIED": "not authorized",
     "OVERLOADED": "the caller exceeded its limits; retry later",

@@ -36,7 +36,6 @@ STATUS: dict[str, grpc.StatusCode] = {
     "LEDGER_CORRUPT": grpc.StatusCode.FAILED_PRECONDITION,
     "LEDGER_BEHIND": grpc.StatusCode.FAILED_PRECONDITION,
     "PEER_MISBEHAVED": grpc.StatusCode.PERMISSION_DENIED,
-    "SOURCE_DROPPED": grpc.StatusCode.UNAVAILABLE,
     "SOLVER_FAILED": grpc.StatusCode.INTERNAL,
     "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
     "OVERLOADED": grpc.StatusCode.UNAVAILABLE,

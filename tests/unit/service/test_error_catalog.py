@@ -83,3 +83,18 @@ def test_a_peer_that_cannot_be_reached_is_said_unreachable_not_refused() -> None
         abort_with(ctx, errors.Overloaded("busy"))
     busy = from_rpc_error(_Refusal(ctx.status, ctx.details), "source")
     assert str(busy).startswith("source refused: OVERLOADED")
+
+
+@pytest.mark.parametrize(
+    ("status", "detail"),
+    [
+        (grpc.StatusCode.INTERNAL, "INTERNAL: internal error"),
+        (grpc.StatusCode.UNAVAILABLE, "SOURCE_DROPPED: a source of the job failed"),
+        (grpc.StatusCode.UNAVAILABLE, "SourceDropped"),
+    ],
+)
+def test_no_peer_refusal_comes_back_as_a_dropped_source(status, detail) -> None:
+    """A several-source job skips a release only on the target's own ``SourceDropped``: a
+    peer that names it, or anything like it, is read as another error."""
+    back = from_rpc_error(_Refusal(status, detail), "source")
+    assert not isinstance(back, errors.SourceDropped)
