@@ -230,6 +230,16 @@ class SimulationOutcome:
         }
 
 
+def _method_view(
+    shared: TargetView | None, target: Domain, representation: str, asked: str, t: SessionTerms
+) -> TargetView:
+    """A method's view: the shared one, or a source-space release's own."""
+    if not t.source_space:
+        assert shared is not None  # the shared view is built for the methods in a shared basis
+        return shared
+    return _own_view(target, representation, asked, t)
+
+
 def _own_view(target: Domain, representation: str, asked: str, t: SessionTerms) -> TargetView:
     return target_view(target, representation, scaling_mode=resolve_scaling(asked, t), terms=t)
 
@@ -428,13 +438,18 @@ def simulate(
             source, t, representation, seed, attribute_bound=attribute_bound
         )
         # a source-space release: its own view (its scaling, the rows clipped to its C), held
-        # only while its job runs
-        own = view if not t.source_space else _own_view(target, representation, asked_scaling, t)
-        assert own is not None  # the shared view is built for the methods in a shared basis
-        runs[method] = run_dpda(releaser, own, t, cfg, spent, progress, rq, compute)
+        # only while its job runs. Passed, not named here (CPython hands a Python callee its
+        # arguments): a view the job replaces, its rows moved into the source's DP
+        # standardization, is freed in the job instead of held until it returns
         if keep_views:
-            views[method] = own
-        del own
+            views[method] = _method_view(view, target, representation, asked_scaling, t)
+        runs[method] = run_dpda(
+            releaser,
+            views[method]
+            if keep_views
+            else _method_view(view, target, representation, asked_scaling, t),
+            t, cfg, spent, progress, rq, compute,
+        )  # fmt: skip
         ledgers[method] = store.entries(t.dataset)
         if method == "dpda" or not pre_report:
             reports = list(releaser.preprocessing_reports.values())
@@ -520,8 +535,11 @@ def simulate_consortium(
             domain, terms, representation, None if seed is None else seed * 1000 + k
         )
     consortium = Consortium(releasers, spent)
-    view = _own_view(target, representation, scaling_mode, terms)
-    run = run_dpda(consortium, view, terms, cfg, consortium.spent, progress)
+    # the view passed, not named here (see ``simulate``)
+    run = run_dpda(
+        consortium, _own_view(target, representation, scaling_mode, terms), terms, cfg,
+        consortium.spent, progress,
+    )  # fmt: skip
     pooled = Domain(
         "+".join(sources),
         np.vstack([d.x for d in sources.values()]),

@@ -197,6 +197,7 @@ def run_dpda(
     source, spent = timed, timed.spent
     try:
         s = _open(source, view, terms, cfg, compute)
+        del view  # the session holds it: a view it replaces (``TargetView.adopt``) is freed
         done = _release_all(s, spent, progress)
         # the view the fits ran in: the source's DP standardization, when one came with the
         # first release, moved the target's rows (``TargetView.adopt``)

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from dpda.data import preprocessing as _pre
 from dpda.data.loaders import Domain
-from dpda.data.preprocessing import NONNEGATIVE_REPRESENTATIONS, Scaling, per_row
+from dpda.data.preprocessing import NONNEGATIVE_REPRESENTATIONS, Scaling, by_row_blocks, per_row
 from dpda.dp.preprocessing_dp import Standardization, exact_standardization
 from dpda.dp.target_disclosure import Disclosure
 from dpda.errors import ConfigError
@@ -224,7 +225,7 @@ class TargetView:
         st = Standardization(loc, scale, clip_norm, 0.0, 0.0)
         rep = st.apply(self.raw)
         scaling = Scaling.of(rep, self.scaling_mode)
-        return replace(self, x=scaling.apply(rep), scaling=scaling, standardization=st)
+        return replace(self, x=_scale_inplace(rep, scaling), scaling=scaling, standardization=st)
 
     @cached_property
     def x32(self) -> np.ndarray:
@@ -264,9 +265,14 @@ def target_view(
         r = per_row(part, representation)
         return clip_rows(r, clip) if clip is not None else r
 
-    # per-row maps, a block of rows at a time into one array: the view's memory is its rows
-    # and a block, not the several whole-table temporaries the maps make
-    rep = _by_blocks(target.x, rows)
+    if standardize and representation == "raw":
+        # the raw representation is the rows themselves: kept for ``adopt`` as they are, no
+        # copy (nothing below writes into them)
+        rep = np.asarray(target.x, dtype=np.float64)
+    else:
+        # per-row maps, a block of rows at a time into one array: the view's memory is its
+        # rows and a block, not the several whole-table temporaries the maps make
+        rep = by_row_blocks(target.x, rows)
     if standardize:
         st, raw = exact_standardization(rep), rep
         rep, clip = st.apply(rep), 1.0  # every row in the unit ball, as the source's
@@ -282,18 +288,6 @@ def target_view(
         _scale_inplace(rep, scaling), scaling, target.y, kn, None, representation, clip, st,
         raw, scaling_mode,
     )  # fmt: skip
-
-
-ROW_BLOCK = 65_536  # rows a per-row map reads at a time (a few tens of MB of temporaries)
-
-
-def _by_blocks(x: np.ndarray, f: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """``f`` (a per-row map to float64 rows of the same width) applied a block of rows at a
-    time, into one new array."""
-    out = np.empty(x.shape, dtype=np.float64)
-    for i in range(0, x.shape[0], ROW_BLOCK):
-        out[i : i + ROW_BLOCK] = f(x[i : i + ROW_BLOCK])
-    return out
 
 
 def _scale_inplace(x: np.ndarray, scaling: Scaling) -> np.ndarray:
@@ -338,7 +332,7 @@ def local_space(view: TargetView, clip_norm: float, ell: int) -> tuple[LocalSpac
     def clipped(part: np.ndarray) -> np.ndarray:  # a block of view.rows(), clipped and scaled
         return _scale_inplace(clip_rows(part * sc.std + sc.mean, clip_norm), sc)
 
-    scaled = _by_blocks(view.x, clipped)
+    scaled = by_row_blocks(view.x, clipped)
     basis = target_pca_basis(scaled, ell)
     return LocalSpace(view.scaling, basis), scaled @ basis
 
@@ -372,8 +366,9 @@ def target_pca_basis(x: np.ndarray, ell: int) -> np.ndarray:
         return np.ascontiguousarray(vt[:ell].T)
     mu = x.mean(axis=0)
     scatter = np.zeros((x.shape[1], x.shape[1]))
-    for i in range(0, x.shape[0], ROW_BLOCK):
-        b = x[i : i + ROW_BLOCK] - mu
+    block = _pre.ROW_BLOCK
+    for i in range(0, x.shape[0], block):
+        b = x[i : i + block] - mu
         scatter += b.T @ b
     w, v = np.linalg.eigh(scatter)
     top = v[:, np.argsort(w)[::-1][:ell]]

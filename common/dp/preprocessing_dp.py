@@ -161,11 +161,18 @@ class Standardization:
         return finite_rows(z)
 
     def apply(self, x: np.ndarray) -> np.ndarray:
-        """Rows standardized, clipped to C and divided by it: every row in the unit ball."""
+        """Rows standardized, clipped to C and divided by it: every row in the unit ball (a
+        per-row map, computed a block of rows at a time into one new array)."""
+        from dpda.data.preprocessing import by_row_blocks
         from dpda.dp.mechanisms import clip_rows
 
-        with np.errstate(over="ignore"):  # (see ``norm_histogram``)
-            return clip_rows(self.standardized(x), self.clip_norm) / self.clip_norm
+        def unit(part: np.ndarray) -> np.ndarray:
+            with np.errstate(over="ignore"):  # (see ``norm_histogram``)
+                out = clip_rows(self.standardized(part), self.clip_norm)
+                out /= self.clip_norm
+                return out
+
+        return by_row_blocks(np.asarray(x), unit)
 
     def summary(self) -> dict[str, Any]:
         """What a report says of it (no row, only the statistics themselves)."""

@@ -259,3 +259,24 @@ def test_a_bound_read_where_no_standardized_row_lies_gives_way_to_the_public_rul
         st = fit(x, spec, np.random.default_rng(4))
         assert st.clip_norm == math.sqrt(d) and math.isnan(st.clipped_rows)
         assert np.array_equal(st.loc, honest.loc)  # the columns' statistics stand
+
+
+def test_standardizing_by_row_blocks_gives_the_whole_table_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dpda.data import preprocessing as P
+    from dpda.dp.mechanisms import clip_rows
+    from dpda.dp.preprocessing_dp import Standardization
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(41, 5)) * np.array([1.0, 10.0, 100.0, 0.1, 3.0]) + 7.0
+    x[4, 2] = np.nan  # a non-finite row is the zero row, in its block as in the table
+    x[9] *= 1e300  # a row far past C is clipped without overflow
+    st = Standardization(np.full(5, 7.0), np.array([1.0, 10.0, 100.0, 0.1, 3.0]), 2.5, 0.0, 0.0)
+    with np.errstate(over="ignore"):
+        want = clip_rows(st.standardized(x), 2.5) / 2.5
+    monkeypatch.setattr(P, "ROW_BLOCK", 6)  # several blocks, the last one short
+    got = st.apply(x)
+    np.testing.assert_array_equal(got, want)
+    assert np.all(np.linalg.norm(got, axis=1) <= 1 + 1e-12)
+    np.testing.assert_array_equal(got[4], st.apply(np.zeros((1, 5)))[0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dpda.data import preprocessing as P
 from dpda.data.loaders import Domain
 from dpda.data.preprocessing import Scaling, per_row
 from dpda.dp.mechanisms import clip_rows
@@ -15,7 +16,7 @@ from dpda.terms import SessionTerms
 
 @pytest.mark.parametrize("representation", ["raw", "l2", "sqrt"])
 def test_the_view_by_row_blocks_is_the_whole_table_view(representation, monkeypatch) -> None:
-    monkeypatch.setattr(V, "ROW_BLOCK", 7)  # several blocks, the last one short
+    monkeypatch.setattr(P, "ROW_BLOCK", 7)  # several blocks, the last one short
     rng = np.random.default_rng(0)
     x = np.abs(rng.normal(size=(50, 6))) * 3
     # without the DP standardization (raw rows' default), which the block path does not change
@@ -34,9 +35,47 @@ def test_the_basis_from_the_scatter_matrix_spans_the_svd_directions(monkeypatch)
     x = rng.normal(size=(400, 8)) * np.array([9, 7, 5, 3, 1, 0.5, 0.2, 0.1]) + 4.0
     svd = V.target_pca_basis(x, 3)
     monkeypatch.setattr(V, "PCA_SVD_ROWS", 100)
-    monkeypatch.setattr(V, "ROW_BLOCK", 64)
+    monkeypatch.setattr(P, "ROW_BLOCK", 64)
     eig = V.target_pca_basis(x, 3)
     assert eig.shape == (8, 3)
     np.testing.assert_allclose(eig.T @ eig, np.eye(3), atol=1e-12)
     # the same directions, each up to its sign
     np.testing.assert_allclose(np.abs(svd.T @ eig), np.eye(3), atol=1e-9)
+
+
+def test_the_view_a_job_replaces_is_freed_while_the_job_runs(monkeypatch) -> None:
+    """The rows moved into the source's DP standardization replace the target's first view: the
+    job's memory then holds one view of the rows, not two (no collector run: freed as the
+    job drops it)."""
+    import weakref
+
+    from dpda import simulation as S
+    from dpda.target_party import pipeline as PL
+    from dpda.target_party.view import AdaptConfig
+
+    first: list[weakref.ref] = []
+    own_view = S._own_view
+
+    def recorded(*args, **kwargs):
+        v = own_view(*args, **kwargs)
+        first.append(weakref.ref(v))
+        return v
+
+    seen: list[tuple[bool, bool]] = []  # per OT space built: (its view is the first, first alive)
+    local_space = PL.local_space
+
+    def watched(view, *args):
+        seen.append((view is first[0](), first[0]() is not None))
+        return local_space(view, *args)
+
+    monkeypatch.setattr(S, "_own_view", recorded)
+    monkeypatch.setattr(PL, "local_space", watched)
+    rng = np.random.default_rng(2)
+    xs, xt = rng.normal(size=(300, 6)) * 40, rng.normal(size=(200, 6)) * 60 + 5
+    s = Domain("d", xs, rng.integers(0, 2, 300), 2)
+    t = Domain("t", xt, None, 2)
+    terms = SessionTerms(dataset="d", epsilon=8.0, delta=1e-4)  # raw rows: standardized
+    S.simulate(s, t, terms, "raw", AdaptConfig(seed=0), 0, baselines=False)
+    # the first space on the target's own view; after the source's statistics, the moved view's,
+    # with the first one gone
+    assert seen == [(True, True), (False, False)]
