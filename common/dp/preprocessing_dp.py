@@ -27,8 +27,9 @@ noise, as for every event of the ledger; the second query is chosen after the fi
 which the composition of Gaussians covers exactly (it is one Gaussian of multiplier
 ``(σ_c⁻² + σ_n⁻²)^(-1/2)``). ``σ_c`` and ``σ_n`` split that Gaussian's μ² as ``NORM_SHARE``.
 
-Post-processing (no budget). Per column: counts below ``THRESHOLD`` noise standard deviations
-are set to 0 (the noise alone rarely reaches that in any of the B bins); the median and the
+Post-processing (no budget). Per column: counts below ``COLUMN_THRESHOLD`` noise standard
+deviations are set to 0, and pooled counts below ``POOLED_THRESHOLD`` (the noise alone rarely
+reaches that in any of the B bins); the median and the
 quartiles are read off the rest, interpolated linearly inside a bin; the scale
 is the larger of IQR/1.349 and 1.2533 × the mean absolute deviation from the median (both are σ
 for a normal column; the second stays positive for sparse columns whose quartiles are all 0),
@@ -65,7 +66,11 @@ NORM_GRID: np.ndarray = 2.0 ** (np.arange(-24, 81) / 4.0)
 NORM_SHARE = 0.2  # the norms' share of the preprocessing Gaussian's μ²
 NORM_QUANTILE = 0.9  # C: this quantile of the standardized rows' norms
 NORM_WINDOW = 16  # norms are read within 16 bins (a factor 16) of their median
-THRESHOLD = 3.0  # counts below this many noise stds are read as 0 (pooled counts, norms)
+THRESHOLD = 3.0  # norm counts below this many noise stds are read as 0 (read in a window)
+# the pooled column counts: B = 75 bins of noise, none of them windowed, so a bar the noise
+# alone clears in any of them with probability at most 75 · Q(4.5) ≈ 2.5e-4 (at 3 stds it is
+# 10%, and a lone bin of noise far out in the grid then sets the one scale of every column)
+POOLED_THRESHOLD = 4.5
 # a column's own counts: d × B bins of noise, so a higher bar (a lone bin of noise that clears
 # it would set that column's statistics)
 COLUMN_THRESHOLD = 4.0
@@ -266,7 +271,8 @@ def read_columns(hist: np.ndarray, noise_std: float) -> tuple[np.ndarray, np.nda
     loc, spread, extent = np.zeros(d), np.zeros(d), np.zeros(d)
     known = np.zeros(d, dtype=bool)
     pooled = hist.sum(axis=0)
-    pooled = np.where(pooled >= THRESHOLD * noise_std * np.sqrt(d), np.maximum(pooled, 0.0), 0.0)
+    bar = POOLED_THRESHOLD * noise_std * np.sqrt(d)
+    pooled = np.where(pooled >= bar, np.maximum(pooled, 0.0), 0.0)
     rows = float(np.sum(pooled)) / d  # the rows, as the pooled counts estimate them
     for j in range(d):
         c = kept[j]
@@ -351,7 +357,8 @@ def fit(x: np.ndarray, spec: PreprocessingSpec, rng: np.random.Generator) -> Sta
     c, above, rows = read_norms(n, spec.norms_noise_std)
     d = x.shape[1]
     pooled = h.sum(axis=0)
-    counted = float(np.sum(pooled[pooled >= THRESHOLD * spec.columns_noise_std * np.sqrt(d)])) / d
+    bar = POOLED_THRESHOLD * spec.columns_noise_std * np.sqrt(d)
+    counted = float(np.sum(pooled[pooled >= bar])) / d
     if share < MIN_KNOWN:
         # too few columns' counts clear their noise (few rows, small ε) to standardize by: the
         # identity and C = 1, the rows as a session without preprocessing releases them
