@@ -16,6 +16,7 @@ from tests.bench.load_report import REQUIRED_KEYS
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # a benchmark's short run: CI runs it after the README's test command (-m soak)
 def test_bench_load_short(tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     res = subprocess.run(
@@ -52,6 +53,7 @@ def test_hostile_patterns_are_named_and_checked() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # a benchmark's short run: CI runs it after the README's test command (-m soak)
 def test_bench_load_with_every_hostile_pattern(tmp_path: Path) -> None:
     """The hostile patterns of the review (an unpinned certificate's concurrent 31 MiB
     messages, a pinned peer's longest planned-terms hints, 100,000-query PATE requests and

@@ -12,6 +12,7 @@ import pytest
 from dpda.deployment import dpda_command
 
 
+@pytest.mark.soak  # a benchmark's short run: CI runs it after the README's test command (-m soak)
 def test_bench_service_short(tmp_path: Path) -> None:
     out = tmp_path / "service.json"
     r = subprocess.run(

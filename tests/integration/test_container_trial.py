@@ -46,6 +46,7 @@ def _base_or_skip() -> str | None:
 
 
 @pytest.mark.docker
+@pytest.mark.soak  # the container trial: CI runs it after the README's test command (-m soak)
 def test_the_container_trial_runs_to_verified_ledgers(tmp_path: Path) -> None:
     base = _base_or_skip()
     env = {**os.environ, **({"DPDA_BASE": base} if base else {})}

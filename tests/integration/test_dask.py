@@ -292,6 +292,7 @@ def test_dask_batches_split_to_fit_a_worker(data, one_worker):
     assert not np.array_equal(a.result.mapped, one_worker.result.mapped)
 
 
+@pytest.mark.soak  # a benchmark's short run: CI runs it after the README's test command (-m soak)
 def test_dask_bench_scale_writes_its_rows(tmp_path):
     """``dpda bench scale`` on a tiny shape: one row per worker count with the contract's keys,
     the same batches and accuracy on 1 and 2 workers (fits independent of the worker count)."""

@@ -59,8 +59,12 @@ def _sha256(path: str | Path) -> str:
     "flags",
     [
         (),  # the defaults: a source-space release, nothing of the target sent
-        # the target's own basis and scaling under its DP: its ε is charged in both
-        ("--projection", "target-pca", "--target-epsilon", "2", "--representation", "l2"),
+        # the target's own basis and scaling under its DP: its ε is charged in both (CI runs
+        # it after the README's test command, -m soak)
+        pytest.param(
+            ("--projection", "target-pca", "--target-epsilon", "2", "--representation", "l2"),
+            marks=pytest.mark.soak,
+        ),
     ],
     ids=["defaults", "target-pca-under-dp"],
 )

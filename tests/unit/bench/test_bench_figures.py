@@ -43,6 +43,7 @@ def test_pairs_and_protocol_constants() -> None:
 
 
 @pytest.mark.data
+@pytest.mark.soak  # a benchmark's short run: CI runs it after the README's test command (-m soak)
 def test_bench_accuracy_one_pair_both_protocols(data_dir, tmp_path) -> None:
     out = tmp_path / "acc.json"
     argv = ["bench", "accuracy", "--data-dir", str(data_dir), "--pairs", "D:W", "--seeds", "1"]

@@ -37,6 +37,7 @@ def test_growth_is_the_exponent_between_the_smallest_and_largest_rows() -> None:
 
 
 @pytest.mark.slow  # the bench end to end: 20 s
+@pytest.mark.soak  # a benchmark's short run: CI runs it after the README's test command (-m soak)
 def test_bench_scale_rows_smoke(tmp_path, capsys) -> None:
     out = tmp_path / "rows.json"
     argv = ["bench", "scale", "--rows", "300", "600", "--rehearsal-max", "300"]

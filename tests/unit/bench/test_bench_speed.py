@@ -13,6 +13,7 @@ from tests.bench.speed import PeakMemory
 pytestmark = pytest.mark.slow  # every test here takes seconds (real daemons or long runs)
 
 
+@pytest.mark.soak  # a benchmark's short run: CI runs it after the README's test command (-m soak)
 def test_bench_speed_smoke(tmp_path, capsys) -> None:
     out = tmp_path / "speed.json"
     argv = ["bench", "speed", "--sizes", "500", "--job-sizes", "400", "--json", str(out)]
