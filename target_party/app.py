@@ -181,13 +181,17 @@ def run_job(
         # of the target's rows is charged or sent; the source plans the terms meanwhile
         source.preflight(table.x.shape[1], terms.delta, planned=terms)
         own = own_disclosure(cfg, table, terms, ledger)
-        view = target_view(
-            table.domain,
-            cfg.job.representation,
-            scaling_mode=resolve_scaling(cfg.job.scaling, terms),
-            disclosure=own[0] if own else None,
-            terms=terms,
-        )
+        # the view in a list the job takes it from: once the job moves the rows into the
+        # source's DP standardization, the first view is freed (no name here holds it)
+        views = [
+            target_view(
+                table.domain,
+                cfg.job.representation,
+                scaling_mode=resolve_scaling(cfg.job.scaling, terms),
+                disclosure=own[0] if own else None,
+                terms=terms,
+            )
+        ]
         acfg = adapt_config(cfg.job, seed)
         # before the source is asked for a release: PATE's queries fit the target's budget
         rq = row_queries(
@@ -203,8 +207,8 @@ def run_job(
             if settle:
                 settle_heap()
             t0 = time.perf_counter()
-            source.compose_ahead(terms, view.scaling.std)  # while the target computes its basis
-            res = run_dpda(source, view, terms, acfg, source.spent, progress, rq, compute)
+            source.compose_ahead(terms, views[0].scaling.std)  # while the target computes its basis
+            res = run_dpda(source, views.pop(), terms, acfg, source.spent, progress, rq, compute)
             # the job ends with its results in hand and every charge checked and countersigned
             # (``spent`` settled them); tearing the channel (and cluster) down is not job time
             job_seconds = time.perf_counter() - t0
@@ -212,13 +216,15 @@ def run_job(
     finally:
         source.close()
     outdir = job_dir(cfg, job_id)
+    view = res.view  # the view the model was fitted in, and the mapped points lie in
+    assert view is not None  # a finished job's result carries it
     model = save_model(
         model_pipeline(
             cfg.job.representation,
-            (res.view or view).scaling,
+            view.scaling,
             res.model,
-            (res.view or view).clip_norm,
-            (res.view or view).standardization,
+            view.clip_norm,
+            view.standardization,
         ),
         outdir / "model.skops",
     )
@@ -263,7 +269,7 @@ def run_job(
         "target_epsilon_total": ledger.spent(OWN_ROWS) if own else None,
         "target_delta": own[1].params["delta"] if own else None,
         "target_epsilon_cap": cfg.privacy.epsilon_cap if own else None,
-        "preprocessing": preprocessing_report(mine, (res.view or view).standardization),
+        "preprocessing": preprocessing_report(mine, view.standardization),
     }
     (outdir / "results.json").write_text(json.dumps(out, indent=2))
     figures = figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
