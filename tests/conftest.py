@@ -21,6 +21,15 @@ def data_dir():
     return d
 
 
+def pytest_ignore_collect(collection_path, config: pytest.Config) -> bool | None:
+    """The fast loop (``-m "not slow"``) does not import tests/integration: every test there
+    is ``slow`` (below), so none would be selected."""
+    if config.getoption("markexpr", "").strip() == "not slow":
+        if "integration" in collection_path.parts:
+            return True
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test under tests/integration runs real daemons (processes, TLS handshakes, SQLite
     fsyncs): it counts as ``slow``, so ``pytest -m "not slow"`` is the fast loop."""
