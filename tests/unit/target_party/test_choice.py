@@ -127,7 +127,9 @@ def test_the_guard_keeps_the_release_without_adaptation_when_no_arm_is_scored(
     monkeypatch.setattr(choice, "scores_of", undefined)
     monkeypatch.setattr(choice, "RULE", "criterion")
     s, t = pair("iris", 0)
-    out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
+    out = simulate(
+        s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto", baselines=False
+    )  # the choice alone: no reference is read
     ch = out.to_json(_terms())["choice"]
     assert ch["kept"].startswith("dp_no_adaptation/") and not ch["kept_adapts"]
     assert "undefined" in ch["guard"] and "undefined" in caplog.text
@@ -152,7 +154,9 @@ def test_a_variant_whose_transport_fails_is_left_out_and_said(monkeypatch, caplo
 
     monkeypatch.setattr(choice, "_variant", failing)
     s, t = pair("iris", 0)
-    out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
+    out = simulate(
+        s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto", baselines=False
+    )  # the choice alone: no reference is read
     ch = out.to_json(_terms())["choice"]
     assert ch["failed"] and all(f.startswith("zscore/") for f in ch["failed"])
     assert ch["arms"] and not any(a["arm"].split("/")[1] == "zscore" for a in ch["arms"])
@@ -189,7 +193,9 @@ def test_the_guard_does_not_keep_an_arm_that_names_one_class(monkeypatch) -> Non
         return arms
 
     monkeypatch.setattr(choice, "_arms_of", with_a_collapsed_arm)
-    out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
+    out = simulate(
+        s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto", baselines=False
+    )  # the choice alone: no reference is read
     ch = out.to_json(_terms())["choice"]
     kept = next(a for a in ch["arms"] if a["arm"] == ch["kept"])
     assert not kept["collapsed"] and kept["largest_share"] <= 0.9
@@ -316,7 +322,9 @@ def test_a_vote_that_collapses_gives_way_to_the_best_scored_arm(monkeypatch, cap
 
     monkeypatch.setattr(training, "vote", lambda preds, q: np.zeros_like(preds[0]))
     s, t = pair("iris", 0)
-    out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
+    out = simulate(
+        s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto", baselines=False
+    )  # the choice alone: no reference is read
     ch = out.to_json(_terms())["choice"]
     assert ch["vote"]["collapsed"] and ch["rule"] == choice.CRITERION
     assert ch["kept"] in {a["arm"] for a in ch["arms"]}
