@@ -438,18 +438,13 @@ def simulate(
             source, t, representation, seed, attribute_bound=attribute_bound
         )
         # a source-space release: its own view (its scaling, the rows clipped to its C), held
-        # only while its job runs. Passed, not named here (CPython hands a Python callee its
-        # arguments): a view the job replaces, its rows moved into the source's DP
-        # standardization, is freed in the job instead of held until it returns
+        # only while its job runs. The job takes it from a list, as the target daemon's does:
+        # a view the job replaces (its rows moved into the source's DP standardization) is
+        # then freed in the job, not held here until it returns
+        job_view = [_method_view(view, target, representation, asked_scaling, t)]
         if keep_views:
-            views[method] = _method_view(view, target, representation, asked_scaling, t)
-        runs[method] = run_dpda(
-            releaser,
-            views[method]
-            if keep_views
-            else _method_view(view, target, representation, asked_scaling, t),
-            t, cfg, spent, progress, rq, compute,
-        )  # fmt: skip
+            views[method] = job_view[0]
+        runs[method] = run_dpda(releaser, job_view.pop(), t, cfg, spent, progress, rq, compute)
         ledgers[method] = store.entries(t.dataset)
         if method == "dpda" or not pre_report:
             reports = list(releaser.preprocessing_reports.values())
@@ -535,11 +530,8 @@ def simulate_consortium(
             domain, terms, representation, None if seed is None else seed * 1000 + k
         )
     consortium = Consortium(releasers, spent)
-    # the view passed, not named here (see ``simulate``)
-    run = run_dpda(
-        consortium, _own_view(target, representation, scaling_mode, terms), terms, cfg,
-        consortium.spent, progress,
-    )  # fmt: skip
+    job_view = [_own_view(target, representation, scaling_mode, terms)]  # (see ``simulate``)
+    run = run_dpda(consortium, job_view.pop(), terms, cfg, consortium.spent, progress)
     pooled = Domain(
         "+".join(sources),
         np.vstack([d.x for d in sources.values()]),
