@@ -79,3 +79,24 @@ def test_the_view_a_job_replaces_is_freed_while_the_job_runs(monkeypatch) -> Non
     # the first space on the target's own view; after the source's statistics, the moved view's,
     # with the first one gone
     assert seen == [(True, True), (False, False)]
+
+
+@pytest.mark.parametrize(
+    ("loc", "scale", "c"), [(0.0, 1e-300, 1.0), (1e308, 1.0, 1.0), (0.0, 1e308, 1e-300)]
+)
+def test_statistics_a_source_sends_at_the_extremes_leave_every_row_in_the_unit_ball(
+    loc, scale, c, monkeypatch
+) -> None:
+    """Finite, positive statistics the client lets through (``client`` refuses NaN, ∞ and
+    values ≤ 0) at the ends of the doubles: the moved rows stay finite and in the unit ball,
+    block by block."""
+    monkeypatch.setattr(P, "ROW_BLOCK", 5)
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(23, 4)) * 50
+    terms = SessionTerms(dataset="d", epsilon=8.0, delta=1e-4)  # raw rows: standardized
+    view = V.target_view(Domain("t", x, None, 2), "raw", terms=terms)
+    moved = view.adopt(np.full(4, loc), np.full(4, scale), c)
+    rows = moved.rows()
+    assert np.all(np.isfinite(moved.x)) and np.all(np.isfinite(rows))
+    assert np.all(np.linalg.norm(rows, axis=1) <= 1 + 1e-9)
+    np.testing.assert_array_equal(view.raw, x)  # the table's rows are not written into
