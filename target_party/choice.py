@@ -17,25 +17,26 @@ other scalings or dimensions are compared on the same rows:
 - ``counts``: one minus the total-variation distance between the predicted class shares and
   the release's noisy class shares.
 
-The job keeps the **vote** of the adapted arms (``RULE``): each target row takes the class most
-of them give it, the job's own arm breaking ties (``training.ArmVote``, the model it saves).
-The voters are the adapted arms that did not collapse whose predicted class shares are within
-``COUNT_GATE`` (total variation) of the noisy counts' — every adapted arm that did not collapse
-when none is that close. One arm's labels carry its own space's errors; arms fitted in other
-scalings and dimensions err on different rows: on the development suite and Office-Caltech
-their vote scores above the one arm any criterion keeps (``dpda bench accuracy --protocol
-devsuite`` and ``defaults``; docs/results.md). Where the vote would collapse,
-or no arm adapts, the job keeps the arm with the best ``CRITERION`` among those within
-``COUNT_GATE``; a criterion may also be several joined by ``+``, each standardized over the arms
-and summed (``combined``). A **collapse guard** comes first: an arm (or a vote) that puts more
-than ``COLLAPSE_SHARE`` of the rows in one class while the noisy counts give that class less
-than ``COLLAPSE_COUNT_SHARE`` is not kept, and when no arm has a defined score the job keeps
-the release without adaptation; either is logged and written in the choice's ``guard``. When
-the target has labels (a rehearsal), each arm's accuracy is recorded beside its scores — for
-the report only, never for the choice. A target of more than ``CHOICE_ROWS`` rows is chosen
-for on a uniform subsample of that many (the arms' accuracies are then the subsample's), and
-the kept model labels every row.
-"""
+The job keeps the **vote** of the adapted arms (``RULE``): each target row takes the class with
+the most weight among them, the job's own arm breaking ties (``training.ArmVote``, the model it
+saves). The voters are the adapted arms that did not collapse whose predicted class shares are
+within ``COUNT_GATE`` (total variation) of the noisy counts' — every adapted arm that did not
+collapse when none is that close — and each one's weight is ``exp(−TV / VOTE_TEMPERATURE)``, TV
+its shares' total-variation distance to the noisy counts': an arm whose labels disagree with the
+release's class shares counts for less. One arm's labels carry its own space's errors; arms
+fitted in other scalings and dimensions err on different rows: on the development suite and
+Office-Caltech their vote scores above the one arm any criterion keeps (``dpda bench accuracy
+--protocol devsuite`` and ``defaults``; docs/results.md). Where the vote would collapse, or no
+arm adapts, the job keeps the arm with the best ``CRITERION`` among those within ``COUNT_GATE``;
+a criterion may also be several joined by ``+``, each standardized over the arms and summed
+(``combined``). A **collapse guard** comes first: an arm (or a vote) that puts more than
+``COLLAPSE_SHARE`` of the rows in one class while the noisy counts give that class less than
+``COLLAPSE_COUNT_SHARE`` is not kept, and when no arm has a defined score the job keeps the
+release without adaptation; either is logged and written in the choice's ``guard``. When the
+target has labels (a rehearsal), each arm's accuracy is recorded beside its scores — for the
+report only, never for the choice. A target of more than ``CHOICE_ROWS`` rows is chosen for on a
+uniform subsample of that many (the arms' accuracies are then the subsample's), and the kept
+model labels every row."""
 
 from __future__ import annotations
 
@@ -66,6 +67,10 @@ CRITERION = "silhouette"
 # and Office-Caltech (docs/results.md#devsuite)
 RULE = "vote"
 COUNT_GATE = 0.2
+# each voter's weight: exp(−TV / VOTE_TEMPERATURE), TV its predicted class shares' total
+# variation to the noisy counts'. Chosen on the development suite and Office-Caltech at ε 8
+# and 2 (docs/results.md#devsuite): 0.1 to 0.2 all score above equal weights there
+VOTE_TEMPERATURE = 0.2
 SCALINGS = ("uniform", "zscore")  # the target's column scalings an arm may use
 DIMS = (10, 20, 50)  # the OT space's ℓ an arm may use (at most what the data allow)
 ARM_CLASSIFIERS = ("1nn", "target-logistic", "target-spread")
@@ -487,6 +492,12 @@ def voters(arms: list[dict[str, Any]], gate: float | None = None) -> list[int]:
     return near or fine
 
 
+def vote_weights(rows: list[dict[str, Any]], members: list[int]) -> list[float]:
+    """Each voter's weight (``Arm.to_json`` rows): ``exp(−TV / VOTE_TEMPERATURE)``, TV the
+    total-variation distance of its predicted class shares to the noisy counts'."""
+    return [float(np.exp(-(1.0 - rows[i]["scores"]["counts"]) / VOTE_TEMPERATURE)) for i in members]
+
+
 def _vote(
     arms: list[Arm],
     rows: list[dict[str, Any]],
@@ -494,7 +505,7 @@ def _vote(
     count_share: np.ndarray,
     s: JobSession,
 ) -> dict[str, Any] | None:
-    """The vote of ``voters`` (the job's own arm first, so that a tie goes to it): its
+    """The weighted vote of ``voters`` (the job's own arm first, so that a tie goes to it): its
     predictions, its model (``ArmVote``), its shares and collapse flag; None without voters."""
     from dpda.target_party.training import ArmVote, accuracy, vote
 
@@ -503,17 +514,19 @@ def _vote(
         return None
     mine = [i for i in members if (arms[i].scaling, arms[i].dim, arms[i].classifier) == own]
     members = mine + [i for i in members if i not in mine]
-    pred = vote([arms[i].pred for i in members], count_share.size)
+    weights = vote_weights(rows, members)
+    pred = vote([arms[i].pred for i in members], count_share.size, weights)
     share, top, collapsed = class_shares(pred, count_share)
     return {
         "name": arms[members[0]].name
         if len(members) == 1
         else f"vote of {len(members)} adapted arms",
         "members": [arms[i].name for i in members],
+        "weights": weights,
         "counts": float(1.0 - 0.5 * np.abs(share - count_share).sum()),
         "largest_share": float(share[top]),
         "collapsed": collapsed,
         "accuracy": accuracy(pred, s.view.labels) if s.view.labels is not None else None,
-        "model": ArmVote([arms[i].model for i in members]),
+        "model": ArmVote([arms[i].model for i in members], weights),
         "pred": pred,
     }

@@ -447,9 +447,11 @@ def choice_table(ch: dict[str, Any]) -> str:
     collapse guard said, then every arm in a row (folded under a summary: there are many)."""
     arms = [a for a in ch.get("arms") or [] if isinstance(a, dict)]
     vote = ch.get("vote")
-    members: set[str] = set()
+    members: dict[str, Any] = {}
     if isinstance(vote, dict) and ch.get("rule") == "vote":
-        members = set(map(str, vote.get("members") or []))
+        names = list(map(str, vote.get("members") or []))
+        weights = vote.get("weights") or [None] * len(names)
+        members = dict(zip(names, weights, strict=False))
     head = (
         f"<p><b>rule</b> {html.escape(fmt(ch.get('rule') or ch.get('criterion')))} · "
         f"<b>criterion</b> {html.escape(fmt(ch.get('criterion')))} · <b>kept</b> "
@@ -485,11 +487,16 @@ def choice_table(ch: dict[str, Any]) -> str:
     )
 
 
-def _arm_mark(a: dict[str, Any], ch: dict[str, Any], members: set[str]) -> str:
-    """How an arm stands in the choice: kept, one of the vote's members, or nothing."""
+def _arm_mark(a: dict[str, Any], ch: dict[str, Any], members: dict[str, Any]) -> str:
+    """How an arm stands in the choice: kept, one of the vote's members (with its weight), or
+    nothing."""
     if a.get("arm") == ch.get("kept"):
         return "kept"
-    return "votes" if str(a.get("arm")) in members else ""
+    name = str(a.get("arm"))
+    if name not in members:
+        return ""
+    w = members[name]
+    return "votes" if w is None else f"votes (weight {html.escape(fmt(w))})"
 
 
 def selection_table(sel: dict[str, Any]) -> str:

@@ -26,16 +26,25 @@ CONFIDENT_SHARE = 0.5  # target-spread: the share of rows whose label it keeps (
 
 
 class ArmVote(ClassifierMixin, BaseEstimator):
-    """The majority vote of fitted models of the same rows (the label-free choice's arms):
-    each model's predicted class is one vote, the first model's counts ``FIRST_WEIGHT``, so
-    that a tie goes to it and a strict majority still wins. ``predict_proba``: each class's
-    share of the weighted votes (its argmax is ``predict``). Fitted already: it is built from
-    fitted models, never ``fit``."""
+    """The weighted majority vote of fitted models of the same rows (the label-free choice's
+    arms): each model's predicted class gets that model's weight (``weights``; one each when
+    None), the first model's multiplied by ``FIRST_WEIGHT``, so that a tie goes to it.
+    ``predict_proba``: each class's share of the weighted votes (its argmax is ``predict``).
+    Fitted already: it is built from fitted models, never ``fit``.
+
+    Parameters
+    ----------
+    models : list of fitted classifiers
+        The voters; the first one breaks ties.
+    weights : list of float, optional
+        Each voter's weight, positive; None gives every voter one vote.
+    """
 
     FIRST_WEIGHT = 1.5
 
-    def __init__(self, models: list | None = None) -> None:
+    def __init__(self, models: list | None = None, weights: list[float] | None = None) -> None:
         self.models = models
+        self.weights = weights
 
     def fit(self, x: np.ndarray, y: np.ndarray | None = None) -> ArmVote:
         """The vote is made of fitted models: fitting it leaves it as it is."""
@@ -51,7 +60,7 @@ class ArmVote(ClassifierMixin, BaseEstimator):
     def _votes(self, x: np.ndarray) -> np.ndarray:
         classes = self.classes_
         at = [np.searchsorted(classes, np.asarray(m.predict(x))) for m in self.models or []]
-        return tally(at, classes.size)
+        return tally(at, classes.size, self.weights)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self.classes_[self._votes(x).argmax(axis=1)]
@@ -61,19 +70,25 @@ class ArmVote(ClassifierMixin, BaseEstimator):
         return votes / np.maximum(votes.sum(axis=1, keepdims=True), 1e-300)
 
 
-def tally(preds: list[np.ndarray], n_classes: int) -> np.ndarray:
+def tally(
+    preds: list[np.ndarray], n_classes: int, weights: list[float] | None = None
+) -> np.ndarray:
     """``ArmVote``'s weighted votes (rows × n_classes) of predictions already made (class
-    indices in [0, n_classes)): one a model, ``FIRST_WEIGHT`` for the first."""
+    indices in [0, n_classes)): each model's weight (one when ``weights`` is None), the
+    first one's times ``FIRST_WEIGHT``."""
     votes = np.zeros((np.asarray(preds[0]).size, n_classes))
     rows = np.arange(votes.shape[0])
-    for i, p in enumerate(preds):
-        votes[rows, np.asarray(p, dtype=np.int64)] += ArmVote.FIRST_WEIGHT if i == 0 else 1.0
+    w = [1.0] * len(preds) if weights is None else [float(v) for v in weights]
+    if len(w) != len(preds):
+        raise ValueError(f"{len(w)} weights for {len(preds)} voters")
+    for i, (p, wi) in enumerate(zip(preds, w, strict=True)):
+        votes[rows, np.asarray(p, dtype=np.int64)] += wi * (ArmVote.FIRST_WEIGHT if i == 0 else 1.0)
     return votes
 
 
-def vote(preds: list[np.ndarray], n_classes: int) -> np.ndarray:
+def vote(preds: list[np.ndarray], n_classes: int, weights: list[float] | None = None) -> np.ndarray:
     """``ArmVote``'s rule on predictions already made (class indices in [0, n_classes))."""
-    return tally(preds, n_classes).argmax(axis=1)
+    return tally(preds, n_classes, weights).argmax(axis=1)
 
 
 def make_classifier(kind: str, seed: int = 0):

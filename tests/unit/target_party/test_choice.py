@@ -295,7 +295,7 @@ def test_the_bench_replays_the_jobs_rule_and_scores_it_against_the_oracle() -> N
 def test_the_job_keeps_the_vote_of_the_adapted_arms_near_the_noisy_counts() -> None:
     from dpda.data.devsuite import pair
     from dpda.simulation import simulate
-    from dpda.target_party.choice import COUNT_GATE, voters
+    from dpda.target_party.choice import COUNT_GATE, VOTE_TEMPERATURE, voters
     from dpda.target_party.view import AdaptConfig
 
     s, t = pair("iris", 0)
@@ -308,6 +308,10 @@ def test_the_job_keeps_the_vote_of_the_adapted_arms_near_the_noisy_counts() -> N
     assert sorted(ch["vote"]["members"]) == sorted(a["arm"] for a in members)
     assert all(a["adapt"] and not a["collapsed"] for a in members)
     assert all(1 - a["scores"]["counts"] <= COUNT_GATE for a in members)
+    by_name = {a["arm"]: a for a in members}
+    for name, w in zip(ch["vote"]["members"], ch["vote"]["weights"], strict=True):
+        tv = 1.0 - by_name[name]["scores"]["counts"]  # nearer the noisy counts, more weight
+        assert w == pytest.approx(np.exp(-tv / VOTE_TEMPERATURE))
     assert ch["kept"] == f"vote of {len(members)} adapted arms"
     assert data["accuracy"]["kept"] == ch["vote"]["accuracy"] == out.dpda.accuracy
     assert out.dpda.adaptation["kept"] == "dpda"
@@ -320,7 +324,7 @@ def test_a_vote_that_collapses_gives_way_to_the_best_scored_arm(monkeypatch, cap
     from dpda.simulation import simulate
     from dpda.target_party.view import AdaptConfig
 
-    monkeypatch.setattr(training, "vote", lambda preds, q: np.zeros_like(preds[0]))
+    monkeypatch.setattr(training, "vote", lambda preds, q, w=None: np.zeros_like(preds[0]))
     s, t = pair("iris", 0)
     out = simulate(
         s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto", baselines=False
@@ -351,6 +355,27 @@ def test_arm_vote_counts_one_vote_a_model_and_gives_ties_to_the_first() -> None:
     np.testing.assert_allclose(m.predict_proba(x)[0], [1.5 / 3.5, 2 / 3.5, 0.0])  # weighted
     for two in (m, ArmVote([a, b])):  # the weighted shares' argmax is the vote, ties too
         assert (two.predict_proba(x).argmax(axis=1) == two.predict(x)).all()
+
+
+def test_a_weighted_vote_lets_a_heavier_voter_outvote_two_lighter_ones() -> None:
+    from dpda.target_party.training import ArmVote, vote
+
+    class Fixed:
+        def __init__(self, pred: list[int]) -> None:
+            self.pred, self.classes_ = np.array(pred), np.arange(3)
+
+        def predict(self, x):
+            return self.pred
+
+    x = np.zeros((3, 1))
+    a, b, c = Fixed([0, 0, 0]), Fixed([1, 1, 2]), Fixed([1, 2, 2])
+    assert ArmVote([a, b, c]).predict(x).tolist() == [1, 0, 2]  # one vote each: 1.5 < 2
+    heavy = ArmVote([a, b, c], [2.0, 1.0, 1.0])  # 3 (2 × 1.5) against 2
+    assert heavy.predict(x).tolist() == [0, 0, 0]
+    assert vote([a.pred, b.pred, c.pred], 3, [2.0, 1.0, 1.0]).tolist() == [0, 0, 0]
+    np.testing.assert_allclose(heavy.predict_proba(x)[0], [3 / 5, 2 / 5, 0.0])
+    with pytest.raises(ValueError, match="2 weights for 3 voters"):
+        vote([a.pred, b.pred, c.pred], 3, [1.0, 1.0])
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -234,3 +234,7 @@ def test_the_label_free_choice_is_a_table_of_its_arms_with_the_kept_one_marked()
     table = text[text.index("<table class='choice'>") :]
     assert "<b>rule</b> vote" in text and "<b>kept</b> vote of 2 adapted arms" in text
     assert table.count(">votes<") == 2 and table.count(">kept<") == 0
+    weighted = dict(voted, vote=dict(voted["vote"], weights=[1.0, 0.25]))
+    text = render({"adaptation": {"choice": weighted}}, {"batch_spend": [1.0], "budget": 1.0})
+    table = text[text.index("<table class='choice'>") :]
+    assert ">votes (weight 1)<" in table and ">votes (weight 0.25)<" in table
