@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -21,11 +23,20 @@ def data_dir():
     return d
 
 
+SLOW_MODULE = re.compile(r"^pytestmark = pytest\.mark\.slow\b", re.MULTILINE)
+
+
 def pytest_ignore_collect(collection_path, config: pytest.Config) -> bool | None:
-    """The fast loop (``-m "not slow"``) does not import tests/integration: every test there
-    is ``slow`` (below), so none would be selected."""
-    if config.getoption("markexpr", "").strip() == "not slow":
-        if "integration" in collection_path.parts:
+    """The fast loop (``-m "not slow"``) does not import a module none of whose tests it would
+    select: those under tests/integration (every test there is ``slow``, below) and a module
+    marked ``slow`` as a whole (a first-level ``pytestmark = pytest.mark.slow``, read from its
+    text)."""
+    if config.getoption("markexpr", "").strip() != "not slow":
+        return None
+    if "integration" in collection_path.parts:
+        return True
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        if SLOW_MODULE.search(collection_path.read_text(encoding="utf-8")):
             return True
     return None
 

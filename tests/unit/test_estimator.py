@@ -14,14 +14,14 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 import dpda
 from dpda.data.synthetic import two_domains
 
+pytestmark = pytest.mark.slow  # every test here fits the estimator (scikit-learn runs dozens)
 
-@pytest.mark.slow
+
 @parametrize_with_checks([dpda.DPDAClassifier(random_state=0)])
 def test_scikit_learn_estimator_checks(estimator, check) -> None:
     check(estimator)
 
 
-@pytest.mark.slow
 def test_fit_on_source_and_target_predicts_target_labels() -> None:
     s, t = two_domains(400, 300)
     names = np.array(["cat", "dog", "eel", "fox", "gnu"])
@@ -34,7 +34,6 @@ def test_fit_on_source_and_target_predicts_target_labels() -> None:
     assert params["epsilon"] == 8.0 and params["random_state"] == 0
 
 
-@pytest.mark.slow
 def test_grid_search_over_the_transport_strengths() -> None:
     s, _ = two_domains(300, 10)
     grid = GridSearchCV(dpda.DPDAClassifier(random_state=0), {"reg_g": [0.1, 1.0]}, cv=2)
@@ -42,7 +41,6 @@ def test_grid_search_over_the_transport_strengths() -> None:
     assert grid.best_params_["reg_g"] in (0.1, 1.0)
 
 
-@pytest.mark.slow
 def test_inside_a_skada_pipeline() -> None:
     skada = pytest.importorskip("skada")
     from sklearn.preprocessing import StandardScaler

@@ -13,6 +13,8 @@ from dpda.target_party.selection import GRID
 from dpda.target_party.view import AdaptConfig
 from dpda.terms import SessionTerms
 
+pytestmark = pytest.mark.slow  # every test here runs the selection over several jobs
+
 
 def _run(target, select: str = "circular"):
     s, _ = two_domains(400, 300, seed=1)
@@ -22,7 +24,6 @@ def _run(target, select: str = "circular"):
     ).dpda
 
 
-@pytest.mark.slow
 def test_the_choice_is_the_same_with_or_without_target_labels() -> None:
     _, t = two_domains(400, 300, seed=1)
     labeled = _run(t)
@@ -41,7 +42,6 @@ def test_the_choice_is_the_same_with_or_without_target_labels() -> None:
     assert blind.accuracy is None
 
 
-@pytest.mark.slow
 def test_select_none_keeps_the_configured_pair() -> None:
     _, t = two_domains(400, 300, seed=1)
     res = _run(t, select="none")
