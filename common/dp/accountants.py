@@ -75,6 +75,26 @@ def revealed_sampled_gaussian_pld(
     return gaussian.compute_mixture(identity, sampling_rate)
 
 
+@functools.lru_cache(maxsize=32)  # as above: the searches over a step count share one
+def sampled_gaussian_pld(
+    sigma: float,
+    sampling_rate: float,
+    pld_interval: float,
+    relation: dp_accounting.NeighboringRelation,
+) -> privacy_loss_distribution.PrivacyLossDistribution:
+    """PLD of ONE Poisson-sampled Gaussian step, built exactly as dp-accounting's
+    ``PLDAccountant`` builds it for a ``PoissonSampledDpEvent`` of a ``GaussianDpEvent`` (the
+    same call and arguments). Building it is most of a composition's cost; a search over the
+    step count (``calibration.largest_count``) asks for the same step at every count, so it is
+    built once and self-composed for each."""
+    return privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=sigma,
+        value_discretization_interval=pld_interval,
+        sampling_prob=sampling_rate,
+        neighboring_relation=relation,
+    )
+
+
 def revealed_sampled_gaussian_rdp(
     sigma: float, sampling_rate: float, orders: Sequence[float] | np.ndarray
 ) -> np.ndarray:
@@ -136,6 +156,21 @@ class PldAccountant(pld_privacy_accountant.PLDAccountant):
                     event.noise_multiplier,
                     event.sampling_probability,
                     self._value_discretization_interval,
+                )
+                self._pld = self._pld.compose(step.self_compose(count))
+            return None
+        if (
+            isinstance(event, dp_event.PoissonSampledDpEvent)
+            and isinstance(event.event, dp_event.GaussianDpEvent)
+            and event.sampling_probability > 0
+            and event.event.noise_multiplier > 0
+        ):  # the library's own PLD for it, remembered (``sampled_gaussian_pld``)
+            if do_compose and count > 0:
+                step = sampled_gaussian_pld(
+                    float(event.event.noise_multiplier),
+                    float(event.sampling_probability),
+                    self._value_discretization_interval,
+                    self.neighboring_relation,
                 )
                 self._pld = self._pld.compose(step.self_compose(count))
             return None

@@ -413,6 +413,10 @@ def run_bench_accuracy(args: argparse.Namespace) -> int:
             summary = summarize_defaults(rows, base, names, args.epsilons)
             _print_defaults(summary)
             result["defaults"] = {"runs": rows, "baselines": base, "table": summary}
+        if "consortium" in args.protocol:
+            from tests.bench.consortium import run_consortium
+
+            result["consortium"] = run_consortium(pool, str(data_dir), args.seeds, args.epsilons[0])
         if "otda-tpami" in args.protocol:
             tasks = [
                 pool.submit(tpami_pair, str(data_dir), s, t, run)
@@ -435,12 +439,13 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--protocol",
         nargs="+",
-        choices=["dpda-paper", "otda-tpami", "whole-batch", "defaults", "devsuite"],
+        choices=["dpda-paper", "otda-tpami", "whole-batch", "defaults", "devsuite", "consortium"],
         default=["dpda-paper", "otda-tpami"],
         help="whole-batch: ε = --epsilon, one whole-dataset release; defaults: the job's own "
         "defaults at each of --epsilons beside every fair baseline; devsuite (alone): the "
         "same on the offline development suite (--pairs: its names), with the label-free "
-        "criteria against an oracle",
+        "criteria against an oracle; consortium: Office-Caltech's four leave-one-domain-out "
+        "jobs over three sources at the first of --epsilons each, beside the one-source jobs",
     )
     s.add_argument(
         "--record-release",

@@ -317,3 +317,37 @@ def test_revealed_sampled_epsilon_is_remembered_exactly() -> None:
     assert fresh == first
     # the accountant is part of the key: RDP is not served PLD's figure
     assert accounting.revealed_sampled_epsilon(*args, accountant="rdp") != first
+
+
+@pytest.mark.parametrize(
+    ("sigma", "rate", "count", "relation"),
+    [
+        (0.7, 0.0293242, 1, "add"),
+        (0.7, 0.0293242, 37, "add"),
+        (1.3, 0.5, 5, "add"),
+        (2.0, 0.01, 300, "replace"),
+    ],
+)
+def test_the_remembered_sampled_gaussian_step_composes_as_the_librarys_own(
+    sigma, rate, count, relation
+) -> None:
+    """A Poisson-sampled Gaussian step's PLD is built once and self-composed for each count
+    (``accountants.sampled_gaussian_pld``): the ε it gives is the library's own accountant's,
+    to the last bit, and a second count reuses the step."""
+    from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+
+    from dpda.dp.accountants import PldAccountant, sampled_gaussian_pld
+
+    rel = dp_accounting.NeighboringRelation
+    neighbours = rel.ADD_OR_REMOVE_ONE if relation == "add" else rel.REPLACE_ONE
+    step = dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(sigma))
+    event = dp_event.ComposedDpEvent([dp_event.SelfComposedDpEvent(step, count)])
+    ours = PldAccountant(neighboring_relation=neighbours, value_discretization_interval=1e-3)
+    theirs = PLDAccountant(neighboring_relation=neighbours, value_discretization_interval=1e-3)
+    sampled_gaussian_pld.cache_clear()
+    ours.compose(event)
+    theirs.compose(event)
+    assert ours.get_epsilon(1e-5) == theirs.get_epsilon(1e-5)
+    again = PldAccountant(neighboring_relation=neighbours, value_discretization_interval=1e-3)
+    again.compose(dp_event.SelfComposedDpEvent(step, count + 1))
+    assert sampled_gaussian_pld.cache_info().hits == 1
