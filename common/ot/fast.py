@@ -35,7 +35,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-from ot.optim import scalar_search_armijo
 
 from dpda.ot import _blocked
 from dpda.ot._blocked import Tally
@@ -180,7 +179,10 @@ def _line_search(
     sq_d: np.ndarray,
     reg_g: float,
 ) -> tuple[float, float]:
-    """POT's Armijo search (same constants) on ``φ(α)``, α clipped to [0, 1]; ``O(qm)`` a trial."""
+    """POT's Armijo search (same constants) on ``φ(α)``, α clipped to [0, 1]; ``O(qm)`` a trial.
+    POT is imported here, on a solve, so that a process that never solves (a source that only
+    plans, a command that reads a ledger) does not load it."""
+    from ot.optim import scalar_search_armijo
 
     def phi(alpha: float) -> float:
         alpha = float(np.clip(alpha, 0.0, 1.0))

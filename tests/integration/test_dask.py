@@ -241,6 +241,7 @@ def _arrays(x: Any) -> list[np.ndarray]:
     return []
 
 
+@pytest.mark.soak  # two jobs or more: CI runs it after the README's test command (-m soak)
 def test_dask_job_process_never_holds_a_plan():
     """tracemalloc sees every NumPy buffer of this process: in-process, the peak is at least one
     batch's plan (batch × target rows); with Dask, the job process stays far below it."""
@@ -269,6 +270,7 @@ def test_dask_job_process_never_holds_a_plan():
     assert peaks["dask"] < plan_bytes / 2, peaks
 
 
+@pytest.mark.soak  # two jobs or more: CI runs it after the README's test command (-m soak)
 def test_dask_batches_split_to_fit_a_worker(data, one_worker):
     """A worker memory that holds a quarter of a batch's plan: each release is fitted in pieces
     (the same pieces on 1 or 2 workers), the job completes at the same cost, and the split is
