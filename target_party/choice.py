@@ -400,12 +400,20 @@ def pick(
 
 
 def choose(
-    s: JobSession, done: Fitted, criterion: str = CRITERION, rule: str | None = None
+    s: JobSession,
+    done: Fitted,
+    criterion: str = CRITERION,
+    rule: str | None = None,
+    pooled: bool = False,
 ) -> dict[str, Any]:
     """Score every arm; keep the vote of the adapted arms near the noisy counts (``rule``
     "vote", ``voters``), or the best arm by ``criterion`` after the collapse guard (any other
     ``rule``, and where the vote collapses or has no voter); leaves the kept model and
-    predictions in ``done``. Returns the choice as the job reports it."""
+    predictions in ``done``. ``pooled``: the job holds the releases of several sources, and
+    the arms of those releases pooled without adaptation vote beside the adapted ones (each
+    source's release is adapted on its own; pooled, the sources' shifts average out, and on
+    Office-Caltech's leave-one-domain-out jobs that arm is often the best one:
+    docs/results.md#consortium). Returns the choice as the job reports it."""
     rule = RULE if rule is None else rule
     from dpda.target_party.training import accuracy
 
@@ -449,7 +457,7 @@ def choose(
     at, guard = pick(rows, criterion)  # writes each row's combined "score"
     kept = arms[at]
     own_arm = (own_mode, ell, s.cfg.classifier if s.cfg.classifier in ARM_CLASSIFIERS else "1nn")
-    voted = _vote(arms, rows, own_arm, count_share, s) if rule == "vote" else None
+    voted = _vote(arms, rows, own_arm, count_share, s, pooled) if rule == "vote" else None
     if voted is not None and voted["collapsed"]:
         guard = (
             f"the vote of {len(voted['members'])} arms put {voted['largest_share']:.0%} of the "
@@ -467,6 +475,7 @@ def choose(
         "guard": guard,
         "failed": failed,
         "count_gate": COUNT_GATE,
+        "pooled_vote": pooled,
         "scored_rows": int(s.view.x.shape[0]),
         "arms": rows,
     }
@@ -476,18 +485,23 @@ def choose(
         out["vote"] = voted
         if not voted["collapsed"]:
             done.model, done.pred = model, pred
-            out.update(kept=voted["name"], kept_adapts=True, kept_accuracy=voted["accuracy"])
+            out.update(
+                kept=voted["name"], kept_adapts=voted["adapts"], kept_accuracy=voted["accuracy"]
+            )
     if s is not full:  # chosen on a subsample: the kept model labels every row
         done.pred = label_rows(done.model, full.view.x)
     return out
 
 
-def voters(arms: list[dict[str, Any]], gate: float | None = None) -> list[int]:
+def voters(
+    arms: list[dict[str, Any]], gate: float | None = None, pooled: bool = False
+) -> list[int]:
     """The arms the vote counts (``Arm.to_json`` rows): the adapted arms that did not collapse
     and whose predicted class shares are within ``gate`` (default ``COUNT_GATE``) of the noisy
-    counts' — every adapted arm that did not collapse when none is that close."""
+    counts' — every adapted arm that did not collapse when none is that close. ``pooled`` (a
+    job over several sources): the arms of the releases pooled without adaptation vote too."""
     gate = COUNT_GATE if gate is None else gate
-    fine = [i for i, a in enumerate(arms) if a["adapt"] and not a["collapsed"]]
+    fine = [i for i, a in enumerate(arms) if (a["adapt"] or pooled) and not a["collapsed"]]
     near = [i for i in fine if 1.0 - arms[i]["scores"]["counts"] <= gate + 1e-12]
     return near or fine
 
@@ -504,25 +518,36 @@ def _vote(
     own: tuple[str, int, str],
     count_share: np.ndarray,
     s: JobSession,
+    pooled: bool = False,
 ) -> dict[str, Any] | None:
     """The weighted vote of ``voters`` (the job's own arm first, so that a tie goes to it): its
     predictions, its model (``ArmVote``), its shares and collapse flag; None without voters."""
     from dpda.target_party.training import ArmVote, accuracy, vote
 
-    members = voters(rows)
+    members = voters(rows, pooled=pooled)
     if not members:
         return None
-    mine = [i for i in members if (arms[i].scaling, arms[i].dim, arms[i].classifier) == own]
+    mine = [
+        i
+        for i in members
+        if arms[i].adapt and (arms[i].scaling, arms[i].dim, arms[i].classifier) == own
+    ]
     members = mine + [i for i in members if i not in mine]
     weights = vote_weights(rows, members)
     pred = vote([arms[i].pred for i in members], count_share.size, weights)
     share, top, collapsed = class_shares(pred, count_share)
+    adapted = sum(arms[i].adapt for i in members)
+    if len(members) == 1:
+        name = arms[members[0]].name
+    elif adapted == len(members):
+        name = f"vote of {len(members)} adapted arms"
+    else:
+        name = f"vote of {len(members)} arms ({adapted} adapted)"
     return {
-        "name": arms[members[0]].name
-        if len(members) == 1
-        else f"vote of {len(members)} adapted arms",
+        "name": name,
         "members": [arms[i].name for i in members],
         "weights": weights,
+        "adapts": adapted > 0,
         "counts": float(1.0 - 0.5 * np.abs(share - count_share).sum()),
         "largest_share": float(share[top]),
         "collapsed": collapsed,

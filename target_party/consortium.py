@@ -138,6 +138,10 @@ class Consortium:
                     raise
                 log.warning("closing the session of dropped source %r: %s", name, exc)
 
+    def in_job(self) -> list[str]:
+        """The sources whose releases the job holds: opened and not dropped."""
+        return [name for name in self.sessions if name not in self.missing]
+
     def source_of(self, index: int) -> str:
         """The source whose release is the job's batch ``index``."""
         return self._index[index][0]
@@ -160,3 +164,9 @@ class Consortium:
             "missing": dict(self.missing),
             "epsilon_spent_by_source": self.spent_by_source(),
         }
+
+
+def pooled_job(source: object) -> bool:
+    """Whether a job's releases come from several sources (a ``Consortium`` with two or more
+    of them in the job): its label-free choice then lets the pooled release vote."""
+    return isinstance(source, Consortium) and len(source.in_job()) > 1

@@ -212,8 +212,10 @@ def run_dpda(
             adaptation = without_adaptation(s, done, by_method)
             if s.cfg.keep == "better":
                 from dpda.target_party.choice import choose
+                from dpda.target_party.consortium import pooled_job
 
-                picked = choose(s, done)
+                # several sources still in the job: the pooled release votes too
+                picked = choose(s, done, pooled=pooled_job(timed.inner))
                 adaptation["choice"] = picked
                 adaptation["kept"] = "dpda" if picked["kept_adapts"] else "dp_no_adaptation"
                 adaptation["kept_arm"] = picked["kept"]

@@ -86,6 +86,8 @@ def test_terms_a_consortium_does_not_combine_are_refused_before_anything_opens()
 
 @pytest.mark.slow
 def test_the_rehearsal_reports_each_sources_spend_and_pools_the_references() -> None:
+    from dpda.target_party.choice import voters
+
     domains = {f"s{k}": two_domains(300, 200, k=12, seed=k)[0] for k in range(3)}
     _, target = two_domains(300, 200, k=12, seed=9)
     out = simulate_consortium(domains, target, TERMS, "raw", AdaptConfig(), seed=0)
@@ -95,6 +97,39 @@ def test_the_rehearsal_reports_each_sources_spend_and_pools_the_references() -> 
     assert data["accuracy"]["kept"] is not None and data["accuracy"]["dp_no_adaptation"] is not None
     assert data["references"]["pooled"] == list(domains)
     assert all(len(entries) == 1 for entries in out.ledgers.values())
+    ch = data["choice"]  # several sources: the pooled release's arms may vote too
+    assert ch["pooled_vote"] is True
+    arms = ch["arms"]
+    pooled = {arms[i]["arm"] for i in voters(arms, pooled=True)}
+    assert set(ch["vote"]["members"]) == pooled
+
+
+def test_the_pooled_vote_counts_the_arms_without_adaptation_near_the_counts() -> None:
+    from dpda.target_party.choice import voters
+
+    def arm(name: str, adapt: bool, counts: float, collapsed: bool = False) -> dict:
+        return {"arm": name, "adapt": adapt, "collapsed": collapsed, "scores": {"counts": counts}}
+
+    arms = [arm("a", True, 0.9), arm("b", True, 0.5), arm("p", False, 0.95),
+            arm("q", False, 0.99, collapsed=True), arm("r", False, 0.6)]  # fmt: skip
+    assert voters(arms) == [0]  # one source: the adapted arms near the counts
+    assert voters(arms, pooled=True) == [0, 2]  # several: the pooled release's near arm too
+    far = [arm("a", True, 0.5), arm("p", False, 0.6)]
+    assert voters(far) == [0] and voters(far, pooled=True) == [0, 1]  # none near: every one
+
+
+def test_only_a_job_holding_several_sources_lets_the_pooled_release_vote() -> None:
+    from dpda.target_party.consortium import pooled_job
+
+    parts = _sources()
+    con = Consortium(
+        {n: r for n, (r, _) in parts.items()},
+        {n: partial(led.spent, "synthetic") for n, (_, led) in parts.items()},
+    )
+    con.open_session(TERMS, TargetDisclosure(None, None))
+    assert pooled_job(con) and not pooled_job(parts["s0"][0])
+    con.missing.update(s1="dropped", s2="dropped")  # one source left in the job: a plain job
+    assert con.in_job() == ["s0"] and not pooled_job(con)
 
 
 @pytest.mark.parametrize(
