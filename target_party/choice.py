@@ -62,7 +62,8 @@ CRITERIA = ("silhouette", "entropy", "snd", "consistency", "counts")
 # Chosen on the suite and Office-Caltech at ε 8 and 2 against the other criteria and their
 # sums (docs/results.md#devsuite)
 CRITERION = "silhouette"
-# what the job keeps: the majority vote of the adapted arms near the noisy counts ("vote"),
+# what the job keeps: the weighted vote of the adapted arms near the noisy counts ("vote"; in a
+# job over several sources the arms of the pooled release without adaptation vote too),
 # or the one arm ``CRITERION`` scores best (any other value). Chosen on the development suite
 # and Office-Caltech (docs/results.md#devsuite)
 RULE = "vote"

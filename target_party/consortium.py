@@ -78,6 +78,7 @@ class Consortium:
         self._spent = dict(spent)
         self.sessions: dict[str, SessionInfo] = {}
         self.missing: dict[str, str] = {}  # source → why it is not in the job
+        self.delivered: set[str] = set()  # the sources of at least one release the job holds
         self._index: list[tuple[str, int]] = []  # global release index → (source, its index)
 
     def open_session(
@@ -122,6 +123,7 @@ class Consortium:
         except DpdaError as exc:
             self.missing[name] = f"failed at its release {local}: {type(exc).__name__}: {exc}"
             raise SourceDropped(f"source {name!r} left the job: {self.missing[name]}") from exc
+        self.delivered.add(name)
         return replace(rel, index=index)
 
     def query_teachers(self, session_id: str, index: int, queries: np.ndarray) -> np.ndarray:
@@ -139,8 +141,9 @@ class Consortium:
                 log.warning("closing the session of dropped source %r: %s", name, exc)
 
     def in_job(self) -> list[str]:
-        """The sources whose releases the job holds: opened and not dropped."""
-        return [name for name in self.sessions if name not in self.missing]
+        """The sources whose releases the job holds: each one that delivered a release, a
+        source dropped after it did included."""
+        return [name for name in self.sessions if name in self.delivered]
 
     def source_of(self, index: int) -> str:
         """The source whose release is the job's batch ``index``."""

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-import re
+import ast
 
 import numpy as np
 import pytest
@@ -23,20 +23,29 @@ def data_dir():
     return d
 
 
-SLOW_MODULE = re.compile(r"^pytestmark = pytest\.mark\.slow\b", re.MULTILINE)
+def _marked_slow(path) -> bool:
+    """Whether the module's last first-level ``pytestmark`` is exactly ``pytest.mark.slow``
+    (read from its syntax tree, not imported)."""
+    mark = None
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
+            mark = ast.unparse(node.value)
+    return mark == "pytest.mark.slow"
 
 
 def pytest_ignore_collect(collection_path, config: pytest.Config) -> bool | None:
     """The fast loop (``-m "not slow"``) does not import a module none of whose tests it would
     select: those under tests/integration (every test there is ``slow``, below) and a module
-    marked ``slow`` as a whole (a first-level ``pytestmark = pytest.mark.slow``, read from its
-    text)."""
+    marked ``slow`` as a whole (its first-level ``pytestmark`` is ``pytest.mark.slow``, read
+    from its syntax tree)."""
     if config.getoption("markexpr", "").strip() != "not slow":
         return None
     if "integration" in collection_path.parts:
         return True
     if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        if SLOW_MODULE.search(collection_path.read_text(encoding="utf-8")):
+        if _marked_slow(collection_path):
             return True
     return None
 

@@ -165,7 +165,7 @@ class PldAccountant(pld_privacy_accountant.PLDAccountant):
             and event.sampling_probability > 0
             and event.event.noise_multiplier > 0
         ):  # the library's own PLD for it, remembered (``sampled_gaussian_pld``)
-            if do_compose and count > 0:
+            if do_compose:  # a count below 1 raises in ``self_compose``, as in the library
                 step = sampled_gaussian_pld(
                     float(event.event.noise_multiplier),
                     float(event.sampling_probability),

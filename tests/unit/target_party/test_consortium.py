@@ -126,10 +126,12 @@ def test_only_a_job_holding_several_sources_lets_the_pooled_release_vote() -> No
         {n: r for n, (r, _) in parts.items()},
         {n: partial(led.spent, "synthetic") for n, (_, led) in parts.items()},
     )
-    con.open_session(TERMS, TargetDisclosure(None, None))
-    assert pooled_job(con) and not pooled_job(parts["s0"][0])
-    con.missing.update(s1="dropped", s2="dropped")  # one source left in the job: a plain job
-    assert con.in_job() == ["s0"] and not pooled_job(con)
+    info = con.open_session(TERMS, TargetDisclosure(None, None))
+    con.release(info.session_id, 0)  # one source's release so far: a plain job
+    assert con.in_job() == ["s0"] and not pooled_job(con) and not pooled_job(parts["s0"][0])
+    con.release(info.session_id, 1)
+    con.missing["s1"] = "dropped after its release"  # what it delivered stays in the job
+    assert con.in_job() == ["s0", "s1"] and pooled_job(con)
 
 
 @pytest.mark.parametrize(
