@@ -335,15 +335,18 @@ def test_a_vote_that_collapses_gives_way_to_the_best_scored_arm(monkeypatch, cap
     assert "the vote of" in ch["guard"] and "the vote of" in caplog.text
 
 
+class Fixed:
+    """A fitted model of three classes whose predictions are given."""
+
+    def __init__(self, pred: list[int]) -> None:
+        self.pred, self.classes_ = np.array(pred), np.arange(3)
+
+    def predict(self, x):
+        return self.pred
+
+
 def test_arm_vote_counts_one_vote_a_model_and_gives_ties_to_the_first() -> None:
     from dpda.target_party.training import ArmVote, vote
-
-    class Fixed:
-        def __init__(self, pred: list[int]) -> None:
-            self.pred, self.classes_ = np.array(pred), np.arange(3)
-
-        def predict(self, x):
-            return self.pred
 
     x = np.zeros((4, 1))
     a, b, c = Fixed([0, 1, 2, 2]), Fixed([1, 1, 0, 2]), Fixed([1, 0, 0, 1])
@@ -359,13 +362,6 @@ def test_arm_vote_counts_one_vote_a_model_and_gives_ties_to_the_first() -> None:
 
 def test_a_weighted_vote_lets_a_heavier_voter_outvote_two_lighter_ones() -> None:
     from dpda.target_party.training import ArmVote, vote
-
-    class Fixed:
-        def __init__(self, pred: list[int]) -> None:
-            self.pred, self.classes_ = np.array(pred), np.arange(3)
-
-        def predict(self, x):
-            return self.pred
 
     x = np.zeros((3, 1))
     a, b, c = Fixed([0, 0, 0]), Fixed([1, 1, 2]), Fixed([1, 2, 2])

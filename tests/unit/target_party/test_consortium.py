@@ -33,12 +33,17 @@ def _sources(n: int = 3) -> dict:
     return out
 
 
-def test_each_source_charges_its_own_session_once_and_the_batches_are_theirs() -> None:
-    parts = _sources()
-    con = Consortium(
+def _consortium(parts: dict) -> Consortium:
+    """The sources of ``_sources`` as one consortium, each read by its own ledger."""
+    return Consortium(
         {n: r for n, (r, _) in parts.items()},
         {n: partial(led.spent, "synthetic") for n, (_, led) in parts.items()},
     )
+
+
+def test_each_source_charges_its_own_session_once_and_the_batches_are_theirs() -> None:
+    parts = _sources()
+    con = _consortium(parts)
     info = con.open_session(TERMS, TargetDisclosure(None, None))
     assert info.plan.steps == sum(s.plan.steps for s in con.sessions.values()) == 3
     for i in range(info.plan.steps):
@@ -71,10 +76,7 @@ def test_a_source_that_refuses_leaves_the_job_with_the_others_and_is_named() -> 
 
 def test_terms_a_consortium_does_not_combine_are_refused_before_anything_opens() -> None:
     parts = _sources(2)
-    con = Consortium(
-        {n: r for n, (r, _) in parts.items()},
-        {n: partial(led.spent, "synthetic") for n, (_, led) in parts.items()},
-    )
+    con = _consortium(parts)
     with pytest.raises(ConfigError, match="own space"):
         con.open_session(
             TERMS.model_copy(update={"projection": "target-pca"}), TargetDisclosure(None, None)
@@ -122,10 +124,7 @@ def test_only_a_job_holding_several_sources_lets_the_pooled_release_vote() -> No
     from dpda.target_party.consortium import pooled_job
 
     parts = _sources()
-    con = Consortium(
-        {n: r for n, (r, _) in parts.items()},
-        {n: partial(led.spent, "synthetic") for n, (_, led) in parts.items()},
-    )
+    con = _consortium(parts)
     info = con.open_session(TERMS, TargetDisclosure(None, None))
     con.release(info.session_id, 0)  # one source's release so far: a plain job
     assert con.in_job() == ["s0"] and not pooled_job(con) and not pooled_job(parts["s0"][0])
