@@ -1,0 +1,102 @@
+"""A job over three real source daemons (three deployments: their own keys, policy, ledger and
+port), one of which SIGKILLs itself mid-job: the job finishes on the other two, each source's
+ledger holds its one charge and verifies against the target's copy of it, and the dead one was
+charged once and never asked again."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dpda.deployment import SourceProcess, dpda_command
+from dpda.service.config import load_target
+from dpda.service.crashpoints import ENV
+from dpda.target_party.app import load_target_data, open_state, with_source_delta
+from dpda.target_party.client import GrpcReleaseSource
+from dpda.target_party.consortium import Consortium
+from dpda.target_party.pipeline import run_dpda
+from dpda.target_party.view import AdaptConfig, resolve_scaling, target_view
+
+from .helpers import synthetic_deployment
+
+# per-row L2 rows: a source-space release without DP preprocessing, what a consortium combines
+JOB = {"representation": "l2"}
+CRASH = "source.release.signed"  # the entry charged and signed, the release not yet sent
+
+
+def _entries(state: Path) -> int:
+    with sqlite3.connect(state / "state.sqlite") as conn:
+        return conn.execute("SELECT count(*) FROM ledger WHERE dataset='synthetic'").fetchone()[0]
+
+
+def test_a_source_killed_mid_job_leaves_the_job_to_the_other_two_charged_once(
+    tmp_path, monkeypatch
+) -> None:
+    deps = {f"s{k}": synthetic_deployment(tmp_path / f"s{k}", job=JOB) for k in range(3)}
+    procs: dict[str, SourceProcess] = {}
+    sources: dict[str, GrpcReleaseSource] = {}
+    try:
+        for name, dep in deps.items():
+            if name == "s1":  # this daemon kills itself once its first release is signed
+                monkeypatch.setenv(ENV, CRASH)
+            else:
+                monkeypatch.delenv(ENV, raising=False)
+            procs[name] = SourceProcess(dep)
+        monkeypatch.delenv(ENV, raising=False)
+        cfgs = {}
+        for name, dep in deps.items():
+            # the dead source is given up on after 1 s of retries, not the default minute
+            cfgs[name] = with_source_delta(load_target(dep.target_config)).model_copy(
+                update={"reconnect_s": 1.0}
+            )
+        terms = cfgs["s0"].job.terms()
+        table = load_target_data(cfgs["s0"])
+        for name, cfg in cfgs.items():
+            ledger, audit = open_state(cfg)
+            sources[name] = GrpcReleaseSource(cfg, ledger, audit)
+            sources[name].preflight(table.x.shape[1], terms.delta, planned=terms)
+        con = Consortium(sources, {n: s.spent for n, s in sources.items()})
+        view = target_view(
+            table.domain,
+            cfgs["s0"].job.representation,
+            scaling_mode=resolve_scaling(cfgs["s0"].job.scaling, terms),
+            terms=terms,
+        )
+        res = run_dpda(con, view, terms, AdaptConfig(seed=0), con.spent)
+    finally:
+        for s in sources.values():
+            s.close()
+        for p in procs.values():
+            p.stop()
+    assert res.accuracy is not None and res.accuracy > 50.0  # two sources' releases, adapted
+    assert set(con.missing) == {"s1"} and con.in_job() == ["s0", "s2"]
+    assert procs["s1"].proc.returncode == -9  # SIGKILL, at the crash point
+    assert f"dpda crash point {CRASH}@1" in procs["s1"].log_path.read_text()
+    for name, dep in deps.items():
+        source, target = dep.workdir / "source", dep.workdir / "target"
+        # one charge at each source, the dead one's too (it was signed before it died):
+        # nothing twice, nothing at another source's ledger
+        assert _entries(source) == 1, name
+        if name == "s1":
+            assert _entries(target) == 0  # the target never received it, and never re-asked
+            continue
+        assert _entries(target) == 1, name
+        for mine, theirs in ((source, target), (target, source)):
+            r = subprocess.run(
+                dpda_command("ledger", "verify", str(mine), "--against", str(theirs)),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert r.returncode == 0 and "checked: OK" in r.stdout, (name, r.stdout, r.stderr)
+    spent = con.spent_by_source()  # each as the target's copy of that source's ledger reads it
+    assert spent["s1"] == 0.0
+    assert all(0.99 * terms.epsilon <= spent[n] <= terms.epsilon for n in ("s0", "s2"))
+
+
+@pytest.fixture(autouse=True)
+def _no_crash_env(monkeypatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
