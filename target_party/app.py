@@ -161,6 +161,8 @@ def run_job(
     """One job: (the results written to ``results.json``, the arrays the report plots), its
     outputs in ``state_dir/jobs/<job_id>/`` (a new id by default).
     ``settle``: the process's entry point asks for ``settle_heap`` once the data is loaded."""
+    if cfg.sources:  # a job over several sources
+        return run_consortium_job(cfg, progress, seed, job_id)
     cfg = with_source_delta(cfg)
     seed = cfg.seed if cfg.seed is not None else seed
     job_id = job_id or new_job_id()
@@ -276,6 +278,129 @@ def run_job(
     figures.update(job_spend_of(mine, terms.delta))
     (outdir / "report.html").write_text(render(out, figures), encoding="utf-8")
     reruns.finish(cfg.state_dir, cfg.source_fingerprint, key)
+    return out, figures
+
+
+def run_consortium_job(
+    cfg: TargetConfig,
+    progress: Callable[[int, int], None] | None = None,
+    seed: int = 0,
+    job_id: str | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One job over several sources (``[[sources]]``, ``dpda.target_party.consortium``): a
+    session at each source under the same terms, each source checked, pinned and charged on
+    its own, the target's copy of each source's ledger in its own folder
+    (``TargetConfig.each_source``). A source that refuses or fails is left out and named
+    (``consortium.missing``); the job needs two. Outputs as ``run_job``'s, plus each source's ε
+    (``epsilon_spent_by_source``, and this job's alone, ``epsilon_job_by_source``)."""
+    from dpda.errors import DpdaError
+    from dpda.target_party.consortium import Consortium, check_consortium_terms
+
+    subs = cfg.each_source()
+    first = with_source_delta(next(iter(subs.values())))  # δ as set, or the first source's
+    terms = first.job.terms()
+    check_consortium_terms(terms)
+    seed = cfg.seed if cfg.seed is not None else seed
+    job_id = job_id or new_job_id()
+    table = load_target_data(cfg)
+    check_representation(table.x, cfg.job.representation, "job.representation")
+    sources: dict[str, GrpcReleaseSource] = {}
+    left_out: dict[str, str] = {}
+    try:
+        for name, sub_cfg in subs.items():
+            sub_cfg = sub_cfg.model_copy(update={"job": first.job})
+            try:
+                ledger, audit = open_state(sub_cfg)
+                src = GrpcReleaseSource(sub_cfg, ledger, audit)
+            except DpdaError as exc:
+                left_out[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            try:
+                src.preflight(table.x.shape[1], terms.delta, planned=terms)
+            except DpdaError as exc:  # refused or unreachable: the job goes on without it
+                src.close()
+                left_out[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            sources[name] = src
+        if len(sources) < 2:
+            raise ConfigError(
+                f"several sources: {len(sources)} of {len(subs)} answered; a job over several "
+                "sources needs two: " + "; ".join(f"{n}: {why}" for n, why in left_out.items())
+            )
+        con = Consortium(sources, {n: s.spent for n, s in sources.items()})
+        views = [
+            target_view(
+                table.domain,
+                cfg.job.representation,
+                scaling_mode=resolve_scaling(cfg.job.scaling, terms),
+                terms=terms,
+            )
+        ]
+        acfg = adapt_config(cfg.job, seed)
+        with open_compute(spec_of(cfg.compute)) as compute:
+            t0 = time.perf_counter()
+            res = run_dpda(con, views.pop(), terms, acfg, con.spent, progress, None, compute)
+            job_seconds = time.perf_counter() - t0
+            where = compute.describe()
+        mine = {
+            name: [
+                event_from_json(e.dp_event)
+                for e in src.ledger.store.entries(terms.dataset)
+                if e.session == con.sessions[name].session_id
+            ]
+            for name, src in sources.items()
+        }
+        spent = con.spent_by_source()
+    finally:
+        for src in sources.values():
+            src.close()
+    outdir = job_dir(cfg, job_id)
+    view = res.view
+    assert view is not None  # a finished job's result carries it
+    model = save_model(
+        model_pipeline(cfg.job.representation, view.scaling, res.model, view.clip_norm, None),
+        outdir / "model.skops",
+    )
+    preds = write_predictions(outdir / "predictions.csv", table.ids, res.predictions)
+    if cfg.job.predictions:
+        write_predictions(cfg.job.predictions, table.ids, res.predictions)
+    report = con.report()
+    report["missing"] = {**left_out, **report["missing"]}
+    report["sources"] = list(subs)
+    out = {
+        "job_id": job_id,
+        "dataset": terms.dataset,
+        "sources": {name: c.source_address for name, c in subs.items()},
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "output_dir": str(outdir),
+        **res.summary(terms),
+        "epsilon_budget": terms.epsilon,  # what each source's session may spend
+        # a source that left the job may have charged a release the target never received:
+        # what it spent is on its own ledger, not known here (None)
+        "epsilon_spent_by_source": {
+            n: None if n in report["missing"] else v for n, v in spent.items()
+        },
+        "epsilon_job_by_source": {
+            n: None if n in report["missing"] else spend_of(ev, terms.delta)
+            for n, ev in mine.items()
+        },
+        # a record belongs to one source: the most any one source's records spent
+        "epsilon_dataset_total": max(v for n, v in spent.items() if n not in report["missing"]),
+        "consortium": report,
+        "job_seconds": job_seconds,
+        "source_seconds": res.source_seconds,
+        "compute": where,
+        "method": cfg.job.method,
+        "predictions": str(preds),
+        "model": str(model),
+        "predictions_sha256": hashlib.sha256(res.predictions.tobytes()).hexdigest(),
+        "target_disclosures": "none",  # source-space releases: nothing of the rows is sent
+        "target_epsilon_spent": 0.0,
+        "preprocessing": {"mode": "none"},
+    }
+    (outdir / "results.json").write_text(json.dumps(out, indent=2))
+    figures = figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
+    (outdir / "report.html").write_text(render(out, figures), encoding="utf-8")
     return out, figures
 
 

@@ -74,10 +74,21 @@ def _cmd_target_run(args: argparse.Namespace) -> int:
         f"job {out['job_id']}: accuracy {acc}  {out['batches']} release(s), "
         f"{out['rows_received']} rows  → {out['output_dir']}"
     )
-    print(
-        f"  the source's records: ε {out['epsilon_job']:.4f} this job, the dataset's total "
-        f"{out['epsilon_dataset_total']:.4f} (δ={out['delta']:.3g})"
-    )
+    if "epsilon_job_by_source" in out:  # a job over several sources: each one's own ε
+        for name, eps in out["epsilon_job_by_source"].items():
+            if eps is None:
+                continue  # left the job: said below
+            print(
+                f"  source {name}'s records: ε {eps:.4f} this job, its dataset's total "
+                f"{out['epsilon_spent_by_source'][name]:.4f} (δ={out['delta']:.3g})"
+            )
+        for name, why in out["consortium"]["missing"].items():
+            print(f"  source {name} is missing from the job: {why}")
+    else:
+        print(
+            f"  the source's records: ε {out['epsilon_job']:.4f} this job, the dataset's total "
+            f"{out['epsilon_dataset_total']:.4f} (δ={out['delta']:.3g})"
+        )
     if out.get("target_disclosures") == "none":
         print("  the target's own rows: ε 0, nothing of them was sent (a source-space release)")
     elif out.get("target_epsilon_spent") is None:

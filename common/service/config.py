@@ -433,11 +433,36 @@ class ComputeConfig(_Strict):
         return self
 
 
+class JobSource(_Strict):
+    """One more source of a job over several sources (``[[sources]]`` in the target's TOML):
+    its name in the report, its address, pinned certificate, signing key and CA."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    address: str
+    fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    signing_public_key: Path
+    peer_ca: Path | None = Field(
+        default=None,
+        description="the CA that signed this source's certificate (default: tls.peer_ca)",
+    )
+
+
 class TargetConfig(_Strict):
     state_dir: Path
     source_address: str
     source_fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     source_signing_public_key: Path
+    source_name: str = Field(
+        default="source",
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="the name of the source above in a job over several sources",
+    )
+    sources: list[JobSource] = Field(
+        default_factory=list,
+        description="more sources of the job (a job over several sources): each one opens its "
+        "own session and charges its own ledger; the target keeps a ledger per source under "
+        "state_dir/sources/<name>",
+    )
     tls: TlsConfig
     signing_key: Path
     budget_epsilon: float = Field(gt=0, description="the target's own cap for the dataset")
@@ -469,6 +494,46 @@ class TargetConfig(_Strict):
     insecure_testing: bool = Field(
         default=False, description="allow a fixed seed (tests and rehearsed configs only)"
     )
+
+    def each_source(self) -> dict[str, TargetConfig]:
+        """A job over several sources: each source's own config (its address, pin, keys and
+        CA, and its own state folder ``state_dir/sources/<name>`` for its ledger and the
+        job's resume file), by name. Empty for a job over one source."""
+        if not self.sources:
+            return {}
+        own = JobSource(
+            name=self.source_name,
+            address=self.source_address,
+            fingerprint=self.source_fingerprint,
+            signing_public_key=self.source_signing_public_key,
+        )
+        out: dict[str, TargetConfig] = {}
+        for s in [own, *self.sources]:
+            tls = (
+                self.tls
+                if s.peer_ca is None
+                else self.tls.model_copy(update={"peer_ca": s.peer_ca})
+            )
+            out[s.name] = self.model_copy(
+                update={
+                    "source_address": s.address,
+                    "source_fingerprint": s.fingerprint,
+                    "source_signing_public_key": s.signing_public_key,
+                    "source_name": s.name,
+                    "sources": [],
+                    "tls": tls,
+                    "state_dir": self.state_dir / "sources" / s.name,
+                }
+            )
+        return out
+
+    @model_validator(mode="after")
+    def _sources_are_named_once(self) -> TargetConfig:
+        names = [self.source_name, *(s.name for s in self.sources)]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"sources: the name {twice[0]!r} is given twice (source_name too)")
+        return self
 
     @model_validator(mode="after")
     def _seed_is_insecure(self) -> TargetConfig:

@@ -5,13 +5,14 @@ charged once and never asked again."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from dpda.deployment import SourceProcess, dpda_command
+from dpda.deployment import SourceProcess, dpda_command, run_target
 from dpda.service.config import load_target
 from dpda.service.crashpoints import ENV
 from dpda.target_party.app import load_target_data, open_state, with_source_delta
@@ -100,3 +101,83 @@ def test_a_source_killed_mid_job_leaves_the_job_to_the_other_two_charged_once(
 @pytest.fixture(autouse=True)
 def _no_crash_env(monkeypatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
+
+
+def _trust_target_of(dep, target_dep) -> None:
+    """``dep``'s source trusts ``target_dep``'s target (its CA, certificate and signing key)
+    instead of its own deployment's: three organizations' sources, one target."""
+    tk = target_dep.target_keys
+    lines = []
+    for line in dep.source_config.read_text().splitlines():
+        key = line.split(" = ", 1)[0]
+        if key == "peer_ca":
+            line = f"peer_ca = {json.dumps(str(tk.ca))}"
+        elif key == "cert_fingerprint":
+            line = f"cert_fingerprint = {json.dumps(tk.fingerprint)}"
+        elif key == "signing_public_key":
+            line = f"signing_public_key = {json.dumps(str(tk.signing_pub))}"
+        lines.append(line)
+    dep.source_config.write_text("\n".join(lines) + "\n")
+
+
+def test_dpda_target_run_over_three_source_daemons_one_killed_mid_job(
+    tmp_path, monkeypatch
+) -> None:
+    """``dpda target run`` with ``[[sources]]``: three organizations' source daemons, each
+    trusting the one target; the second SIGKILLs itself at its signed release. The job ends on
+    the other two, says which is missing, and keeps a ledger per source that verifies against
+    that source's."""
+    deps = {f"s{k}": synthetic_deployment(tmp_path / f"s{k}", job=JOB) for k in range(3)}
+    target = deps["s0"]
+    for name in ("s1", "s2"):
+        _trust_target_of(deps[name], target)
+    procs: dict[str, SourceProcess] = {}
+    try:
+        for name, dep in deps.items():
+            if name == "s1":
+                monkeypatch.setenv(ENV, CRASH)
+            else:
+                monkeypatch.delenv(ENV, raising=False)
+            procs[name] = SourceProcess(dep)
+        monkeypatch.delenv(ENV, raising=False)
+        text = target.target_config.read_text()
+        more = "".join(
+            "\n[[sources]]\n"
+            f"name = {json.dumps(name)}\n"
+            f"address = {json.dumps(f'127.0.0.1:{procs[name].port}')}\n"
+            f"fingerprint = {json.dumps(deps[name].source_keys.fingerprint)}\n"
+            f"signing_public_key = {json.dumps(str(deps[name].source_keys.signing_pub))}\n"
+            f"peer_ca = {json.dumps(str(deps[name].source_keys.ca))}\n"
+            for name in ("s1", "s2")
+        )
+        # the dead source is given up on after 1 s of retries, not the default minute
+        target.target_config.write_text('source_name = "s0"\nreconnect_s = 1.0\n' + text + more)
+        r = run_target(target, timeout=600)
+    finally:
+        for p in procs.values():
+            p.stop()
+    assert r.returncode == 0, r.stdout + r.stderr
+    (results,) = (target.target_state / "jobs").glob("*/results.json")
+    out = json.loads(results.read_text())
+    assert set(out["sources"]) == {"s0", "s1", "s2"}
+    assert set(out["consortium"]["missing"]) == {"s1"}
+    assert out["epsilon_job_by_source"]["s1"] is None  # unknown here: on its own ledger
+    for name in ("s0", "s2"):
+        assert 0.99 * 4.0 <= out["epsilon_job_by_source"][name] <= 4.0
+    assert out["accuracy"] is not None
+    assert procs["s1"].proc.returncode == -9
+    for name, dep in deps.items():
+        mine = target.target_state / "sources" / name  # the target's copy of this source's
+        assert _entries(dep.source_state) == 1, name  # one charge each, the dead one's too
+        if name == "s1":
+            assert _entries(mine) == 0
+            continue
+        assert _entries(mine) == 1, name
+        for a, b in ((dep.source_state, mine), (mine, dep.source_state)):
+            v = subprocess.run(
+                dpda_command("ledger", "verify", str(a), "--against", str(b)),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert v.returncode == 0 and "checked: OK" in v.stdout, (name, v.stdout, v.stderr)

@@ -261,3 +261,44 @@ def test_the_example_job_is_the_rehearsals_default_job() -> None:
     args = build_parser().parse_args(["simulate", "--source-file", "S", "--target-file", "T"])
     assert job.with_changes(delta=delta).terms() == terms_from_args(args, ds.name, delta)
     assert job.scaling == args.scaling or (job.scaling == "auto" and args.scaling is None)
+
+
+def _with_sources(tmp_path, *names: str, own: str = "") -> Path:
+    """The example target config with ``[[sources]]`` entries (relative paths, as a user
+    writes them) and, optionally, the first source's name."""
+    text = (DEPLOY / "target.example.toml").read_text()
+    fp = "sha256:" + "ab" * 32
+    more = "".join(
+        f'\n[[sources]]\nname = "{n}"\naddress = "{n}.example:50051"\nfingerprint = "{fp}"\n'
+        f'signing_public_key = "keys/{n}.signing.pub"\npeer_ca = "keys/{n}-ca.pem"\n'
+        for n in names
+    )
+    p = tmp_path / "t.toml"
+    p.write_text((f'source_name = "{own}"\n' if own else "") + text + more)
+    return p
+
+
+def test_a_job_over_several_sources_gives_each_its_own_pin_ca_and_state(tmp_path) -> None:
+    cfg = load_target(_with_sources(tmp_path, "bank-b", "bank-c", own="bank-a"))
+    each = cfg.each_source()
+    assert list(each) == ["bank-a", "bank-b", "bank-c"]
+    a, b = each["bank-a"], each["bank-b"]
+    assert a.source_address == cfg.source_address and a.tls.peer_ca == cfg.tls.peer_ca
+    assert b.source_address == "bank-b.example:50051"
+    assert b.source_signing_public_key == (tmp_path / "keys/bank-b.signing.pub").resolve()
+    assert b.tls.peer_ca == (tmp_path / "keys/bank-b-ca.pem").resolve()
+    assert b.tls.cert == cfg.tls.cert  # the target's own identity, the same at every source
+    assert {c.state_dir for c in each.values()} == {
+        cfg.state_dir / "sources" / n for n in each
+    }  # a ledger copy per source, never two sources' entries in one
+    assert all(c.sources == [] for c in each.values())
+    assert load_target(DEPLOY / "target.example.toml").each_source() == {}
+
+
+def test_a_source_named_twice_is_refused_naming_the_field(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="sources: .*'bank-b' is given twice"):
+        load_target(_with_sources(tmp_path, "bank-b", "bank-b"))
+    with pytest.raises(ConfigError, match="given twice"):
+        load_target(_with_sources(tmp_path, "source"))  # the first source's default name
+    with pytest.raises(ConfigError, match=r"sources\.0\.name"):
+        load_target(_with_sources(tmp_path, "bank b"))
