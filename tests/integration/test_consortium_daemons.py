@@ -28,11 +28,24 @@ JOB = {"representation": "l2"}
 CRASH = "source.release.signed"  # the entry charged and signed, the release not yet sent
 
 
+def _verify_both_ways(source: Path, target: Path) -> None:
+    """``dpda ledger verify`` of each side against the other: OK both ways."""
+    for mine, theirs in ((source, target), (target, source)):
+        r = subprocess.run(
+            dpda_command("ledger", "verify", str(mine), "--against", str(theirs)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0 and "checked: OK" in r.stdout, (mine, r.stdout, r.stderr)
+
+
 def _entries(state: Path) -> int:
     with sqlite3.connect(state / "state.sqlite") as conn:
         return conn.execute("SELECT count(*) FROM ledger WHERE dataset='synthetic'").fetchone()[0]
 
 
+@pytest.mark.soak  # the target's clients driven by hand; `dpda target run` below in the suite
 def test_a_source_killed_mid_job_leaves_the_job_to_the_other_two_charged_once(
     tmp_path, monkeypatch
 ) -> None:
@@ -85,14 +98,7 @@ def test_a_source_killed_mid_job_leaves_the_job_to_the_other_two_charged_once(
             assert _entries(target) == 0  # the target never received it, and never re-asked
             continue
         assert _entries(target) == 1, name
-        for mine, theirs in ((source, target), (target, source)):
-            r = subprocess.run(
-                dpda_command("ledger", "verify", str(mine), "--against", str(theirs)),
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert r.returncode == 0 and "checked: OK" in r.stdout, (name, r.stdout, r.stderr)
+        _verify_both_ways(source, target)
     spent = con.spent_by_source()  # each as the target's copy of that source's ledger reads it
     assert spent["s1"] == 0.0
     assert all(0.99 * terms.epsilon <= spent[n] <= terms.epsilon for n in ("s0", "s2"))
@@ -173,11 +179,4 @@ def test_dpda_target_run_over_three_source_daemons_one_killed_mid_job(
             assert _entries(mine) == 0
             continue
         assert _entries(mine) == 1, name
-        for a, b in ((dep.source_state, mine), (mine, dep.source_state)):
-            v = subprocess.run(
-                dpda_command("ledger", "verify", str(a), "--against", str(b)),
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert v.returncode == 0 and "checked: OK" in v.stdout, (name, v.stdout, v.stderr)
+        _verify_both_ways(dep.source_state, mine)
