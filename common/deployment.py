@@ -109,6 +109,46 @@ def make_deployment(
     return Deployment(workdir, sk, tk, source_cfg, target_cfg)
 
 
+def trust_target_of(dep: Deployment, target: Deployment) -> None:
+    """``dep``'s source trusts ``target``'s target instead of its own deployment's: the CA
+    that signed the target's certificate (``[tls] peer_ca``), and the peer's certificate
+    fingerprint and signing key (``[[peers]]``). Several organizations' sources, one target."""
+    tk = target.target_keys
+    out = []
+    for line in dep.source_config.read_text().splitlines():
+        key = line.split(" = ", 1)[0]
+        if key == "peer_ca":
+            line = f"peer_ca = {_toml_value(tk.ca)}"
+        elif key == "cert_fingerprint":
+            line = f"cert_fingerprint = {_toml_value(tk.fingerprint)}"
+        elif key == "signing_public_key":
+            line = f"signing_public_key = {_toml_value(tk.signing_pub)}"
+        out.append(line)
+    dep.source_config.write_text("\n".join(out) + "\n")
+
+
+def add_sources(target: Deployment, first: str, more: dict[str, tuple[Deployment, str]]) -> None:
+    """``target``'s job over several sources: its own source named ``first``, and each of
+    ``more`` (name → (its deployment, its address)) as a ``[[sources]]`` table with its pinned
+    fingerprint, signing key and CA."""
+    text = target.target_config.read_text()
+    tables = "".join(
+        _table(
+            "sources",
+            {
+                "name": name,
+                "address": address,
+                "fingerprint": dep.source_keys.fingerprint,
+                "signing_public_key": dep.source_keys.signing_pub,
+                "peer_ca": dep.source_keys.ca,
+            },
+            array=True,
+        )
+        for name, (dep, address) in more.items()
+    )
+    target.target_config.write_text(f"source_name = {_toml_value(first)}\n" + text + "\n" + tables)
+
+
 def set_source_address(dep: Deployment, address: str) -> None:
     text = dep.target_config.read_text()
     lines = [

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dpda.dp.ledger import default_delta
+from dpda.errors import ConfigError
 from dpda.service.output import write_json
 
 DEMO_DELTA = default_delta(600)  # 1/(10·ns), the default policy's δ
@@ -67,24 +68,29 @@ def _verified(state_dir: Path) -> tuple[bool, bool]:
     return (not problems and n > 0, audit.returncode == 0)
 
 
+def _dataset(args: argparse.Namespace) -> dict[str, Any]:
+    """The source's generated dataset, its cap the demo's ε."""
+    return {"name": "synthetic", "kind": "synthetic", "epsilon": args.epsilon, "delta": DEMO_DELTA}
+
+
+def _job(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    """The target's job on the generated rows at the demo's ε, with ``extra`` settings."""
+    return {
+        "dataset": "synthetic",
+        "data_kind": "synthetic",
+        "epsilon": args.epsilon,
+        "delta": DEMO_DELTA,
+        **extra,
+    }
+
+
 def _service(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from dpda.deployment import dpda_command, make_deployment
 
     dep = make_deployment(
         workdir,
-        dataset={
-            "name": "synthetic",
-            "kind": "synthetic",
-            "epsilon": args.epsilon,
-            "delta": DEMO_DELTA,
-        },
-        job={
-            "dataset": "synthetic",
-            "data_kind": "synthetic",
-            "epsilon": args.epsilon,
-            "delta": DEMO_DELTA,
-            "projection_dim": 10,
-        },
+        dataset=_dataset(args),
+        job=_job(args, projection_dim=10),
         peer_cap=args.epsilon,
         target_budget=args.epsilon,
         # the target's default policy: its scaling and basis under its own DP where a release
@@ -107,6 +113,63 @@ def _service(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "ledger_verified": all(c[0] for c in checks.values()),
             "audit_verified": all(c[1] for c in checks.values()),
             "audit_report": json.loads(report.stdout),
+        }
+    )
+    return data
+
+
+def _consortium(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """``--sources N``: N organizations' source daemons (each its own keys, CA, ledger and
+    process, each trusting the one target) and one target job over all of them, in per-row L2
+    rows (a source-space release, what a job over several sources combines)."""
+    from dpda.deployment import (
+        SourceProcess,
+        add_sources,
+        make_deployment,
+        run_target,
+        trust_target_of,
+    )
+
+    names = [f"org-{chr(ord('a') + k)}" for k in range(args.sources)]
+    deps = {
+        n: make_deployment(
+            workdir / n,
+            dataset=_dataset(args),
+            job=_job(args, representation="l2"),
+            peer_cap=args.epsilon,
+            target_budget=args.epsilon,
+        )
+        for n in names
+    }
+    target = deps[names[0]]
+    for n in names[1:]:
+        trust_target_of(deps[n], target)
+    print(f"  keys and configs in {workdir}")
+    procs: dict[str, Any] = {}
+    try:
+        for n in names:
+            procs[n] = SourceProcess(deps[n])
+            print(f"  {n}'s source daemon (pid {procs[n].proc.pid}) on 127.0.0.1:{procs[n].port}")
+        add_sources(
+            target, names[0], {n: (deps[n], f"127.0.0.1:{procs[n].port}") for n in names[1:]}
+        )
+        res = run_target(target, "--json", str(workdir / "target-result.json"))
+    finally:
+        for p in procs.values():
+            p.stop()
+    if res.returncode != 0:
+        raise RuntimeError(f"the job failed:\n{res.stderr.strip()}")
+    data = dict(json.loads((workdir / "target-result.json").read_text()))
+    checks = {}
+    for n in names:  # each source's ledger, and the target's copy of it
+        checks[n] = _verified(deps[n].source_state)
+        checks[f"target/{n}"] = _verified(target.target_state / "sources" / n)
+    data.update(
+        {
+            "mode": "service",
+            "workdir": str(workdir),
+            "ledger_verified": all(c[0] for c in checks.values()),
+            "audit_verified": all(c[1] for c in checks.values()),
         }
     )
     return data
@@ -182,6 +245,27 @@ def run_demo(args: argparse.Namespace) -> int:
         "dpda demo — a synthetic two-domain problem (600 labeled source rows, 500 target rows,"
         " 40 features, 5 classes)"
     )
+    sources = getattr(args, "sources", 1)
+    if sources > 1:
+        if args.in_process:
+            raise ConfigError("--sources: the several sources run as daemons (no --in-process)")
+        workdir = (
+            Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dpda-demo-"))
+        )
+        data = _consortium(args, workdir)
+        print(f"  target accuracy over {sources} sources: {data['accuracy']:.1f}%")
+        for name, eps in data["epsilon_job_by_source"].items():
+            if eps is not None:
+                print(f"  {name}: ε {eps:.3f} of {args.epsilon} on its own records, its own ledger")
+        for name, why in data["consortium"]["missing"].items():
+            print(f"  {name} left the job: {why}")
+        print(
+            f"  ledgers verified (each source's and the target's copy of it): "
+            f"{data['ledger_verified']}, audit logs verified: {data['audit_verified']}"
+        )
+        print(f"  inspect: dpda ledger show {workdir}/org-b/source")
+        write_json(args, data)
+        return 0 if data["ledger_verified"] and data["audit_verified"] else 1
     if args.in_process:
         data = _in_process(args)
     else:

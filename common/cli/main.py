@@ -418,6 +418,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the daemons and run the pipeline in one process",
     )
     dm.add_argument(
+        "--sources",
+        type=int,
+        choices=range(1, 9),
+        default=1,
+        metavar="N",
+        help="N organizations' source daemons and one target job over all of them (2 to 8; "
+        "default 1)",
+    )
+    dm.add_argument(
         "--setting",
         choices=["private-source", "public-source"],
         default="private-source",

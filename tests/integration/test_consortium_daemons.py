@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from dpda.deployment import SourceProcess, dpda_command, run_target
+from dpda.deployment import (
+    SourceProcess,
+    add_sources,
+    dpda_command,
+    run_target,
+    trust_target_of,
+)
 from dpda.service.config import load_target
 from dpda.service.crashpoints import ENV
 from dpda.target_party.app import load_target_data, open_state, with_source_delta
@@ -109,23 +115,6 @@ def _no_crash_env(monkeypatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
 
 
-def _trust_target_of(dep, target_dep) -> None:
-    """``dep``'s source trusts ``target_dep``'s target (its CA, certificate and signing key)
-    instead of its own deployment's: three organizations' sources, one target."""
-    tk = target_dep.target_keys
-    lines = []
-    for line in dep.source_config.read_text().splitlines():
-        key = line.split(" = ", 1)[0]
-        if key == "peer_ca":
-            line = f"peer_ca = {json.dumps(str(tk.ca))}"
-        elif key == "cert_fingerprint":
-            line = f"cert_fingerprint = {json.dumps(tk.fingerprint)}"
-        elif key == "signing_public_key":
-            line = f"signing_public_key = {json.dumps(str(tk.signing_pub))}"
-        lines.append(line)
-    dep.source_config.write_text("\n".join(lines) + "\n")
-
-
 def test_dpda_target_run_over_three_source_daemons_one_killed_mid_job(
     tmp_path, monkeypatch
 ) -> None:
@@ -136,7 +125,7 @@ def test_dpda_target_run_over_three_source_daemons_one_killed_mid_job(
     deps = {f"s{k}": synthetic_deployment(tmp_path / f"s{k}", job=JOB) for k in range(3)}
     target = deps["s0"]
     for name in ("s1", "s2"):
-        _trust_target_of(deps[name], target)
+        trust_target_of(deps[name], target)
     procs: dict[str, SourceProcess] = {}
     try:
         for name, dep in deps.items():
@@ -146,18 +135,11 @@ def test_dpda_target_run_over_three_source_daemons_one_killed_mid_job(
                 monkeypatch.delenv(ENV, raising=False)
             procs[name] = SourceProcess(dep)
         monkeypatch.delenv(ENV, raising=False)
-        text = target.target_config.read_text()
-        more = "".join(
-            "\n[[sources]]\n"
-            f"name = {json.dumps(name)}\n"
-            f"address = {json.dumps(f'127.0.0.1:{procs[name].port}')}\n"
-            f"fingerprint = {json.dumps(deps[name].source_keys.fingerprint)}\n"
-            f"signing_public_key = {json.dumps(str(deps[name].source_keys.signing_pub))}\n"
-            f"peer_ca = {json.dumps(str(deps[name].source_keys.ca))}\n"
-            for name in ("s1", "s2")
+        add_sources(
+            target, "s0", {n: (deps[n], f"127.0.0.1:{procs[n].port}") for n in ("s1", "s2")}
         )
         # the dead source is given up on after 1 s of retries, not the default minute
-        target.target_config.write_text('source_name = "s0"\nreconnect_s = 1.0\n' + text + more)
+        target.target_config.write_text("reconnect_s = 1.0\n" + target.target_config.read_text())
         r = run_target(target, timeout=600)
     finally:
         for p in procs.values():
@@ -180,3 +162,21 @@ def test_dpda_target_run_over_three_source_daemons_one_killed_mid_job(
             continue
         assert _entries(mine) == 1, name
         _verify_both_ways(dep.source_state, mine)
+
+
+@pytest.mark.soak  # three daemons and a job: CI runs it after the README's test command
+def test_dpda_demo_runs_one_job_over_three_source_daemons(tmp_path, capsys) -> None:
+    from dpda.cli.main import main
+
+    out = tmp_path / "demo.json"
+    rc = main(["demo", "--sources", "3", "--workdir", str(tmp_path / "w"), "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["ledger_verified"] is True and data["audit_verified"] is True
+    assert set(data["sources"]) == {"org-a", "org-b", "org-c"} and not data["consortium"]["missing"]
+    eps = data["epsilon_job_by_source"]
+    assert set(eps) == set(data["sources"]) and all(0.99 * 4.0 <= v <= 4.0 for v in eps.values())
+    printed = capsys.readouterr().out
+    assert "target accuracy over 3 sources" in printed and "org-c: ε" in printed
+    assert main(["demo", "--sources", "3", "--in-process"]) == 2  # the daemons, or nothing
+    assert "no --in-process" in capsys.readouterr().err
