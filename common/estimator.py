@@ -178,6 +178,10 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         1 for norm-1 representations and standardized rows in the source's space; under the
         record unit with ``projection='target-pca'``, the 0.9 quantile of its projected rows'
         norms (with ``target_epsilon``: their DP root mean square).
+    cells : int, default 1
+        Prototypes: one noisy sum and count per (class, cell), each class's rows split into
+        this many cells by random directions drawn independently of the data, in [1, 16];
+        the same charge as one point per class.
     release : str or None, default None
         What the source releases: ``prototypes`` (noisy per-class sums and counts),
         ``class-gaussians`` (per-class sums, sums of squares and counts),

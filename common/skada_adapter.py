@@ -29,7 +29,7 @@ class DPDASkadaEstimator(DAEstimator):
         The release's space and minibatches, as ``DPDAClassifier``'s.
     noise_multiplier, histogram_noise_ratio, histogram_share, calibration, clip_norm
         The release's noise, as ``DPDAClassifier``'s.
-    release, synthetic_points, synthetic_rows_per_point
+    release, cells, synthetic_points, synthetic_rows_per_point
         What the source releases, as ``DPDAClassifier``'s.
     sinkhorn_steps, sinkhorn_reg, sinkhorn_debias, sinkhorn_learning_rate
         The ``sinkhorn-synthetic`` release's knobs, as ``DPDAClassifier``'s.

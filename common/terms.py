@@ -60,6 +60,9 @@ SOURCE_SPACE_RELEASES = ("prototypes", "class-gaussians")
 # column standardization and row bound (``dpda.dp.preprocessing_dp``)
 PREPROCESSING_SHARE = 0.1
 
+# prototypes: the most cells per class a session may ask for (the release is q × cells points)
+MAX_CELLS = 16
+
 # a minibatch is one release of up to this many rows (the target's job API bounds it too)
 MAX_BATCH_SIZE = 100_000
 # the ε a rehearsal (``dpda simulate``, ``DPDAClassifier``) asks for when none is given; the
@@ -132,6 +135,12 @@ class SessionTerms(BaseModel):
         representation and before clipping (a no-op for ``sqrt`` rows), so a same-label
         replacement moves a class sum by at most √2·C instead of 2C and the release needs
         less noise. Not with ``preprocessing='standardize'``; ``projection='source'`` only.
+    cells : int, default 1
+        Prototypes: the source sums each class's rows in this many cells (a row's cell is the
+        nearest of as many random directions, drawn independently of the data) and releases one
+        noisy sum and count per (class, cell), in [1, 16]. One record still moves one row, so
+        the charge is the per-class release's; a class made of several clusters keeps several
+        points, each with the noise of its own count (``dpda.dp.mechanisms.row_cells``).
     preprocessing : {'none', 'standardize'}, default 'none'
         Source-space releases: ``standardize``, the source learns each column's location and
         scale and the row bound C from its own rows under DP (one more ledger entry, from
@@ -276,6 +285,17 @@ class SessionTerms(BaseModel):
         description="standardize: the share of ε its statistics are planned from (the source's "
         "policy bounds it)",
     )
+    cells: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_CELLS,
+        description="prototypes: the source sums each class's rows in this many cells, a row's "
+        "cell the nearest of as many random directions drawn independently of the data, and "
+        "releases one noisy sum and count per (class, cell): a class made of several clusters "
+        "keeps several points at the same ε (one record still moves one row: the sensitivity "
+        "is the per-class release's), each with the noise of its own count; 1: one point "
+        "per class",
+    )
     release: ReleaseKind = Field(
         default="prototypes",
         description="rows: noisy projected rows (Algorithm 2); prototypes: noisy per-class sums"
@@ -410,6 +430,8 @@ class SessionTerms(BaseModel):
             raise ValueError(
                 "preprocessing: the release is calibrated together with it (calibration = 'exact')"
             )
+        if self.cells > 1 and self.release != "prototypes":
+            raise ValueError("cells: offered with release = 'prototypes' only")
         if self.nonnegative_rows and self.preprocessing != "none":
             raise ValueError(
                 "nonnegative_rows: standardized rows are not non-negative (ask for one or the "

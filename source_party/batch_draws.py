@@ -23,6 +23,7 @@ from dpda.dp.mechanisms import (
     gaussian_noise,
     label_counts,
     nonnegative_rows,
+    row_cells,
 )
 from dpda.dp.metric import train_metric
 from dpda.dp.sinkhorn_synthetic import train_synthetic
@@ -116,14 +117,18 @@ def draw_aggregate(
             z, y, noisy, synthetic_params(terms), spec.features.noise_multiplier, rng
         )
         return BatchRelease(index, pts, noisy, spec, entry.seq)
-    sums = class_sums(z, y, info.n_classes)  # one record moves one row by ≤ C
+    # with cells, one sum and count per (class, cell), class-major: a row still enters one sum
+    groups, q = y, info.n_classes
+    if terms.cells > 1:
+        groups, q = y * terms.cells + row_cells(z, terms.cells, rng), q * terms.cells
+    sums = class_sums(z, groups, q)  # one record moves one row by ≤ C
     if terms.release == "prototypes":
         out = sums + gaussian_noise(sums.shape, spec.features.noise_std, rng)
     else:
         # [S/C, Q/C²]: one record moves one class block by ≤ √2 (the spec's sensitivity)
-        v = np.hstack([sums / c, class_sums(z * z, y, info.n_classes) / (c * c)])
+        v = np.hstack([sums / c, class_sums(z * z, groups, q) / (c * c)])
         v = v + gaussian_noise(v.shape, spec.features.noise_std, rng)
         ell = z.shape[1]
         out = np.hstack([v[:, :ell] * c, v[:, ell:] * (c * c)])
-    counts = label_counts(y, info.n_classes)
+    counts = label_counts(groups, q)
     return BatchRelease(index, out, noisy_counts(counts, spec, rng), spec, entry.seq)

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpda.data.preprocessing import Scaling
+from dpda.dp.mechanisms import fold_cells
 from dpda.errors import SolverFailed
 from dpda.target_party.training import ROW_CLASSIFIERS, fit_on_rows
 
@@ -423,7 +424,10 @@ def choose(
         rng = np.random.default_rng([s.cfg.seed, 59])
         s = _on_rows(s, np.sort(rng.choice(s.view.x.shape[0], CHOICE_ROWS, replace=False)))
 
-    counts = np.sum([np.asarray(r.noisy_counts, dtype=float) for r in done.releases], axis=0)
+    q = s.info.n_classes
+    counts = np.sum(
+        [fold_cells(np.asarray(r.noisy_counts, dtype=float), q) for r in done.releases], axis=0
+    )
     count_share = np.clip(counts, 0, None) / max(float(np.clip(counts, 0, None).sum()), 1.0)
     job = s.view.scaling
     own_mode = "uniform" if np.allclose(job.std, job.std[0]) else "zscore"

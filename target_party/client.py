@@ -438,9 +438,10 @@ class GrpcReleaseSource:
         spec = info.plan.release_spec(terms, index)
         ell = info.projection.shape[1]
         width = 2 * ell if terms.release == "class-gaussians" else ell
-        rows = None if terms.release == "rows" else info.n_classes
+        groups = info.n_classes * terms.cells  # per (class, cell); cells is 1 but for prototypes
+        rows = None if terms.release == "rows" else groups
         metric = isinstance(spec, MetricSpec)
-        n_counts = 0 if metric else info.n_classes
+        n_counts = 0 if metric else groups
         counts = serde.from_pb(msg.noisy_counts, dtype="<i8", ndim=1, shape=(n_counts,))
         if metric:  # the learned W: d′ × ℓ, nothing else
             rows, width = terms.metric_rows, ell

@@ -176,11 +176,13 @@ def aggregate_points(
     seed: int,
     per_class: int,
     synthetic: SinkhornSyntheticParams | None = None,
+    clip_norm: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Noisy class aggregates → (points (p, ℓ), labels (p,), weights (p,)), post-processing.
 
-    ``prototypes``: one mean per class, weighted by its noisy count. ``class-gaussians``: points
-    drawn from a diagonal Gaussian per class (noisy mean and variance), equal weights.
+    ``prototypes``: one mean per class (or per kept cell, ``cell_points``), weighted by its
+    noisy count. ``class-gaussians``: points drawn from a diagonal Gaussian per class (noisy
+    mean and variance), equal weights.
     ``sinkhorn-synthetic``: the released points as they are, each class's mass its noisy count
     shared equally by its points.
     """
@@ -195,6 +197,8 @@ def aggregate_points(
         share = share / np.bincount(labels, minlength=n_classes)[labels]
         return rel.z, labels, share / share.sum()
     ell = rel.z.shape[1] if release == "prototypes" else rel.z.shape[1] // 2
+    if release == "prototypes" and counts.size > n_classes:
+        return cell_points(rel, n_classes, clip_norm)
     keep = np.flatnonzero(counts >= 1)
     if keep.size == 0:
         keep = np.arange(n_classes)
@@ -215,6 +219,45 @@ def aggregate_points(
     labels = np.repeat(keep, sizes).astype(np.int64)
     x = np.vstack(pts)
     return x, labels, np.full(x.shape[0], 1.0 / x.shape[0])
+
+
+#: a (class, cell) mean is kept as a point when its noise's expected norm, σ·√ℓ / n̂, is at
+#: most this share of the unit row bound; a class's other cells are pooled into one mean
+CELL_NOISE_SHARE = 0.5
+
+
+def cell_points(
+    rel: BatchRelease, n_classes: int, clip_norm: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-(class, cell) noisy sums and counts (``cells``) → (points, labels, weights).
+
+    A cell whose noisy count n̂ makes its mean's noise, σ·√ℓ / n̂ (σ the release's per-coordinate
+    noise, rows clipped to C), larger than ``CELL_NOISE_SHARE``·C is not a point of its own: the
+    class's small cells are summed into one mean (and, when no cell is large enough, so is the
+    whole class). Each point weighs its noisy count; a class whose noisy total is below one is
+    left out, as a class is in the per-class release. Post-processing of the one release.
+    """
+    counts = np.asarray(rel.noisy_counts, dtype=float).reshape(n_classes, -1)
+    sums = np.asarray(rel.z, dtype=float).reshape(n_classes, counts.shape[1], -1)
+    ell = sums.shape[2]
+    spec = rel.spec
+    std = spec.features.noise_std if isinstance(spec, BatchSpec) else 0.0
+    least = max(std * np.sqrt(ell) / (CELL_NOISE_SHARE * clip_norm), 1.0)
+    pts, labels, weights = [], [], []
+    for k in range(n_classes):
+        big = counts[k] >= least
+        for g in [*np.flatnonzero(big)[:, None], np.flatnonzero(~big)]:
+            n = float(counts[k, g].sum())
+            if g.size == 0 or n < 1.0:
+                continue
+            pts.append(sums[k, g].sum(axis=0) / n)
+            labels.append(k)
+            weights.append(n)
+    if not pts:  # no class with a count of one: every class's mean, equal weights
+        n = np.maximum(counts.sum(axis=1), 1.0)[:, None]
+        return sums.sum(axis=1) / n, np.arange(n_classes), np.full(n_classes, 1.0 / n_classes)
+    w = np.asarray(weights)
+    return np.vstack(pts), np.asarray(labels, dtype=np.int64), w / w.sum()
 
 
 @dataclass
@@ -252,7 +295,13 @@ class JobSession:
         if self.terms.release != "rows":
             synthetic = synthetic_params(self.terms)
             pts, ys, a = aggregate_points(
-                rel, self.terms.release, q, cfg.seed, cfg.synthetic_per_class, synthetic
+                rel,
+                self.terms.release,
+                q,
+                cfg.seed,
+                cfg.synthetic_per_class,
+                synthetic,
+                self.terms.clip_norm,
             )
             lifted = self.lift(pts)
             if self.space is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dpda.dp.mechanisms import fold_cells
 from dpda.errors import ConfigError, PeerMisbehaved, SourceDropped
 from dpda.ot.traffic import Traffic
 from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo, TargetDisclosure
@@ -162,7 +163,7 @@ def _release_all(
         out.releases.append(rel)
         # in-process: fitted now; on Dask: a task, while this process asks for the next release
         pending.append(s.submit(rel, s.view))
-        out.counts.append([int(c) for c in rel.noisy_counts])
+        out.counts.append([int(c) for c in fold_cells(rel.noisy_counts, s.info.n_classes)])
         if i + 1 < steps:  # the last one is read after training: its charge check and
             out.spend.append(spent())  # countersignature run meanwhile, in the background
         if progress:

@@ -44,7 +44,7 @@ def points_per_fit(terms: SessionTerms, n_source: int, n_classes: int, per_class
     """Source points one release transports: the plan's rows."""
     q = max(1, n_classes)
     if terms.release == "prototypes":
-        return q
+        return q * terms.cells
     if terms.release == "class-gaussians":
         return q * per_class
     if terms.release == "sinkhorn-synthetic":

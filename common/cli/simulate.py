@@ -399,7 +399,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 TERM_FLAGS = (
     "privacy_unit", "neighbouring", "projection", "projection_dim", "batch_size", "steps",
     "noise_multiplier", "histogram_noise_ratio", "max_steps", "histogram_share", "calibration",
-    "clip_norm", "release", "pate_teachers", "pate_aggregator", "pate_space",
+    "clip_norm", "cells", "release", "pate_teachers", "pate_aggregator", "pate_space",
     "synthetic_points", "synthetic_rows_per_point", "sinkhorn_steps", "sinkhorn_reg",
     "sinkhorn_debias", "sinkhorn_learning_rate", "cost", "metric_share", "metric_dim",
     "metric_pairs", "metric_margin", "metric_clip", "metric_steps", "metric_learning_rate",

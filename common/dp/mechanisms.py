@@ -246,6 +246,34 @@ def class_sums(z: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
     return out
 
 
+def row_cells(z: np.ndarray, cells: int, rng: np.random.Generator) -> np.ndarray:
+    """Each row's cell in ``[0, cells)``: the nearest (largest cosine) of ``cells`` directions
+    drawn from ``rng`` before any row is read, so the partition is independent of the data.
+
+    Summing per (class, cell) instead of per class keeps the sums' sensitivity: under
+    replace-one a record's row leaves one (class, cell) sum and enters one, each moved by
+    ≤ C, exactly as a label change moves two class sums (√2·C together, and at most 2C when it
+    stays in its sum: ``aggregate_sensitivity``); add/remove moves one sum by ≤ C. The cell
+    counts are a histogram over (class, cell) in which one record moves one or two bins, as
+    the class counts over classes. Every bound holds for every fixed partition, hence for one
+    drawn independently of the rows. A zero row (a non-finite row made finite) falls in cell 0.
+    """
+    if cells <= 1:
+        return np.zeros(z.shape[0], dtype=np.int64)
+    d = rng.standard_normal((z.shape[1], cells))
+    d /= np.linalg.norm(d, axis=0, keepdims=True)
+    return np.asarray(np.argmax(z @ d, axis=1), dtype=np.int64)
+
+
+def fold_cells(counts: np.ndarray, n_classes: int) -> np.ndarray:
+    """Per-(class, cell) counts ``(q · cells,)``, class-major, summed to per-class ``(q,)``;
+    per-class counts as they are."""
+    counts = np.asarray(counts)
+    if counts.size == n_classes or n_classes < 1:
+        return counts
+    return np.asarray(counts.reshape(n_classes, -1).sum(axis=1))
+
+
 #: Floor on σ for :func:`gaussian_noise`: a positive std below it is refused. ``rng.normal``
 #: draws ``std · N(0,1)``; at such scales the products sit in or near the subnormal range and
 #: the noise would be lost to rounding when added to any value (a "noisy" release equal to the

@@ -473,6 +473,12 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
         help="defaults: the budgets to run (default 8 2)",
     )
     add_seeds(s, 3, "pair (and unit)")
+    s.add_argument(
+        "--cells",
+        type=int,
+        default=1,
+        help="devsuite: the prototypes' cells per class (the session term; default 1)",
+    )
     s.add_argument("--batch-size", type=int, default=128, help="dpda-paper: Poisson batch size")
     s.add_argument("--runs", type=int, default=10, help="otda-tpami: runs per pair")
     add_jobs(s)

@@ -21,9 +21,9 @@ BEST_WITHIN = 0.5  # points: an arm this close to the best counts as the best
 ARMS = ("dpda", "kept", "dp_no_adaptation", "source_only", "source_only_logistic", "otda")
 
 
-def devsuite_pair(name: str, seed: int, epsilon: float) -> dict[str, Any]:
+def devsuite_pair(name: str, seed: int, epsilon: float, cells: int = 1) -> dict[str, Any]:
     """One development pair at ``seed`` and ``epsilon`` with the job's defaults (``dpda
-    simulate`` with no flag on the pair's two tables)."""
+    simulate`` with no flag on the pair's two tables; ``cells``: ``--cells``)."""
     from dpda.data.devsuite import REPRESENTATION, pair
     from dpda.dp.ledger import default_delta
     from dpda.simulation import simulate
@@ -32,7 +32,7 @@ def devsuite_pair(name: str, seed: int, epsilon: float) -> dict[str, Any]:
 
     s, t = pair(name, seed)
     terms = SessionTerms(dataset=f"devsuite:{name}", epsilon=epsilon,
-                         delta=default_delta(s.x.shape[0]))  # fmt: skip
+                         delta=default_delta(s.x.shape[0]), cells=cells)  # fmt: skip
     t0 = time.perf_counter()
     out = simulate(s, t, terms, REPRESENTATION[name], AdaptConfig(seed=seed), seed,
                    scaling_mode="auto")  # fmt: skip
@@ -177,7 +177,7 @@ def run_devsuite(pool: Any, args: Any) -> dict[str, Any]:
     names = args.pairs or list(PAIRS)
     rows = gather(
         [
-            pool.submit(devsuite_pair, name, seed, eps)
+            pool.submit(devsuite_pair, name, seed, eps, args.cells)
             for eps in args.epsilons
             for name in names
             for seed in range(args.seeds)
