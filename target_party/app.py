@@ -81,6 +81,23 @@ def with_source_delta(cfg: TargetConfig) -> TargetConfig:
     return _with_delta(cfg, float(facts.delta))
 
 
+def _consortium_delta(subs: dict[str, TargetConfig]) -> TargetConfig:
+    """The first source's config with ``job.delta`` set: as configured, or the δ the first
+    source that answers publishes (one that is down at the start does not stop the job)."""
+    from dpda.errors import DpdaError
+
+    why: dict[str, str] = {}
+    for name, sub in subs.items():
+        try:
+            return with_source_delta(sub)
+        except DpdaError as exc:
+            why[name] = f"{type(exc).__name__}: {exc}"
+    raise ConfigError(
+        "job.delta: not set, and no source published its δ: "
+        + "; ".join(f"{n}: {w}" for n, w in why.items())
+    )
+
+
 def _with_delta(cfg: TargetConfig, delta: float) -> TargetConfig:
     return cfg.model_copy(update={"job": cfg.job.with_changes(delta=delta)})
 
@@ -217,30 +234,15 @@ def run_job(
             where = compute.describe()
     finally:
         source.close()
-    outdir = job_dir(cfg, job_id)
     view = res.view  # the view the model was fitted in, and the mapped points lie in
     assert view is not None  # a finished job's result carries it
-    model = save_model(
-        model_pipeline(
-            cfg.job.representation,
-            view.scaling,
-            res.model,
-            view.clip_norm,
-            view.standardization,
-        ),
-        outdir / "model.skops",
-    )
-    preds = write_predictions(outdir / "predictions.csv", table.ids, res.predictions)
-    if cfg.job.predictions:  # the config's own path too, as asked
-        write_predictions(cfg.job.predictions, table.ids, res.predictions)
+    outdir, written = write_model_and_predictions(cfg, job_id, table, res)
     # ε of this job alone (its session's entries composed) next to the dataset's total
     mine = [e for e in ledger.store.entries(terms.dataset) if e.session == res.session_id]
     out = {
-        "job_id": job_id,
+        **written,
         "dataset": terms.dataset,
         "source": cfg.source_address,
-        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "output_dir": str(outdir),
         **res.summary(terms),
         "epsilon_budget": terms.epsilon,  # what this job's session may spend
         # the source's cap on its dataset over every job and peer, as it published it
@@ -251,9 +253,6 @@ def run_job(
         "source_seconds": res.source_seconds,  # of job_seconds: calls to the source
         "compute": where,  # where the per-batch fits ran ([compute])
         "method": cfg.job.method,
-        "predictions": str(preds),
-        "model": str(model),
-        "predictions_sha256": hashlib.sha256(res.predictions.tobytes()).hexdigest(),
         # each party's privacy side by side: the source's records, the target's own rows
         "target_disclosures": "none" if terms.source_space else cfg.privacy.disclosures,
         "target_row_queries": cfg.privacy.row_queries if res.pate_queries else None,
@@ -273,10 +272,7 @@ def run_job(
         "target_epsilon_cap": cfg.privacy.epsilon_cap if own else None,
         "preprocessing": preprocessing_report(mine, view.standardization),
     }
-    (outdir / "results.json").write_text(json.dumps(out, indent=2))
-    figures = figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
-    figures.update(job_spend_of(mine, terms.delta))
-    (outdir / "report.html").write_text(render(out, figures), encoding="utf-8")
+    figures = write_results(outdir, out, res, cfg.job.epsilon, job_spend_of(mine, terms.delta))
     reruns.finish(cfg.state_dir, cfg.source_fingerprint, key)
     return out, figures
 
@@ -297,7 +293,7 @@ def run_consortium_job(
     from dpda.target_party.consortium import Consortium, check_consortium_terms
 
     subs = cfg.each_source()
-    first = with_source_delta(next(iter(subs.values())))  # δ as set, or the first source's
+    first = _consortium_delta(subs)  # δ as set, or the first answering source's
     terms = first.job.terms()
     check_consortium_terms(terms)
     seed = cfg.seed if cfg.seed is not None else seed
@@ -354,25 +350,14 @@ def run_consortium_job(
     finally:
         for src in sources.values():
             src.close()
-    outdir = job_dir(cfg, job_id)
-    view = res.view
-    assert view is not None  # a finished job's result carries it
-    model = save_model(
-        model_pipeline(cfg.job.representation, view.scaling, res.model, view.clip_norm, None),
-        outdir / "model.skops",
-    )
-    preds = write_predictions(outdir / "predictions.csv", table.ids, res.predictions)
-    if cfg.job.predictions:
-        write_predictions(cfg.job.predictions, table.ids, res.predictions)
+    outdir, written = write_model_and_predictions(cfg, job_id, table, res)
     report = con.report()
     report["missing"] = {**left_out, **report["missing"]}
     report["sources"] = list(subs)
     out = {
-        "job_id": job_id,
+        **written,
         "dataset": terms.dataset,
         "sources": {name: c.source_address for name, c in subs.items()},
-        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "output_dir": str(outdir),
         **res.summary(terms),
         "epsilon_budget": terms.epsilon,  # what each source's session may spend
         # a source that left the job may have charged a release the target never received:
@@ -391,17 +376,51 @@ def run_consortium_job(
         "source_seconds": res.source_seconds,
         "compute": where,
         "method": cfg.job.method,
-        "predictions": str(preds),
-        "model": str(model),
-        "predictions_sha256": hashlib.sha256(res.predictions.tobytes()).hexdigest(),
         "target_disclosures": "none",  # source-space releases: nothing of the rows is sent
         "target_epsilon_spent": 0.0,
         "preprocessing": {"mode": "none"},
     }
+    return out, write_results(outdir, out, res, cfg.job.epsilon, {})
+
+
+def write_model_and_predictions(
+    cfg: TargetConfig, job_id: str, table: Table, res: Any
+) -> tuple[Path, dict[str, Any]]:
+    """A finished job's model (the pipeline that reads raw rows) and predictions in its folder
+    (and at the config's own ``predictions`` path, as asked); returns the folder and the
+    fields every job's results.json opens with."""
+    outdir = job_dir(cfg, job_id)
+    view = res.view  # the view the model was fitted in
+    assert view is not None  # a finished job's result carries it
+    model = save_model(
+        model_pipeline(
+            cfg.job.representation, view.scaling, res.model, view.clip_norm, view.standardization
+        ),
+        outdir / "model.skops",
+    )
+    preds = write_predictions(outdir / "predictions.csv", table.ids, res.predictions)
+    if cfg.job.predictions:
+        write_predictions(cfg.job.predictions, table.ids, res.predictions)
+    return outdir, {
+        "job_id": job_id,
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "output_dir": str(outdir),
+        "predictions": str(preds),
+        "model": str(model),
+        "predictions_sha256": hashlib.sha256(res.predictions.tobytes()).hexdigest(),
+    }
+
+
+def write_results(
+    outdir: Path, out: dict[str, Any], res: Any, epsilon: float, spend: dict[str, Any]
+) -> dict[str, Any]:
+    """results.json and report.html of a finished job; returns the report's figures (``spend``:
+    the job's own ε after each release, when known)."""
     (outdir / "results.json").write_text(json.dumps(out, indent=2))
-    figures = figures_of(res, view, cfg.job.epsilon, res.terms.release if res.terms else None)
+    figures = figures_of(res, res.view, epsilon, res.terms.release if res.terms else None)
+    figures.update(spend)
     (outdir / "report.html").write_text(render(out, figures), encoding="utf-8")
-    return out, figures
+    return figures
 
 
 def job_spend_of(entries: list[LedgerEntry], delta: float, points: int = 24) -> dict[str, Any]:

@@ -405,6 +405,12 @@ def _privacy(s: dict[str, Any]) -> str:
         f"<td class='n'>{fmt(job)}</td><td class='n'>{fmt(total)}</td>"
         f"<td>{'; '.join(terms) or '—'}</td></tr>"
     )
+    by_source = s.get("epsilon_spent_by_source")
+    if isinstance(by_source, dict):  # a job over several sources: one row for each
+        jobs = s.get("epsilon_job_by_source") or {}
+        src = "".join(
+            _source_row(name, jobs.get(name), spent, s) for name, spent in by_source.items()
+        )
     t_job = s.get("target_epsilon_spent")
     if s.get("target_disclosures") == "none":
         tgt = (
@@ -429,6 +435,24 @@ def _privacy(s: dict[str, Any]) -> str:
         "<h2>Privacy</h2><table><tr><th></th><th>ε this job</th>"
         "<th>ε in all, every job (the running total after this one)</th>"
         f"<th>the budget that applies</th></tr>{src}{tgt}</table>"
+    )
+
+
+def _source_row(name: str, job: Any, total: Any, s: dict[str, Any]) -> str:
+    """One source's row of a job over several sources: its records' ε, this job's and its
+    running total, or why they are not known here (it left the job)."""
+    who = f"source {html.escape(name)}'s records (δ = {fmt(s.get('delta'))})"
+    if total is None:
+        why = ((s.get("consortium") or {}).get("missing") or {}).get(name, "")
+        return (
+            f"<tr><th>{who}</th><td colspan='3'>left the job: what it spent is on its own "
+            f"ledger, not known here{' (' + html.escape(str(why)) + ')' if why else ''}</td></tr>"
+        )
+    budget = s.get("epsilon_budget")
+    terms = f"this job may spend ε {fmt(budget)} of each source" if budget is not None else "—"
+    return (
+        f"<tr><th>{who}</th><td class='n'>{fmt(job)}</td><td class='n'>{fmt(total)}</td>"
+        f"<td>{terms}</td></tr>"
     )
 
 

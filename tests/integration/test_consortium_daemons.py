@@ -153,6 +153,10 @@ def test_dpda_target_run_over_three_source_daemons_one_killed_mid_job(
     for name in ("s0", "s2"):
         assert 0.99 * 4.0 <= out["epsilon_job_by_source"][name] <= 4.0
     assert out["accuracy"] is not None
+    page = (results.parent / "report.html").read_text()  # each source's ε, or why not known
+    privacy = page[page.index("<h2>Privacy</h2>") : page.index("<h2>Plots</h2>")]
+    assert all(f"source {n}'s records" in privacy for n in ("s0", "s1", "s2"))
+    assert privacy.count("left the job") == 1
     assert procs["s1"].proc.returncode == -9
     for name, dep in deps.items():
         mine = target.target_state / "sources" / name  # the target's copy of this source's

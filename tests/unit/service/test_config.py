@@ -302,3 +302,29 @@ def test_a_source_named_twice_is_refused_naming_the_field(tmp_path) -> None:
         load_target(_with_sources(tmp_path, "source"))  # the first source's default name
     with pytest.raises(ConfigError, match=r"sources\.0\.name"):
         load_target(_with_sources(tmp_path, "bank b"))
+
+
+def test_a_job_over_several_sources_reads_delta_from_the_first_that_answers(
+    tmp_path, monkeypatch
+) -> None:
+    """A source that is down when the job starts does not stop it: δ comes from the next
+    source that publishes one; when none answers, the error names each one and why."""
+    import dpda.target_party.app as app
+    from dpda.errors import SourceDropped
+
+    each = load_target(_with_sources(tmp_path, "bank-b", "bank-c", own="bank-a")).each_source()
+    asked: list[str] = []
+
+    def describe(cfg):
+        asked.append(cfg.source_address)
+        if cfg.source_address != "bank-c.example:50051":
+            raise SourceDropped("no answer")
+        return cfg.model_copy(update={"job": cfg.job.with_changes(delta=1e-6)})
+
+    monkeypatch.setattr(app, "with_source_delta", describe)
+    got = app._consortium_delta(each)
+    assert got.job.delta == 1e-6 and len(asked) == 3
+    monkeypatch.setattr(app, "with_source_delta", lambda cfg: (_ for _ in ()).throw(
+        SourceDropped("no answer")))  # fmt: skip
+    with pytest.raises(ConfigError, match="job.delta: .*bank-a: SourceDropped.*bank-c"):
+        app._consortium_delta(each)

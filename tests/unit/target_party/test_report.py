@@ -90,6 +90,30 @@ def test_the_report_states_both_parties_epsilon() -> None:
     assert "ε 0: nothing of them was sent" in tgt and "went out exactly" not in tgt
 
 
+def test_a_job_over_several_sources_states_each_source_s_epsilon() -> None:
+    """One row per source: this job's ε and the running total of each source's records, or,
+    for a source that left the job, that its spend is on its own ledger and why it left."""
+    from dpda.target_party.report import render
+
+    figs = {"batch_spend": [3.0], "budget": 4.0}
+    page = render({
+        "delta": 1e-5, "epsilon_budget": 4.0, "target_disclosures": "none",
+        "target_epsilon_spent": 0.0,
+        "epsilon_spent_by_source": {"north": 3.9, "south": 7.25, "west": None},
+        "epsilon_job_by_source": {"north": 3.9, "south": 3.75, "west": None},
+        "consortium": {"missing": {"west": "SourceUnavailable: no answer"}},
+    }, figs)  # fmt: skip
+    privacy = page[page.index("<h2>Privacy</h2>") : page.index("<h2>Plots</h2>")]
+    north = privacy[privacy.index("source north's records") :]
+    assert north.index("<td class='n'>3.9</td>") < north.index("source south")
+    south = privacy[privacy.index("source south's records") :]
+    assert "<td class='n'>3.75</td><td class='n'>7.25</td>" in south
+    assert "of each source" in south
+    west = privacy[privacy.index("source west's records") :]
+    assert "left the job" in west and "SourceUnavailable: no answer" in west
+    assert "the source's records" not in privacy  # no single-source row
+
+
 # what a service job's results.json holds (the numbers of the new user's report)
 RESULTS = {
     "job_id": "3f2a9c0d1b7e",
