@@ -444,7 +444,10 @@ def simulate(
         job_view = [_method_view(view, target, representation, asked_scaling, t)]
         if keep_views:
             views[method] = job_view[0]
-        runs[method] = run_dpda(releaser, job_view.pop(), t, cfg, spent, progress, rq, compute)
+        size = (source.x.shape[0], source.n_classes)  # what the source publishes
+        runs[method] = run_dpda(
+            releaser, job_view.pop(), t, cfg, spent, progress, rq, compute, size
+        )
         ledgers[method] = store.entries(t.dataset)
         if method == "dpda" or not pre_report:
             reports = list(releaser.preprocessing_reports.values())
@@ -531,7 +534,12 @@ def simulate_consortium(
         )
     consortium = Consortium(releasers, spent)
     job_view = [_own_view(target, representation, scaling_mode, terms)]  # (see ``simulate``)
-    run = run_dpda(consortium, job_view.pop(), terms, cfg, consortium.spent, progress)
+    # the terms are the same at every source: cells follow the smallest one's rows
+    smallest = min(sources.values(), key=lambda d: d.x.shape[0])
+    size = (smallest.x.shape[0], smallest.n_classes)
+    run = run_dpda(
+        consortium, job_view.pop(), terms, cfg, consortium.spent, progress, source_rows=size
+    )
     pooled = Domain(
         "+".join(sources),
         np.vstack([d.x for d in sources.values()]),

@@ -46,7 +46,9 @@ RELEASE_DEFAULTS: dict[str, dict[str, Any]] = {
     "prototypes": {"histogram_share": AGGREGATE_HISTOGRAM_SHARE, "calibration": "exact"},
     "class-gaussians": {"histogram_share": AGGREGATE_HISTOGRAM_SHARE, "calibration": "exact"},
 }
-RELEASE_DEPENDENT = ("release", "histogram_share", "calibration", "projection", "projection_dim")
+RELEASE_DEPENDENT = (
+    "release", "histogram_share", "calibration", "projection", "projection_dim", "cells",
+)  # fmt: skip
 # ℓ of the target's own OT space for a source-space release: its noise is spread evenly over
 # every direction of the source's space, so fewer directions keep less of it (20 against 50:
 # +0.9 points on the 12 Office-Caltech pairs at ε = 8, docs/results.md)
@@ -62,6 +64,16 @@ PREPROCESSING_SHARE = 0.1
 
 # prototypes: the most cells per class a session may ask for (the release is q × cells points)
 MAX_CELLS = 16
+# prototypes on raw rows the source standardizes, when the job leaves cells out: the most cells
+# per class the target asks for, and how noisy a cell's mean may be. A (class, cell) mean's
+# noise has norm ≈ σ·√k·q·K / n (rows in the unit ball); the target asks for the largest
+# K ≤ AUTO_CELLS that keeps it ≤ AUTO_CELL_NOISE. Chosen on the development suite at ε 8 and 2
+# (docs/results.md#cells)
+AUTO_CELLS = 3
+AUTO_CELL_NOISE = 0.2
+# a received (class, cell) mean is a point of its own when its noise, σ·√k / n̂, is at most
+# this (``fitting.cell_points``); a class's other cells are pooled into one mean
+CELL_NOISE_SHARE = 0.5
 
 # a minibatch is one release of up to this many rows (the target's job API bounds it too)
 MAX_BATCH_SIZE = 100_000
@@ -135,12 +147,15 @@ class SessionTerms(BaseModel):
         representation and before clipping (a no-op for ``sqrt`` rows), so a same-label
         replacement moves a class sum by at most √2·C instead of 2C and the release needs
         less noise. Not with ``preprocessing='standardize'``; ``projection='source'`` only.
-    cells : int, default 1
+    cells : int, default None
         Prototypes: the source sums each class's rows in this many cells (a row's cell is the
         nearest of as many random directions, drawn independently of the data) and releases one
         noisy sum and count per (class, cell), in [1, 16]. One record still moves one row, so
         the charge is the per-class release's; a class made of several clusters keeps several
         points, each with the noise of its own count (``dpda.dp.mechanisms.row_cells``).
+        None: a source-space job on raw rows the source standardizes asks for the largest
+        K ≤ ``AUTO_CELLS`` whose cell means keep noise ≤ ``AUTO_CELL_NOISE`` at the source's
+        rows per class (``dpda.target_party.view.auto_cells``), 1 otherwise.
     preprocessing : {'none', 'standardize'}, default 'none'
         Source-space releases: ``standardize``, the source learns each column's location and
         scale and the row bound C from its own rows under DP (one more ledger entry, from
@@ -294,7 +309,9 @@ class SessionTerms(BaseModel):
         "releases one noisy sum and count per (class, cell): a class made of several clusters "
         "keeps several points at the same ε (one record still moves one row: the sensitivity "
         "is the per-class release's), each with the noise of its own count; 1: one point "
-        "per class",
+        "per class. Default: for raw rows the source standardizes, the most cells (at most 3) "
+        "whose means the release's noise leaves precise enough, from the source's rows per "
+        "class; 1 otherwise",
     )
     release: ReleaseKind = Field(
         default="prototypes",

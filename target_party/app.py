@@ -81,6 +81,16 @@ def with_source_delta(cfg: TargetConfig) -> TargetConfig:
     return _with_delta(cfg, float(facts.delta))
 
 
+def sizes_of(sources: list[GrpcReleaseSource]) -> tuple[int, int] | None:
+    """The (rows, classes) the sources published (``preflight``), the smallest source's when
+    there are several (the terms are the same at each); None when one has not published."""
+    facts = [s.facts for s in sources if s.facts is not None]
+    if len(facts) < len(sources) or not facts:
+        return None
+    least = min(facts, key=lambda f: int(f.n_rows))
+    return int(least.n_rows), int(least.n_classes)
+
+
 def _consortium_delta(subs: dict[str, TargetConfig]) -> TargetConfig:
     """The first source's config with ``job.delta`` set: as configured, or the δ the first
     source that answers publishes (one that is down at the start does not stop the job)."""
@@ -227,7 +237,10 @@ def run_job(
                 settle_heap()
             t0 = time.perf_counter()
             source.compose_ahead(terms, views[0].scaling.std)  # while the target computes its basis
-            res = run_dpda(source, views.pop(), terms, acfg, source.spent, progress, rq, compute)
+            res = run_dpda(
+                source, views.pop(), terms, acfg, source.spent, progress, rq, compute,
+                sizes_of([source]),
+            )  # fmt: skip
             # the job ends with its results in hand and every charge checked and countersigned
             # (``spent`` settled them); tearing the channel (and cluster) down is not job time
             job_seconds = time.perf_counter() - t0
@@ -335,7 +348,10 @@ def run_consortium_job(
         acfg = adapt_config(cfg.job, seed)
         with open_compute(spec_of(cfg.compute)) as compute:
             t0 = time.perf_counter()
-            res = run_dpda(con, views.pop(), terms, acfg, con.spent, progress, None, compute)
+            res = run_dpda(
+                con, views.pop(), terms, acfg, con.spent, progress, None, compute,
+                sizes_of(list(sources.values())),
+            )  # fmt: skip
             job_seconds = time.perf_counter() - t0
             where = compute.describe()
         mine = {

@@ -24,7 +24,7 @@ from dpda.protocol import BatchRelease, ReleaseSource, SessionInfo
 from dpda.target_party.compute import Compute, split_rows
 from dpda.target_party.training import ROW_CLASSIFIERS, accuracy, fit_on_rows, fit_predict
 from dpda.target_party.view import AdaptConfig, LocalSpace, TargetView
-from dpda.terms import SessionTerms, synthetic_params
+from dpda.terms import CELL_NOISE_SHARE, SessionTerms, synthetic_params
 
 
 @dataclass(frozen=True)
@@ -219,11 +219,6 @@ def aggregate_points(
     labels = np.repeat(keep, sizes).astype(np.int64)
     x = np.vstack(pts)
     return x, labels, np.full(x.shape[0], 1.0 / x.shape[0])
-
-
-#: a (class, cell) mean is kept as a point when its noise's expected norm, σ·√ℓ / n̂, is at
-#: most this share of the unit row bound; a class's other cells are pooled into one mean
-CELL_NOISE_SHARE = 0.5
 
 
 def cell_points(

@@ -93,6 +93,7 @@ class DPDAResult:
             "privacy_unit": asked.privacy_unit,
             "neighbouring": asked.neighbouring,
             "release": asked.release,
+            "cells": ran.cells if ran.release == "prototypes" else None,
             "clip_norm": ran.clip_norm if asked.privacy_unit == "record" else None,
             "batches": self.n_batches,
             "rows_received": self.rows_received,
@@ -114,8 +115,9 @@ def _open(
     terms: SessionTerms,
     cfg: AdaptConfig,
     compute: Compute | None = None,
+    source_rows: tuple[int, int] | None = None,
 ) -> JobSession:
-    terms, basis = session_terms(view, terms, cfg)
+    terms, basis = session_terms(view, terms, cfg, source_rows)
     if terms.source_space:
         info = source.open_session(terms, TargetDisclosure(None, None))
         if info.projection.shape[0] != view.x.shape[1]:
@@ -183,9 +185,11 @@ def run_dpda(
     progress: Callable[[int, int], None] | None = None,
     row_queries: RowQueries | None = None,
     compute: Compute | None = None,
+    source_rows: tuple[int, int] | None = None,
 ) -> DPDAResult:
     """Run one job against ``source``; ``spent()`` reads ε from the target's ledger;
-    ``row_queries``: what PATE may send about the target's rows.
+    ``row_queries``: what PATE may send about the target's rows; ``source_rows``: the
+    source's published (rows, classes), which a job's ``cells`` follow (``session_terms``).
 
     DPDA releases (``terms.dpda``) → OT → mapped source rows. With PATE (``terms.pate_queries``):
     alone, the teachers label random target rows and a student is trained on them; with DPDA,
@@ -197,7 +201,7 @@ def run_dpda(
     timed = _TimedSource(source, spent)
     source, spent = timed, timed.spent
     try:
-        s = _open(source, view, terms, cfg, compute)
+        s = _open(source, view, terms, cfg, compute, source_rows)
         del view  # the session holds it: a view it replaces (``TargetView.adopt``) is freed
         done = _release_all(s, spent, progress)
         # the view the fits ran in: the source's DP standardization, when one came with the

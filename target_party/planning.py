@@ -56,7 +56,9 @@ def plan_job(cfg: TargetConfig) -> dict[str, Any]:
             f"job.dataset: the source's dataset {terms.dataset!r} holds {int(facts.n_classes)} "
             "class(es); adaptation needs labeled rows of at least two classes"
         )
-    terms, basis = session_terms(view, terms, AdaptConfig(seed=0))
+    terms, basis = session_terms(
+        view, terms, AdaptConfig(seed=0), (int(facts.n_rows), int(facts.n_classes))
+    )
     if basis is None:  # a source-space release: the identity on the source's features
         basis = np.eye(int(facts.n_features), 1)  # the plan reads the terms, not the width
     try:

@@ -19,8 +19,9 @@ from dpda.data.preprocessing import NONNEGATIVE_REPRESENTATIONS, Scaling, by_row
 from dpda.dp.preprocessing_dp import Standardization, exact_standardization
 from dpda.dp.target_disclosure import Disclosure
 from dpda.errors import ConfigError
+from dpda.planner import plan_batches
 from dpda.service.config import TargetJob
-from dpda.terms import SessionTerms
+from dpda.terms import AUTO_CELL_NOISE, AUTO_CELLS, SessionTerms
 
 log = logging.getLogger("dpda.target")
 
@@ -380,13 +381,33 @@ def target_pca_basis(x: np.ndarray, ell: int) -> np.ndarray:
 PCA_SVD_ROWS = 50_000  # above it, the basis from the scatter matrix (linear memory)
 
 
+def auto_cells(terms: SessionTerms, n_rows: int, n_classes: int, n_features: int) -> int:
+    """The cells a source-space prototypes job on standardized rows asks for when it leaves
+    ``cells`` out: the largest K ≤ ``AUTO_CELLS`` whose (class, cell) means, at the source's
+    public size (``n_rows`` rows, ``n_classes`` classes, ``n_features`` columns) and the
+    release's σ (the plan's, the same for every K), carry noise of norm σ·√k·q·K / n at most
+    ``AUTO_CELL_NOISE`` (rows in the unit ball); 1 when none does. Public facts only."""
+    if n_rows < 1 or n_classes < 1:
+        return 1
+    plan = plan_batches(terms.model_copy(update={"cells": 1}), n_rows, np.eye(n_features))
+    std = plan.spec(terms).features.noise_std
+    per_cell = std * np.sqrt(n_features) * n_classes / (n_rows * terms.clip_norm)
+    fits = [k for k in range(AUTO_CELLS, 1, -1) if per_cell * k <= AUTO_CELL_NOISE]
+    return fits[0] if fits else 1
+
+
 def session_terms(
-    view: TargetView, terms: SessionTerms, cfg: AdaptConfig
+    view: TargetView,
+    terms: SessionTerms,
+    cfg: AdaptConfig,
+    source_rows: tuple[int, int] | None = None,
 ) -> tuple[SessionTerms, np.ndarray | None]:
     """What the target decides from its own rows before it opens a session (and ``dpda target
     plan`` before anything is asked): the target-pca basis — at most as many directions as the
     target has features and rows; a larger ``projection_dim`` is lowered to that, and said —
-    and, under the record unit, the clipping norm as a quantile of its projected rows."""
+    and, under the record unit, the clipping norm as a quantile of its projected rows.
+    ``source_rows``: the source's published (rows, classes), from which a job on raw rows the
+    source standardizes picks its ``cells`` (``auto_cells``) when it leaves them out."""
     most = min(view.x.shape)
     if terms.source_space:  # nothing of the target is sent; C is a public bound
         pre = resolve_preprocessing(terms, view.representation)
@@ -405,6 +426,14 @@ def session_terms(
                 pre == "none" and view.representation in NONNEGATIVE_REPRESENTATIONS
             )
         terms = terms.model_copy(update=update)
+        if (
+            "cells" not in terms.model_fields_set
+            and terms.release == "prototypes"
+            and pre != "none"
+            and source_rows is not None
+        ):
+            cells = auto_cells(terms, *source_rows, view.x.shape[1])
+            terms = terms.model_copy(update={"cells": cells})
         return terms, None
     if terms.projection == "target-pca" and terms.projection_dim > most:
         log.warning(

@@ -282,7 +282,7 @@ class TargetJob(_Strict):
     histogram_share: float | None = _term("histogram_share")
     calibration: CalibrationMethod | None = _term("calibration")
     clip_norm: float = _term("clip_norm")
-    cells: int = _term("cells")
+    cells: int | None = _term("cells")
     reg_e: float = Field(default=0.02, gt=0)
     reg_g: float = Field(default=0.5, ge=0)
     classifier: Literal[

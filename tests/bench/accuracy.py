@@ -476,8 +476,9 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--cells",
         type=int,
-        default=1,
-        help="devsuite: the prototypes' cells per class (the session term; default 1)",
+        default=None,
+        help="devsuite: the prototypes' cells per class (the session term; default: the job's "
+        "own choice)",
     )
     s.add_argument("--batch-size", type=int, default=128, help="dpda-paper: Poisson batch size")
     s.add_argument("--runs", type=int, default=10, help="otda-tpami: runs per pair")

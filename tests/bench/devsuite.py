@@ -21,7 +21,7 @@ BEST_WITHIN = 0.5  # points: an arm this close to the best counts as the best
 ARMS = ("dpda", "kept", "dp_no_adaptation", "source_only", "source_only_logistic", "otda")
 
 
-def devsuite_pair(name: str, seed: int, epsilon: float, cells: int = 1) -> dict[str, Any]:
+def devsuite_pair(name: str, seed: int, epsilon: float, cells: int | None = None) -> dict[str, Any]:
     """One development pair at ``seed`` and ``epsilon`` with the job's defaults (``dpda
     simulate`` with no flag on the pair's two tables; ``cells``: ``--cells``)."""
     from dpda.data.devsuite import REPRESENTATION, pair
@@ -31,8 +31,11 @@ def devsuite_pair(name: str, seed: int, epsilon: float, cells: int = 1) -> dict[
     from dpda.terms import SessionTerms
 
     s, t = pair(name, seed)
-    terms = SessionTerms(dataset=f"devsuite:{name}", epsilon=epsilon,
-                         delta=default_delta(s.x.shape[0]), cells=cells)  # fmt: skip
+    given: dict[str, Any] = {} if cells is None else {"cells": cells}
+    terms = SessionTerms.model_validate(
+        {"dataset": f"devsuite:{name}", "epsilon": epsilon,
+         "delta": default_delta(s.x.shape[0]), **given}
+    )  # fmt: skip
     t0 = time.perf_counter()
     out = simulate(s, t, terms, REPRESENTATION[name], AdaptConfig(seed=seed), seed,
                    scaling_mode="auto")  # fmt: skip
@@ -44,6 +47,7 @@ def devsuite_pair(name: str, seed: int, epsilon: float, cells: int = 1) -> dict[
         "epsilon": epsilon,
         **{a: acc.get(a) for a in ARMS},
         "epsilon_spent": data["epsilon_spent"],
+        "cells": data.get("cells"),
         "preprocessing": preprocessing_of(data, epsilon),
         "choice": data["choice"],
         "seconds": time.perf_counter() - t0,

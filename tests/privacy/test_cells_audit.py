@@ -23,15 +23,7 @@ from dpda.protocol import BatchRelease, TargetDisclosure
 from dpda.source_party import batch_draws
 from dpda.terms import SessionTerms
 
-from .test_epsilon_audit import (
-    DATASET,
-    DELTA,
-    _check,
-    _claim,
-    _joint_event,
-    _pair,
-    _weaker_both,
-)
+from . import test_epsilon_audit as ea
 
 pytestmark = pytest.mark.slow  # thousands of draws per test
 
@@ -50,7 +42,7 @@ def test_a_row_that_changes_cell_in_its_class(monkeypatch: pytest.MonkeyPatch) -
     Laplace on the counts). ε = 6, C = 1.5, δ_a = 0.2, N = 3000."""
     monkeypatch.setattr(batch_draws, "row_cells", _by_sign)
     terms = SessionTerms(
-        dataset=DATASET, epsilon=6.0, delta=DELTA, clip_norm=1.5, cells=2, histogram_share=0.5
+        dataset=ea.DATASET, epsilon=6.0, delta=ea.DELTA, clip_norm=1.5, cells=2, histogram_share=0.5
     )
     assert terms.projection == "source" and terms.release == "prototypes"
     f = np.array([0.8, -0.6])
@@ -58,12 +50,13 @@ def test_a_row_that_changes_cell_in_its_class(monkeypatch: pytest.MonkeyPatch) -
     y = np.array([0, 0, 1, 1])
     x2 = x.copy()
     x2[0] = 3.0 * (f - 0.2 * E) / np.linalg.norm(f - 0.2 * E)  # cell 1, class 0
-    d, dp = _pair(x, y, x2, y.copy(), 2, terms, PrivacyPolicy(), TargetDisclosure(None, None), 47)
+    none = TargetDisclosure(None, None)
+    d, dp = ea._pair(x, y, x2, y.copy(), 2, terms, PrivacyPolicy(), none, 47)
     spec = d.spec
     assert spec.features.label_change_sensitivity == pytest.approx(math.sqrt(2) * 1.5)
-    charged = _joint_event(spec)
-    change = _claim(branch_of(charged, "label_change"), 0.2)
-    assert change == pytest.approx(_claim(charged, 0.2))
+    charged = ea._joint_event(spec)
+    change = ea._claim(branch_of(charged, "label_change"), 0.2)
+    assert change == pytest.approx(ea._claim(charged, 0.2))
 
     def groups(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         z = clip_rows(xs, 1.5)
@@ -80,4 +73,4 @@ def test_a_row_that_changes_cell_in_its_class(monkeypatch: pytest.MonkeyPatch) -
         c = rel.noisy_counts
         return gauss + a * float(np.sum(np.abs(c - c2) - np.abs(c - c1)))
 
-    _check("prototypes per cell, cell change", d, dp, stat, 3000, 0.2, charged, _weaker_both)
+    ea._check("prototypes per cell, cell change", d, dp, stat, 3000, 0.2, charged, ea._weaker_both)

@@ -27,7 +27,7 @@ N, DELTA = 900, 1 / 9000
 
 
 def _terms(**kw: object) -> SessionTerms:
-    return SessionTerms(dataset="d", epsilon=8.0, delta=DELTA, **kw)
+    return SessionTerms(**{"dataset": "d", "epsilon": 8.0, "delta": DELTA, **kw})
 
 
 def test_a_row_keeps_its_cell_whatever_the_other_rows() -> None:
@@ -170,3 +170,46 @@ def test_a_rehearsal_with_cells_fits_several_points_a_class_and_reports_class_co
     arms = data["choice"]["arms"]
     assert arms and all(0 <= a["scores"]["counts"] <= 1 for a in arms if a["scores"])
     assert seen and all(np.bincount(labels).max() > 1 for labels in seen)
+
+
+def test_the_job_asks_for_the_most_cells_the_source_s_rows_per_class_leave_precise() -> None:
+    """Left out, ``cells`` follows the source's published size and the release's σ: the
+    largest K ≤ AUTO_CELLS whose cell means keep noise σ·√k·q·K / n ≤ AUTO_CELL_NOISE; a
+    source with few rows a class in many columns, or a small ε, gets one."""
+    from dpda.planner import plan_batches
+    from dpda.target_party.view import auto_cells
+    from dpda.terms import AUTO_CELL_NOISE, AUTO_CELLS
+
+    terms = _terms(preprocessing="standardize", clip_norm=1.0)
+    std = plan_batches(terms, 2000, np.eye(20)).spec(terms).features.noise_std
+    for n, q, k in ((2000, 4, 20), (89, 3, 13), (75, 3, 4), (720, 20, 1024), (50, 10, 300)):
+        per_cell = std * math.sqrt(k) * q / n
+        want = max(
+            [c for c in range(1, AUTO_CELLS + 1) if c == 1 or per_cell * c <= AUTO_CELL_NOISE]
+        )
+        assert auto_cells(terms, n, q, k) == want
+    assert auto_cells(terms, 2000, 4, 20) == AUTO_CELLS  # many rows a class: every cell
+    assert auto_cells(terms, 720, 20, 1024) == 1  # 36 rows a class in 1,024 columns
+    assert auto_cells(_terms(epsilon=0.5, preprocessing="standardize"), 75, 3, 4) == 1
+    assert auto_cells(terms, 0, 3, 4) == 1
+
+
+def test_cells_follow_the_rule_only_where_the_job_leaves_them_out_on_standardized_rows() -> None:
+    """The rule runs for source-space prototypes on raw rows the source standardizes; a job
+    that names ``cells`` gets what it names, and other representations keep one cell."""
+    from dpda.data.devsuite import pair
+    from dpda.target_party.view import AdaptConfig, session_terms, target_view
+
+    s, _ = pair("classification", 0)
+    size = (s.x.shape[0], s.n_classes)
+    raw = target_view(s, "raw", scaling_mode="uniform")
+    auto, _ = session_terms(raw, _terms(), AdaptConfig(seed=0), size)
+    assert auto.preprocessing == "standardize" and auto.cells == 3
+    named, _ = session_terms(raw, _terms(cells=2), AdaptConfig(seed=0), size)
+    assert named.cells == 2
+    unknown, _ = session_terms(raw, _terms(), AdaptConfig(seed=0))  # no size published
+    assert unknown.cells == 1
+    positive = Domain("d", np.abs(s.x), s.y, s.n_classes)
+    sqrt = target_view(positive, "sqrt", scaling_mode="uniform")
+    kept, _ = session_terms(sqrt, _terms(), AdaptConfig(seed=0), size)
+    assert kept.preprocessing == "none" and kept.cells == 1

@@ -299,8 +299,9 @@ def test_the_job_keeps_the_vote_of_the_adapted_arms_near_the_noisy_counts() -> N
     from dpda.target_party.view import AdaptConfig
 
     s, t = pair("iris", 0)
-    out = simulate(s, t, _terms(), "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
-    data = out.to_json(_terms())
+    terms = _terms(cells=1)  # one point a class: the arms this test names
+    out = simulate(s, t, terms, "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
+    data = out.to_json(terms)
     ch = data["choice"]
     assert ch["rule"] == "vote" and ch["kept_adapts"] and ch["guard"] is None
     members = [ch["arms"][i] for i in voters(ch["arms"])]
