@@ -108,10 +108,13 @@ def _in_order(X: Any, names: list[str] | None, what: str) -> Any:
 class DPDAClassifier(ClassifierMixin, BaseEstimator):
     """Differentially private domain adaptation from a labeled source to an unlabeled target.
 
-    ``fit(X, y, Xt=None)``: ``X, y`` the source's rows and labels (any label values), ``Xt``
-    the target's unlabeled rows (default ``X`` itself: scikit-learn's own checks call
-    ``fit(X, y)``). ``predict(X)`` applies the fitted pipeline (per-row transform, the target's
-    scaling, the classifier trained on the mapped source rows) to raw rows. Frames and
+    ``fit(X, y, Xt=None, groups=None)``: ``X, y`` the source's rows and labels (any label
+    values), ``Xt`` the target's unlabeled rows (default ``X`` itself: scikit-learn's own checks
+    call ``fit(X, y)``). ``groups`` (one name per row of ``X``, two or more names) makes the fit
+    one job over several sources, each group a source with its own ledger and the same terms
+    (``dpda simulate --source-file S1 --source-file S2``). ``predict(X)`` applies the fitted
+    pipeline (per-row transform, the target's scaling, the classifier trained on the mapped
+    source rows) to raw rows. Frames and
     ``dpda.read_table`` tables are matched by column name: ``Xt`` and every later ``X`` are put
     in the order of ``fit``'s ``X``, and refused, naming the columns, when the names differ.
 
@@ -178,10 +181,12 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         1 for norm-1 representations and standardized rows in the source's space; under the
         record unit with ``projection='target-pca'``, the 0.9 quantile of its projected rows'
         norms (with ``target_epsilon``: their DP root mean square).
-    cells : int, default 1
+    cells : int or None, default None
         Prototypes: one noisy sum and count per (class, cell), each class's rows split into
         this many cells by random directions drawn independently of the data, in [1, 16];
-        the same charge as one point per class.
+        the same charge as one point per class. None: for raw rows the source standardizes,
+        the most cells (at most 3) whose means the release's noise leaves precise enough at
+        the source's rows per class; 1 otherwise.
     release : str or None, default None
         What the source releases: ``prototypes`` (noisy per-class sums and counts),
         ``class-gaussians`` (per-class sums, sums of squares and counts),
@@ -303,12 +308,14 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
     columns_ : list of str or None
         The feature names of ``fit``'s ``X`` (a frame or a named table); None for an array.
     epsilon_spent_ : float
-        This fit's charge on the source's ledger.
+        This fit's charge on the source's ledger (several sources: the largest source's).
+    epsilon_spent_by_source_ : dict of str to float or None
+        With ``groups``: each source's charge; None for a one-source fit.
     target_epsilon_spent_ : float or None
         The target's own spend, with ``target_epsilon``; 0.0 when the release disclosed
         nothing of the target; None when its exact statistics were used.
-    ledger_ : list of dict
-        The source's ledger entries of this fit, as JSON dicts.
+    ledger_ : list of dict, or dict of str to list of dict
+        The source's ledger entries of this fit, as JSON dicts (with ``groups``: by source).
     mapped_ : numpy.ndarray
         The source's noisy rows mapped into the target's space.
     mapped_labels_ : numpy.ndarray
@@ -340,7 +347,7 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
     def __getattr__(self, name: str) -> Any:  # typed access to the declared parameters
         raise AttributeError(name)
 
-    def fit(self, X: Any, y: Any, Xt: Any = None) -> DPDAClassifier:
+    def fit(self, X: Any, y: Any, Xt: Any = None, groups: Any = None) -> DPDAClassifier:
         names = _column_names(X)
         X = _in_order(X, names, "X")
         if Xt is not None:
@@ -354,6 +361,9 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         check_representation(X, rep, "representation")
         check_representation(xt, rep, "representation")
         n = X.shape[0]
+        if groups is not None:  # the sources share the terms: δ for the largest of them
+            _, sizes = np.unique(np.asarray(groups).astype(str), return_counts=True)
+            n = int(sizes.max()) if np.asarray(groups).shape == (n,) else n
         delta = self.delta if self.delta is not None else default_delta(n)
         check_delta(delta, n, "delta", "the source (X)")
         terms = terms_of(_Settings(self, dataset="source", delta=delta))
@@ -367,6 +377,8 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         if bound is None:
             bound = default_attribute_bound(rep, X.shape[1])
         scaling = resolve_scaling(self.scaling, terms)
+        if groups is not None:
+            return self._fit_sources(source, target, groups, terms, cfg, scaling)
         out = simulate(
             source,
             target,
@@ -391,17 +403,61 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         )
         res = out.dpda
         self.epsilon_spent_ = res.epsilon_spent
+        self.epsilon_spent_by_source_ = None
         self.target_epsilon_spent_ = out.to_json(terms)["target_epsilon_spent"]
+        self.ledger_: Any = [json.loads(e.to_json()) for e in out.ledgers[self.method]]
+        return self._keep(res, res.view if res.view is not None else out.views[self.method])
+
+    def _fit_sources(
+        self,
+        source: Domain,
+        target: Domain,
+        groups: Any,
+        terms: Any,
+        cfg: Any,
+        scaling: str,
+    ) -> DPDAClassifier:
+        """``fit`` over several sources: ``groups`` names each row's source."""
+        from dpda.errors import ConfigError
+        from dpda.simulation import simulate_consortium
+
+        g = np.asarray(groups).astype(str)
+        n = source.x.shape[0]
+        if g.shape != (n,):
+            raise ConfigError(f"groups: {g.size} names for the {n} rows of X (one name a row)")
+        if self.method != "dpda" or self.target_epsilon is not None:
+            raise ConfigError("groups: several sources run method 'dpda' without target_epsilon")
+        names = [str(v) for v in np.unique(g)]  # sorted: the sources' order is the names'
+        if len(names) < 2:
+            raise ConfigError("groups: one name only; several sources need two or more")
+        y = source.labels()
+        domains = {k: Domain(k, source.x[g == k], y[g == k], source.n_classes) for k in names}
+        out = simulate_consortium(
+            domains, target, terms, self.representation, cfg, self.random_state,
+            baselines=False, scaling_mode=scaling,
+        )  # fmt: skip
+        res = out.dpda
+        data = out.to_json(terms)
+        self.epsilon_spent_ = res.epsilon_spent
+        self.epsilon_spent_by_source_ = data["epsilon_spent_by_source"]
+        self.target_epsilon_spent_ = data["target_epsilon_spent"]
+        self.ledger_ = {n: [json.loads(e.to_json()) for e in out.ledgers[n]] for n in names}
+        assert res.view is not None  # a finished job's result carries it
+        return self._keep(res, res.view)
+
+    def _keep(self, res: Any, fitted: Any) -> DPDAClassifier:
+        """The fitted attributes every fit sets from its run: σ, the mapped rows, the
+        predictions and the pipeline on raw rows (in the view the model was fitted in)."""
         self.sigma_ = res.noise_multiplier
-        self.ledger_ = [json.loads(e.to_json()) for e in out.ledgers[self.method]]
         self.mapped_ = res.mapped
         self.mapped_labels_ = self.classes_[res.mapped_labels]
         self.target_predictions_ = self.classes_[res.predictions]
-        # the space the model was fitted in: the job's view, or the one it adopted from the
-        # source's DP standardization
-        fitted = res.view if res.view is not None else out.views[self.method]
         self.model_ = model_pipeline(
-            rep, fitted.scaling, res.model, fitted.clip_norm, fitted.standardization
+            self.representation,
+            fitted.scaling,
+            res.model,
+            fitted.clip_norm,
+            fitted.standardization,
         )
         return self
 

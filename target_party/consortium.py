@@ -52,7 +52,7 @@ def check_consortium_terms(terms: SessionTerms) -> None:
     if terms.preprocessing == "standardize":
         raise ConfigError(
             "several sources: each source's DP standardization is a space of its own; use a "
-            "per-row representation without preprocessing (--preprocessing none)"
+            "per-row representation with a natural bound (representation sqrt, rownorm or l2)"
         )
 
 

@@ -8,7 +8,7 @@ import math
 import sys
 from typing import Any, NoReturn
 
-from dpda.cli.simulate import add_terms_args, cmd_simulate
+from dpda.cli.simulate import SourceFiles, add_terms_args, cmd_simulate
 from dpda.errors import DpdaError
 from dpda.ot.references import REFERENCE_ROWS
 from dpda.service.output import add_json_option, json_to_stdout, write_json
@@ -291,7 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     # simulate
     sm = sub.add_parser("simulate", help="run source-only, OTDA and DPDA in one process")
-    sm.add_argument("--source-file", help="your labeled source table (.csv .parquet .npy .npz)")
+    sm.add_argument(
+        "--source-file",
+        action=SourceFiles,
+        help="your labeled source table (.csv .parquet .npy .npz); several times: one job over "
+        "several sources, each file a source with its own ledger (named by its file name)",
+    )
     sm.add_argument(
         "--target-file",
         help="your target table; with a column named as --label-column (e.g. label) the "

@@ -14,10 +14,20 @@ from dpda.service.output import write_json
 
 
 # ------------------------------------------------------------------------------ simulate
+class SourceFiles(argparse.Action):
+    """``--source-file``, as often as given: every path in ``source_files``, the first in
+    ``source_file`` (the one-source job's)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        files = [*(getattr(namespace, "source_files", None) or []), values]
+        namespace.source_files = files
+        namespace.source_file = files[0]
+
+
 def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[str, Any]]:
     """(source, target table, representation, scaling, what the JSON names as the data)."""
 
-    from dpda.data.loaders import load_domain, require_data_dir
+    from dpda.data.loaders import Domain, load_domain, require_data_dir
     from dpda.data.preprocessing import DEFAULT_REPRESENTATION, DEFAULT_SCALING
     from dpda.data.tables import Table, align_columns, align_labels, check_classes, read_table
     from dpda.errors import ConfigError
@@ -35,10 +45,19 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
             # a position: the target file may lack the label column, one column fewer
             tgt = read_table(args.target_file, None, id_column=args.id_column, name="target")
         check_classes(src, str(args.label_column))
+        if args.source_files:  # every source's columns and classes as the first one's
+            args.source_domains = {}
+            for name, path in zip(args.sources, args.source_files, strict=True):
+                more = read_table(path, label, id_column=args.id_column, name=f"source {name}")
+                check_classes(more, str(args.label_column))
+                more = align_labels(align_columns(more, src), src)
+                args.source_domains[name] = Domain(
+                    name, more.x, more.domain.labels(), src.domain.n_classes
+                )
         tgt = align_columns(tgt, src)  # by header name: reordered, or refused naming them
         tgt = align_labels(tgt, src)  # names as the source's classes, for scoring
         rep, scaling = args.representation or "raw", args.scaling or "zscore"
-        names = {
+        names: dict[str, Any] = {
             "dataset": None,  # your own files, not a benchmark
             "source": str(args.source_file),
             "target": str(args.target_file),
@@ -46,6 +65,9 @@ def _simulate_data(args: argparse.Namespace) -> tuple[Any, Any, str, str, dict[s
             "target_file": str(args.target_file),
             "label_names": list(src.label_names) if src.label_names else None,
         }
+        if args.source_files:
+            pairs = zip(args.sources, args.source_files, strict=True)
+            names["source_files"] = {n: str(p) for n, p in pairs}
         return src.domain, tgt, rep, scaling, names
     if not (args.dataset and args.source and args.target):
         raise ConfigError("give --source-file and --target-file, or --dataset, --source, --target")
@@ -227,6 +249,19 @@ def spread_of(accuracies: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     }
 
 
+def _source_names(paths: list[str]) -> list[str]:
+    """Each source file's name in the report: its file name without the suffix, or the whole
+    path where two stems are the same; a file given twice is refused."""
+    from pathlib import Path
+
+    from dpda.errors import ConfigError
+
+    if len({str(Path(p).resolve()) for p in paths}) < len(paths):
+        raise ConfigError("--source-file: each source file once")
+    stems = [Path(p).stem for p in paths]
+    return stems if len(set(stems)) == len(stems) else [str(p) for p in paths]
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -234,12 +269,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from dpda.data.tables import write_predictions
     from dpda.errors import ConfigError
 
-    # --source given several times: one job over several sources (``simulate_consortium``)
+    # --source or --source-file given several times: one job over several sources
+    # (``simulate_consortium``)
     given = args.source or []
+    files = getattr(args, "source_files", None) or []
+    args.source_files = list(files) if len(files) > 1 else None
     args.sources = list(given) if len(given) > 1 else None
     args.source = "+".join(given) if given else None
     if args.sources and (args.source_file or args.setting != "private-source"):
         raise ConfigError("--source: several sources rehearse a benchmark's private-source job")
+    if args.source_files:
+        if args.setting != "private-source":
+            raise ConfigError("--source-file: several sources rehearse a private-source job")
+        args.sources = _source_names(args.source_files)
+        if args.write_configs:
+            raise ConfigError(
+                "--write-configs: writes one source's and the target's configs; a job over "
+                "several sources takes [[sources]] in the target's config (docs/operations.md)"
+            )
     src, tgt, rep, scaling, names = _simulate_data(args)
     check_representation(src.x, rep, "--representation")
     check_representation(tgt.x, rep, "--representation")
@@ -368,6 +415,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"(δ={delta:.3g}); σ/w={data['sigma']:.4f}  ℓ={data['projection_dim']} "
         f"({terms.projection}); nothing was charged: the ledger here is in memory"
     )
+    if (data.get("cells") or 1) > 1:
+        print(
+            f"  the release: {data['cells']} noisy points a class (cells), the source's rows per "
+            "class leaving each precise enough at this noise"
+        )
     if "epsilon_spent_by_source" in data:
         cons = data["consortium"]
         each = "  ".join(f"{k} {v:.3f}" for k, v in data["epsilon_spent_by_source"].items())

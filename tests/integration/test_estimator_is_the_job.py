@@ -15,6 +15,7 @@ import pytest
 import dpda
 from dpda.cli.main import main
 from dpda.data.synthetic import two_domains
+from dpda.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +70,40 @@ def test_the_estimator_gives_simulates_predictions_and_epsilon(files, case: str)
     assert [str(v) for v in clf.predict(tgt)] == rehearsed
     assert clf.epsilon_spent_ == pytest.approx(rehearsal["epsilon_spent"], abs=1e-12)
     assert clf.target_epsilon_spent_ == pytest.approx(rehearsal["target_epsilon_spent"])
+
+
+def test_the_estimator_over_several_sources_is_simulates_job_over_their_files(files) -> None:
+    """``fit(X, y, Xt, groups=…)`` splits X into one source a group and runs the job ``dpda
+    simulate --source-file S1 --source-file S2`` runs on the same rows: same predictions, the
+    same ε at each source, a ledger per source."""
+    s, _ = two_domains(300, 200, k=6)
+    x, y = s.x, s.labels()  # as l2 rows: a representation the sources share
+    groups = np.where(np.arange(x.shape[0]) % 3 == 0, "north", "south")
+    for name in ("north", "south"):
+        _write(files / f"{name}.csv", x[groups == name], y[groups == name])
+    out = files / "two.json"
+    argv = [
+        "simulate", "--source-file", str(files / "north.csv"), "--source-file",
+        str(files / "south.csv"), "--target-file", str(files / "T.csv"), "--label-column",
+        "label", "--representation", "l2", "--seed", "3", "--json", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    rehearsal = json.loads(out.read_text())
+    assert set(rehearsal["epsilon_spent_by_source"]) == {"north", "south"}
+    with open(rehearsal["predictions"], newline="") as fh:
+        rehearsed = [row["prediction"] for row in csv.DictReader(fh)]
+
+    tgt = dpda.read_table(files / "T.csv", "label", labels="optional")
+    clf = dpda.DPDAClassifier(representation="l2", random_state=3)
+    clf.fit(x, y, tgt.x, groups=groups)
+    assert [str(v) for v in clf.target_predictions_] == rehearsed
+    assert set(clf.ledger_) == {"north", "south"}
+    by_source = rehearsal["epsilon_spent_by_source"]
+    assert clf.epsilon_spent_by_source_ == pytest.approx(by_source)
+    with pytest.raises(ConfigError, match="groups: one name only"):
+        dpda.DPDAClassifier(representation="l2").fit(x, y, tgt.x, groups=["a"] * x.shape[0])
+    with pytest.raises(ConfigError, match="groups: 2 names for the 300 rows"):
+        dpda.DPDAClassifier(representation="l2").fit(x, y, tgt.x, groups=["a", "b"])
 
 
 def test_tables_are_matched_by_column_name(files) -> None:
