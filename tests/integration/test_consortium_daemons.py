@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,60 @@ def test_dpda_demo_runs_one_job_over_three_source_daemons(tmp_path, capsys) -> N
     assert "target accuracy over 3 sources" in printed and "org-c: ε" in printed
     assert main(["demo", "--sources", "3", "--in-process"]) == 2  # the daemons, or nothing
     assert "no --in-process" in capsys.readouterr().err
+
+
+@pytest.mark.soak  # three daemons and a serving target: CI runs it after the README's command
+def test_the_jobs_api_runs_one_job_over_three_source_daemons(tmp_path) -> None:
+    """``dpda target serve`` with ``[[sources]]``: a job posted to its API opens a session at
+    each of three source daemons; its results give each source's ε, its report a row for each,
+    and each source's ledger verifies against the target's copy."""
+    import urllib.request
+
+    from .helpers import start_target_serve
+
+    deps = {f"s{k}": synthetic_deployment(tmp_path / f"s{k}", job=JOB) for k in range(3)}
+    target = deps["s0"]
+    for name in ("s1", "s2"):
+        trust_target_of(deps[name], target)
+    procs = {name: SourceProcess(dep) for name, dep in deps.items()}
+    serve = None
+    try:
+        add_sources(
+            target, "s0", {n: (deps[n], f"127.0.0.1:{procs[n].port}") for n in ("s1", "s2")}
+        )
+        serve, port = start_target_serve(target, tmp_path / "serve.log")
+        token = (target.target_state / "admin_token").read_text().strip()
+
+        def call(path: str, body: dict | None = None) -> dict:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}{path}",
+                data=None if body is None else json.dumps(body).encode(),
+                method="GET" if body is None else "POST",
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read()) if "report" not in path else {"html": r.read()}
+
+        job_id = call("/v1/jobs", {"epsilon": 4.0})["id"]
+        deadline = time.monotonic() + 300
+        view = call(f"/v1/jobs/{job_id}")
+        while view["state"] not in ("done", "failed") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            view = call(f"/v1/jobs/{job_id}")
+        assert view["state"] == "done", view
+        results = view["results"]
+        assert set(results["epsilon_job_by_source"]) == {"s0", "s1", "s2"}
+        assert all(0.99 * 4.0 <= v <= 4.0 for v in results["epsilon_job_by_source"].values())
+        assert not results["consortium"]["missing"]
+        html = call(f"/v1/jobs/{job_id}/report")["html"].decode()
+        assert all(f"source {n}'s records" in html for n in deps)
+    finally:
+        if serve is not None:
+            serve.terminate()
+            serve.wait(timeout=20)
+        for p in procs.values():
+            p.stop()
+    for name, dep in deps.items():
+        mine = target.target_state / "sources" / name
+        assert _entries(dep.source_state) == 1 and _entries(mine) == 1, name
+        _verify_both_ways(dep.source_state, mine)
