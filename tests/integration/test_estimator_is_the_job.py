@@ -72,6 +72,7 @@ def test_the_estimator_gives_simulates_predictions_and_epsilon(files, case: str)
     assert clf.target_epsilon_spent_ == pytest.approx(rehearsal["target_epsilon_spent"])
 
 
+@pytest.mark.soak  # two jobs over two sources: CI runs it after the README's test command
 def test_the_estimator_over_several_sources_is_simulates_job_over_their_files(files) -> None:
     """``fit(X, y, Xt, groups=…)`` splits X into one source a group and runs the job ``dpda
     simulate --source-file S1 --source-file S2`` runs on the same rows: same predictions, the
