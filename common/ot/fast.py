@@ -44,6 +44,8 @@ _EPS_NORM = 1e-12
 _CHUNK = 1 << 17  # elements per BLAS dot in dot64: a few hundred KB
 _PRODUCT_BLOCK = 1 << 21  # elements per block of Yᵀ(x∘z): 8 MB of float32 temporaries
 _ABS_STOP = 1e-9  # POT gcg's stopThr2
+# plan cells (rows × columns) below which a solve runs its passes in the calling thread
+POOL_MIN_CELLS = 1 << 16
 # the group-lasso solve's inner Sinkhorn tolerance (L1 marginal error) by default: a hundredth
 # of the tolerance at which a plan reports converged (docs/results.md#constants)
 INNER_TOL = 1e-5
@@ -320,8 +322,14 @@ def group_lasso(
     inner: list[int] = []
     ws = Workspace() if workspace is None else workspace
     k: np.ndarray = ws.array("first", (n, m), dtype)
-    pool = ThreadPoolExecutor(layout.threads) if layout.threads > 1 else None
-    limits = threadpool_limits(limits=1) if pool is not None else None
+    # the passes split into the same spans, summed in the same order, with or without threads;
+    # below POOL_MIN_CELLS a pool's hand-offs cost more than the pass (a few class points)
+    pool = (
+        ThreadPoolExecutor(layout.threads)
+        if layout.threads > 1 and n * m >= POOL_MIN_CELLS
+        else None
+    )
+    limits = threadpool_limits(limits=1) if layout.threads > 1 else None
     try:
         start_state: SinkhornState | None = None
         if warm_start:

@@ -67,15 +67,24 @@ def test_a_column_the_warm_start_drowns_is_shifted_back(rng: np.random.Generator
     assert _mass_moved(plan, cold) < 1e-4 and info.marginal_error < 1e-4
 
 
-def test_plan_is_the_same_bit_for_bit_on_one_thread_or_two(rng: np.random.Generator) -> None:
+def test_plan_is_the_same_bit_for_bit_on_one_thread_or_two(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One thread, two threads in a pool, or two threads' spans run in the calling thread (a
+    plan below ``POOL_MIN_CELLS``): the same spans summed in the same order, the same plan."""
     m = 300  # several blocks of rows per span
     rows = max(1, BLOCK_ELEMS // m)
     n = 9 * rows // 2 if rows < 200 else 200
     xt = rng.normal(size=(m, 4))
     c, ys = _batch(rng, xt, n=n)
     one, _ = fast.group_lasso(uniform(n), uniform(m), c, one_hot(ys), 0.05, 0.5, threads=1)
+    one = one.copy()
+    monkeypatch.setattr(fast, "POOL_MIN_CELLS", 0)  # every solve in a pool
     two, _ = fast.group_lasso(uniform(n), uniform(m), c, one_hot(ys), 0.05, 0.5, threads=2)
-    assert np.array_equal(one, two)
+    two = two.copy()
+    monkeypatch.setattr(fast, "POOL_MIN_CELLS", n * m + 1)  # this one in the calling thread
+    here, _ = fast.group_lasso(uniform(n), uniform(m), c, one_hot(ys), 0.05, 0.5, threads=2)
+    assert np.array_equal(one, two) and np.array_equal(one, here)
 
 
 def test_inner_tolerance_keeps_the_plan_and_its_convergence(rng: np.random.Generator) -> None:
@@ -162,11 +171,15 @@ def test_the_outer_loop_stops_when_the_objective_settles_not_after_a_short_step(
     assert all(not (c < tol and p < 10 * tol) for p, c in earlier)  # no earlier stop
 
 
-def test_span_class_tables_cover_only_their_classes_and_sum_as_whole_tables() -> None:
+def test_span_class_tables_cover_only_their_classes_and_sum_as_whole_tables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """One point a class (prototypes): each span's (q, m) sums hold only its own classes' rows,
     and the gathered tables are the plan's Yᵀγ, the same on one thread or several."""
-    from dpda.ot import _blocked
+    from dpda.ot import _blocked, fast
     from dpda.ot.fast import group_lasso
+
+    monkeypatch.setattr(fast, "POOL_MIN_CELLS", 0)  # the spans in a pool of three threads
 
     rng = np.random.default_rng(5)
     n, m = 10, 3000
