@@ -442,7 +442,7 @@ class GrpcReleaseSource:
         rows = None if terms.release == "rows" else groups
         metric = isinstance(spec, MetricSpec)
         n_counts = 0 if metric else groups
-        counts = serde.from_pb(msg.noisy_counts, dtype="<i8", ndim=1, shape=(n_counts,))
+        counts = _sized(msg.noisy_counts, "<i8", (n_counts,), "noisy_counts")
         if metric:  # the learned W: d′ × ℓ, nothing else
             rows, width = terms.metric_rows, ell
         elif terms.release == "sinkhorn-synthetic":  # its size follows from the noisy counts
@@ -451,7 +451,7 @@ class GrpcReleaseSource:
                     counts, terms.synthetic_points, terms.synthetic_rows_per_point
                 ).sum()
             )
-        z = serde.from_pb(msg.z, dtype="<f8", ndim=2, shape=(rows, width))
+        z = _sized(msg.z, "<f8", (rows, width), "z")
         stats, stats_bytes = self._statistics(msg, terms, info, index)
         digest = payload_digest(msg.z.data, msg.noisy_counts.data, stats_bytes)
         if int(msg.index) != index:
@@ -549,3 +549,15 @@ class GrpcReleaseSource:
             more=start + count < info.plan.steps,
         )
         return out
+
+
+def _sized(arr: pb.NDArray, dtype: str, shape: tuple[int | None, ...], field: str) -> np.ndarray:
+    """A release's array in the shape the session's terms make (q × cells class sums and
+    counts, a synthetic point per …): any other shape or dtype is the source misbehaving."""
+    try:
+        return serde.from_pb(arr, dtype=dtype, ndim=len(shape), shape=shape)
+    except InvalidInput:
+        raise PeerMisbehaved(
+            f"the source's release: {field} is not the {dtype} array of shape "
+            f"{tuple('any' if d is None else d for d in shape)} the session's terms make"
+        ) from None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import grpc
 import numpy as np
 import pytest
@@ -35,6 +38,13 @@ def _terms(**kw) -> str:
     base = dict(dataset="synthetic", epsilon=4.0, delta=DELTA, projection="jl", projection_dim=5)
     base.update(kw)
     return SessionTerms(**base).model_dump_json()
+
+
+def _raw_terms(**kw) -> str:
+    """Terms JSON with values ``SessionTerms`` would refuse to build (what a hostile peer
+    sends): NaN, infinities and out-of-range numbers as they travel."""
+    base = dict(dataset="synthetic", epsilon=4.0, delta=DELTA, projection="jl", projection_dim=5)
+    return json.dumps({**base, **kw}, allow_nan=True)
 
 
 def _expect(code: grpc.StatusCode, fn, *args) -> None:
@@ -93,6 +103,13 @@ BAD_OPEN = {
     ),
     "unknown session to resume": pb.OpenSessionRequest(terms_json=_terms(), session_id="x" * 32),
     # hardening item 9: on 9ac3bc1 this was charged, then failed with INTERNAL (no payload)
+    **{
+        f"cells {v!r}": pb.OpenSessionRequest(terms_json=_raw_terms(cells=v))
+        for v in (0, -1, 17, 2**64, 1e308, 1e-300, 2.5, math.nan)
+    },
+    "cells on class-gaussians": pb.OpenSessionRequest(
+        terms_json=_raw_terms(cells=2, release="class-gaussians")
+    ),
     "more teachers than records": pb.OpenSessionRequest(
         terms_json=_terms(dpda=False, pate_epsilon=4.0, pate_queries=5, pate_teachers=601)
     ),

@@ -98,6 +98,15 @@ class _Tamper(Batches):
 
             sig = signing.sign(self.ctx.desk.key, forged.signed_message())
             return SignedRelease(rel, dataclasses.replace(forged, source_sig=sig))
+        if self.mode == "short":
+            # one (class, cell) fewer than the terms make (q × cells sums and counts), under a
+            # digest and signature that match it: the size lies, the target's shape check says so
+            forged_rel = dataclasses.replace(rel, z=rel.z[:-1], noisy_counts=rel.noisy_counts[:-1])
+            forged = dataclasses.replace(entry, payload_sha256=forged_rel.sha256(), source_sig="")
+            from dpda.service import signing
+
+            sig = signing.sign(self.ctx.desk.key, forged.signed_message())
+            return SignedRelease(forged_rel, dataclasses.replace(forged, source_sig=sig))
         if self.mode in ("statistics", "no-statistics"):
             # a hostile standardization (a scale ≤ 0), or none, under a digest and signature
             # that match it: the target's own checks refuse it
@@ -113,11 +122,17 @@ class _Tamper(Batches):
         return sr
 
 
-@pytest.mark.parametrize("mode", ["payload", "signature", "charge", "statistics", "no-statistics"])
+@pytest.mark.parametrize(
+    "mode", ["payload", "signature", "charge", "statistics", "no-statistics", "short"]
+)
 def test_target_detects_a_misbehaving_source(tmp_path, mode: str) -> None:
     dep = synthetic_deployment(tmp_path)
     cls = handlers_with(batches=type(f"Tamper_{mode}", (_Tamper,), {"mode": mode}))
-    why = {"statistics": "not finite and positive", "no-statistics": "lacks the source's"}
+    why = {
+        "statistics": "not finite and positive",
+        "no-statistics": "lacks the source's",
+        "short": "noisy_counts is not the <i8 array of shape",
+    }
     with run_server(load_source(dep.source_config), cls) as rs:
         with pytest.raises(PeerMisbehaved, match=why.get(mode)):
             _run_target(dep, rs.port)
