@@ -323,7 +323,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from dpda.target_party.view import resolve_scaling
 
         mode = resolve_scaling(args.scaling or "auto", terms, scaling)
-        configs = write_configs(args, terms, rep, mode, data["seed"], int(src.x.shape[1]))
+        # the cells the rehearsal ran with (its own choice when the flag left them out)
+        ran = terms.model_copy(update={"cells": data.get("cells") or terms.cells})
+        configs = write_configs(args, ran, rep, mode, data["seed"], int(src.x.shape[1]))
         data["configs"] = {"source": str(configs[0]), "target": str(configs[1])}
     write_json(args, data)
     a = data["accuracy"]

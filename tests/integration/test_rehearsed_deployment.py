@@ -56,20 +56,26 @@ def _sha256(path: str | Path) -> str:
 
 
 @pytest.mark.parametrize(
-    "flags",
+    ("flags", "rows"),
     [
-        (),  # the defaults: a source-space release, nothing of the target sent
+        ((), (300, 200)),  # the defaults: a source-space release, nothing of the target sent
         # the target's own basis and scaling under its DP: its ε is charged in both (CI runs
         # it after the README's test command, -m soak)
         pytest.param(
             ("--projection", "target-pca", "--target-epsilon", "2", "--representation", "l2"),
+            (300, 200),
             marks=pytest.mark.soak,
         ),
+        # enough source rows a class that the job asks for three points a class: the deployed
+        # job picks them from what the source daemon publishes, as the rehearsal did
+        pytest.param((), (1200, 300), marks=pytest.mark.soak),
     ],
-    ids=["defaults", "target-pca-under-dp"],
+    ids=["defaults", "target-pca-under-dp", "several-points-a-class"],
 )
-def test_the_written_configs_run_the_rehearsed_job(tmp_path: Path, flags: tuple[str, ...]) -> None:
-    s, t = two_domains(300, 200)
+def test_the_written_configs_run_the_rehearsed_job(
+    tmp_path: Path, flags: tuple[str, ...], rows: tuple[int, int]
+) -> None:
+    s, t = two_domains(*rows)
     _write(tmp_path / "S.csv", s.x, s.labels(), "s")
     _write(tmp_path / "T.csv", t.x, t.labels(), "t")  # labeled: the rehearsal scores it
 
@@ -80,6 +86,7 @@ def test_the_written_configs_run_the_rehearsed_job(tmp_path: Path, flags: tuple[
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     rehearsal = json.loads((tmp_path / "rehearsal.json").read_text())
+    assert rehearsal["cells"] == (3 if rows[0] > 1000 else 1)
     deploy = tmp_path / "deploy"
     assert (deploy / "source.toml").is_file() and (deploy / "target.toml").is_file()
 
@@ -127,3 +134,4 @@ def test_the_written_configs_run_the_rehearsed_job(tmp_path: Path, flags: tuple[
     if flags:
         assert job["target_epsilon_spent"] > 0  # the target's rows were charged, as rehearsed
     assert job["accuracy"] == pytest.approx(rehearsal["accuracy"]["kept"], abs=1e-9)
+    assert job["cells"] == rehearsal["cells"]
