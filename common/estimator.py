@@ -361,9 +361,9 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         check_representation(X, rep, "representation")
         check_representation(xt, rep, "representation")
         n = X.shape[0]
-        if groups is not None:  # the sources share the terms: δ for the largest of them
-            _, sizes = np.unique(np.asarray(groups).astype(str), return_counts=True)
-            n = int(sizes.max()) if np.asarray(groups).shape == (n,) else n
+        g = None if groups is None else self._groups(groups, n)
+        if g is not None:  # the sources share the terms: δ for the largest of them
+            n = int(np.unique(g, return_counts=True)[1].max())
         delta = self.delta if self.delta is not None else default_delta(n)
         check_delta(delta, n, "delta", "the source (X)")
         terms = terms_of(_Settings(self, dataset="source", delta=delta))
@@ -377,8 +377,8 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         if bound is None:
             bound = default_attribute_bound(rep, X.shape[1])
         scaling = resolve_scaling(self.scaling, terms)
-        if groups is not None:
-            return self._fit_sources(source, target, groups, terms, cfg, scaling)
+        if g is not None:
+            return self._fit_sources(source, target, g, terms, cfg, scaling)
         out = simulate(
             source,
             target,
@@ -412,24 +412,15 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         self,
         source: Domain,
         target: Domain,
-        groups: Any,
+        g: np.ndarray,
         terms: Any,
         cfg: Any,
         scaling: str,
     ) -> DPDAClassifier:
-        """``fit`` over several sources: ``groups`` names each row's source."""
-        from dpda.errors import ConfigError
+        """``fit`` over several sources: ``g`` names each row's source (``_groups``)."""
         from dpda.simulation import simulate_consortium
 
-        g = np.asarray(groups).astype(str)
-        n = source.x.shape[0]
-        if g.shape != (n,):
-            raise ConfigError(f"groups: {g.size} names for the {n} rows of X (one name a row)")
-        if self.method != "dpda" or self.target_epsilon is not None:
-            raise ConfigError("groups: several sources run method 'dpda' without target_epsilon")
         names = [str(v) for v in np.unique(g)]  # sorted: the sources' order is the names'
-        if len(names) < 2:
-            raise ConfigError("groups: one name only; several sources need two or more")
         y = source.labels()
         domains = {k: Domain(k, source.x[g == k], y[g == k], source.n_classes) for k in names}
         out = simulate_consortium(
@@ -444,6 +435,19 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
         self.ledger_ = {n: [json.loads(e.to_json()) for e in out.ledgers[n]] for n in names}
         assert res.view is not None  # a finished job's result carries it
         return self._keep(res, res.view)
+
+    def _groups(self, groups: Any, n: int) -> np.ndarray:
+        """``groups`` as one source name a row of X, checked before anything runs."""
+        from dpda.errors import ConfigError
+
+        g = np.asarray(groups).astype(str)
+        if g.shape != (n,):
+            raise ConfigError(f"groups: {g.size} names for the {n} rows of X (one name a row)")
+        if self.method != "dpda" or self.target_epsilon is not None:
+            raise ConfigError("groups: several sources run method 'dpda' without target_epsilon")
+        if np.unique(g).size < 2:
+            raise ConfigError("groups: one name only; several sources need two or more")
+        return g
 
     def _keep(self, res: Any, fitted: Any) -> DPDAClassifier:
         """The fitted attributes every fit sets from its run: σ, the mapped rows, the

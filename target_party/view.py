@@ -389,7 +389,9 @@ def auto_cells(terms: SessionTerms, n_rows: int, n_classes: int, n_features: int
     ``AUTO_CELL_NOISE`` (rows in the unit ball); 1 when none does. Public facts only."""
     if n_rows < 1 or n_classes < 1:
         return 1
-    plan = plan_batches(terms.model_copy(update={"cells": 1}), n_rows, np.eye(n_features))
+    # the plan reads the source's width, not the matrix (``dpda target plan`` plans the same)
+    basis = np.eye(n_features, 1)
+    plan = plan_batches(terms.model_copy(update={"cells": 1}), n_rows, basis)
     std = plan.spec(terms).features.noise_std
     per_cell = std * np.sqrt(n_features) * n_classes / (n_rows * terms.clip_norm)
     fits = [k for k in range(AUTO_CELLS, 1, -1) if per_cell * k <= AUTO_CELL_NOISE]
