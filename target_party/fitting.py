@@ -228,10 +228,9 @@ def cell_points(
 
     A cell whose noisy count n̂ makes its mean's noise, σ·√ℓ / n̂ (σ the release's per-coordinate
     noise, rows clipped to C), larger than ``CELL_NOISE_SHARE``·C is not a point of its own: the
-    class's small cells are summed into one mean when together they pass that bound, and
-    otherwise join the class's largest cell (when no cell is large enough, the class is one
-    mean). Each point weighs its noisy count; a class whose noisy total is below one is left
-    out, as a class is in the per-class release. Post-processing of the one release.
+    class's small cells are summed into one mean (and, when no cell is large enough, so is the
+    whole class). Each point weighs its noisy count; a class whose noisy total is below one is
+    left out, as a class is in the per-class release. Post-processing of the one release.
     """
     counts = np.asarray(rel.noisy_counts, dtype=float).reshape(n_classes, -1)
     sums = np.asarray(rel.z, dtype=float).reshape(n_classes, counts.shape[1], -1)
@@ -241,14 +240,8 @@ def cell_points(
     least = max(std * np.sqrt(ell) / (CELL_NOISE_SHARE * clip_norm), 1.0)
     pts, labels, weights = [], [], []
     for k in range(n_classes):
-        big, small = np.flatnonzero(counts[k] >= least), np.flatnonzero(counts[k] < least)
-        groups = [np.array([c]) for c in big]
-        if big.size and counts[k, small].sum() < least:  # too few to stand alone
-            top = int(np.argmax(counts[k, big]))
-            groups[top] = np.concatenate([groups[top], small])
-        elif small.size:
-            groups.append(small)
-        for g in groups:
+        big = counts[k] >= least
+        for g in [*np.flatnonzero(big)[:, None], np.flatnonzero(~big)]:
             n = float(counts[k, g].sum())
             if g.size == 0 or n < 1.0:
                 continue
