@@ -172,13 +172,19 @@ def test_a_rehearsal_with_cells_fits_several_points_a_class_and_reports_class_co
     assert seen and all(np.bincount(labels).max() > 1 for labels in seen)
 
 
-def test_the_job_asks_for_the_most_cells_the_source_s_rows_per_class_leave_precise() -> None:
+def test_the_job_asks_for_the_most_cells_the_source_s_rows_per_class_leave_precise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Left out, ``cells`` follows the source's published size and the release's σ: the
     largest K ≤ AUTO_CELLS whose cell means keep noise σ·√k·q·K / n ≤ AUTO_CELL_NOISE; a
     source with few rows a class in many columns, or a small ε, gets one."""
+    import dpda.target_party.view as view
     from dpda.planner import plan_batches
     from dpda.target_party.view import auto_cells
-    from dpda.terms import AUTO_CELL_NOISE, AUTO_CELLS
+    from dpda.terms import AUTO_CELL_NOISE
+
+    AUTO_CELLS = 3  # the rule's machinery, at the bound it was measured with
+    monkeypatch.setattr(view, "AUTO_CELLS", AUTO_CELLS)
 
     terms = _terms(preprocessing="standardize", clip_norm=1.0)
     std = plan_batches(terms, 2000, np.eye(20)).spec(terms).features.noise_std
@@ -194,12 +200,16 @@ def test_the_job_asks_for_the_most_cells_the_source_s_rows_per_class_leave_preci
     assert auto_cells(terms, 0, 3, 4) == 1
 
 
-def test_cells_follow_the_rule_only_where_the_job_leaves_them_out_on_standardized_rows() -> None:
+def test_cells_follow_the_rule_only_where_the_job_leaves_them_out_on_standardized_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The rule runs for source-space prototypes on raw rows the source standardizes; a job
     that names ``cells`` gets what it names, and other representations keep one cell."""
+    import dpda.target_party.view as view
     from dpda.data.devsuite import pair
     from dpda.target_party.view import AdaptConfig, session_terms, target_view
 
+    monkeypatch.setattr(view, "AUTO_CELLS", 3)  # the rule's machinery, at its measured bound
     s, _ = pair("classification", 0)
     size = (s.x.shape[0], s.n_classes)
     raw = target_view(s, "raw", scaling_mode="uniform")
