@@ -25,10 +25,11 @@ collapse when none is that close — and each one's weight is ``exp(−TV / VOTE
 its shares' total-variation distance to the noisy counts', times, on rows the source
 standardizes (``by_cut_of``), ``exp(−(s* − s) / VOTE_SILHOUETTE_TEMPERATURE)``, s its silhouette
 and s* the best voter's: an arm whose labels disagree with the release's class shares, or cut
-the target's rows less cleanly than the best voter's, counts for less (``vote_weights``). One arm's labels carry its own space's errors; arms
-fitted in other scalings and dimensions err on different rows: on the development suite and
-Office-Caltech their vote scores above the one arm any criterion keeps (``dpda bench accuracy
---protocol devsuite`` and ``defaults``; docs/results.md). Where the vote would collapse, or no
+the target's rows less cleanly than the best voter's, counts for less (``vote_weights``). One
+arm's labels carry its own space's errors; arms fitted in other scalings and dimensions err on
+different rows: on the development suite and Office-Caltech their vote scores above the one arm
+any criterion keeps (``dpda bench accuracy --protocol devsuite`` and ``defaults``;
+docs/results.md). Where the vote would collapse, or no
 arm adapts, the job keeps the arm with the best ``CRITERION`` among those within ``COUNT_GATE``;
 a criterion may also be several joined by ``+``, each standardized over the arms and summed
 (``combined``). A **collapse guard** comes first: an arm (or a vote) that puts more than
