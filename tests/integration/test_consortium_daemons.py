@@ -52,7 +52,7 @@ def _entries(state: Path) -> int:
         return conn.execute("SELECT count(*) FROM ledger WHERE dataset='synthetic'").fetchone()[0]
 
 
-@pytest.mark.soak  # the target's clients driven by hand; `dpda target run` below in the suite
+@pytest.mark.soak  # three source daemons and a kill: CI runs it after the README's test command
 def test_a_source_killed_mid_job_leaves_the_job_to_the_other_two_charged_once(
     tmp_path, monkeypatch
 ) -> None:
@@ -116,6 +116,7 @@ def _no_crash_env(monkeypatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
 
 
+@pytest.mark.soak  # three sources, a kill, `dpda target run`: CI runs it after the README's command
 def test_dpda_target_run_over_three_source_daemons_one_killed_mid_job(
     tmp_path, monkeypatch
 ) -> None:
