@@ -22,14 +22,11 @@ the most weight among them, the job's own arm breaking ties (``training.ArmVote`
 saves). The voters are the adapted arms that did not collapse whose predicted class shares are
 within ``COUNT_GATE`` (total variation) of the noisy counts' — every adapted arm that did not
 collapse when none is that close — and each one's weight is ``exp(−TV / VOTE_TEMPERATURE)``, TV
-its shares' total-variation distance to the noisy counts', times, on rows the source
-standardizes (``by_cut_of``), ``exp(−(s* − s) / VOTE_SILHOUETTE_TEMPERATURE)``, s its silhouette
-and s* the best voter's: an arm whose labels disagree with the release's class shares, or cut
-the target's rows less cleanly than the best voter's, counts for less (``vote_weights``). One
-arm's labels carry its own space's errors; arms fitted in other scalings and dimensions err on
-different rows: on the development suite and Office-Caltech their vote scores above the one arm
-any criterion keeps (``dpda bench accuracy --protocol devsuite`` and ``defaults``;
-docs/results.md). Where the vote would collapse, or no
+its shares' total-variation distance to the noisy counts': an arm whose labels disagree with the
+release's class shares counts for less. One arm's labels carry its own space's errors; arms
+fitted in other scalings and dimensions err on different rows: on the development suite and
+Office-Caltech their vote scores above the one arm any criterion keeps (``dpda bench accuracy
+--protocol devsuite`` and ``defaults``; docs/results.md). Where the vote would collapse, or no
 arm adapts, the job keeps the arm with the best ``CRITERION`` among those within ``COUNT_GATE``;
 a criterion may also be several joined by ``+``, each standardized over the arms and summed
 (``combined``). A **collapse guard** comes first: an arm (or a vote) that puts more than
@@ -56,7 +53,6 @@ from dpda.target_party.training import ROW_CLASSIFIERS, fit_on_rows
 
 if TYPE_CHECKING:
     from dpda.target_party.fitting import Fitted, JobSession
-    from dpda.terms import SessionTerms
 
 log = logging.getLogger("dpda.target")
 
@@ -77,11 +73,6 @@ COUNT_GATE = 0.2
 # variation to the noisy counts'. Chosen on the development suite and Office-Caltech at ε 8
 # and 2 (docs/results.md#devsuite): 0.1 to 0.2 all score above equal weights there
 VOTE_TEMPERATURE = 0.2
-# on rows the source standardizes, times exp(−(s* − s) / VOTE_SILHOUETTE_TEMPERATURE), s its
-# silhouette and s* the best voter's: arms whose labels cut the target's rows less cleanly count
-# for less. Chosen on the development suite at ε 8 (seeds 0–2, checked on 3–5); on
-# Office-Caltech it cost, so it applies to standardized rows only (docs/results.md#devsuite)
-VOTE_SILHOUETTE_TEMPERATURE = 0.05
 SCALINGS = ("uniform", "zscore")  # the target's column scalings an arm may use
 DIMS = (10, 20, 50)  # the OT space's ℓ an arm may use (at most what the data allow)
 ARM_CLASSIFIERS = ("1nn", "target-logistic", "target-spread")
@@ -471,8 +462,7 @@ def choose(
     at, guard = pick(rows, criterion)  # writes each row's combined "score"
     kept = arms[at]
     own_arm = (own_mode, ell, s.cfg.classifier if s.cfg.classifier in ARM_CLASSIFIERS else "1nn")
-    by_cut = by_cut_of(s.terms)
-    voted = _vote(arms, rows, own_arm, count_share, s, pooled, by_cut) if rule == "vote" else None
+    voted = _vote(arms, rows, own_arm, count_share, s, pooled) if rule == "vote" else None
     if voted is not None and voted["collapsed"]:
         guard = (
             f"the vote of {len(voted['members'])} arms put {voted['largest_share']:.0%} of the "
@@ -521,31 +511,10 @@ def voters(
     return near or fine
 
 
-def by_cut_of(terms: SessionTerms) -> bool:
-    """Whether the vote weighs each voter by its silhouette too (``vote_weights``): on rows the
-    source standardizes under DP (``preprocessing = "standardize"``), where it was measured to
-    help (the development suite); not on a per-row representation, where it was measured to
-    cost (Office-Caltech: docs/results.md#devsuite)."""
-    return terms.preprocessing == "standardize"
-
-
-def vote_weights(
-    rows: list[dict[str, Any]], members: list[int], by_cut: bool = False
-) -> list[float]:
+def vote_weights(rows: list[dict[str, Any]], members: list[int]) -> list[float]:
     """Each voter's weight (``Arm.to_json`` rows): ``exp(−TV / VOTE_TEMPERATURE)``, TV the
-    total-variation distance of its predicted class shares to the noisy counts'. ``by_cut``
-    (a job on rows the source standardizes, ``by_cut_of``): times ``exp(−(s* − s) /
-    VOTE_SILHOUETTE_TEMPERATURE)``, s its silhouette and s* the best silhouette among the
-    voters (an arm whose silhouette is undefined scores −1, the criterion's floor): the
-    best-cut voter weighs its count factor alone, and one whose labels cut the target's rows
-    less cleanly counts for less."""
-    tv = np.array([1.0 - rows[i]["scores"]["counts"] for i in members], dtype=float)
-    weights = np.exp(-tv / VOTE_TEMPERATURE)
-    if by_cut and members:
-        cut = np.array([rows[i]["scores"].get("silhouette") for i in members], dtype=float)
-        cut = np.where(np.isfinite(cut), cut, -1.0)
-        weights = weights * np.exp(-(cut.max() - cut) / VOTE_SILHOUETTE_TEMPERATURE)
-    return [float(w) for w in weights]
+    total-variation distance of its predicted class shares to the noisy counts'."""
+    return [float(np.exp(-(1.0 - rows[i]["scores"]["counts"]) / VOTE_TEMPERATURE)) for i in members]
 
 
 def _vote(
@@ -555,7 +524,6 @@ def _vote(
     count_share: np.ndarray,
     s: JobSession,
     pooled: bool = False,
-    by_cut: bool = False,
 ) -> dict[str, Any] | None:
     """The weighted vote of ``voters`` (the job's own arm first, so that a tie goes to it): its
     predictions, its model (``ArmVote``), its shares and collapse flag; None without voters."""
@@ -570,7 +538,7 @@ def _vote(
         if arms[i].adapt and (arms[i].scaling, arms[i].dim, arms[i].classifier) == own
     ]
     members = mine + [i for i in members if i not in mine]
-    weights = vote_weights(rows, members, by_cut)
+    weights = vote_weights(rows, members)
     pred = vote([arms[i].pred for i in members], count_share.size, weights)
     share, top, collapsed = class_shares(pred, count_share)
     adapted = sum(arms[i].adapt for i in members)
