@@ -41,6 +41,10 @@ def test_grid_search_over_the_transport_strengths() -> None:
     grid = GridSearchCV(est, {"reg_g": [0.1, 1.0]}, cv=2)
     grid.fit(s.x, s.labels())
     assert grid.best_params_["reg_g"] in (0.1, 1.0)
+    assert np.all(np.isfinite(grid.cv_results_["mean_test_score"]))  # both values were fitted
+    best = grid.best_estimator_
+    assert best.reg_g == grid.best_params_["reg_g"] and best.select == "none"
+    assert best.predict(s.x).shape == (s.x.shape[0],)
 
 
 def test_inside_a_skada_pipeline() -> None:
