@@ -184,8 +184,9 @@ class DPDAClassifier(ClassifierMixin, BaseEstimator):
     cells : int or None, default None
         Prototypes: one noisy sum and count per (class, cell), each class's rows split into
         this many cells by random directions drawn independently of the data, in [1, 16];
-        the same charge as one point per class. None: one point a class (the rule that would
-        pick more from the source's rows per class is off: docs/results.md#cells).
+        the same charge as one point per class. None: for raw rows the source standardizes,
+        the most cells (at most 3) whose means the release's noise leaves precise enough at
+        the source's rows per class; 1 otherwise.
     release : str or None, default None
         What the source releases: ``prototypes`` (noisy per-class sums and counts),
         ``class-gaussians`` (per-class sums, sums of squares and counts),

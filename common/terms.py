@@ -68,11 +68,10 @@ MAX_CELLS = 16
 # per class the target asks for, and how noisy a cell's mean may be. A (class, cell) mean's
 # noise has norm ≈ σ·√k·q·K / n (rows in the unit ball); the target asks for the largest
 # K ≤ AUTO_CELLS that keeps it ≤ AUTO_CELL_NOISE. Chosen on the development suite at ε 8 and 2
-# (docs/results.md#cells)
-# AUTO_CELLS is 1 (the rule asks for one cell): with 3 the shipped example's daemon job is not
-# reliably above 90% (runs at 28.2% and 81.0% where the others kept 95–99.8%; one cell keeps
-# about 99.8%), with the counts-only vote or with silhouette weights (docs/results.md#cells)
-AUTO_CELLS = 1
+# (docs/results.md#cells); with them the vote on standardized rows takes the wider gate of
+# ``choice.STANDARDIZED_VOTE``: at the narrower one, the shipped example's job (whose target
+# mixes its classes otherwise than the source) lost its correct labellings in some draws
+AUTO_CELLS = 3
 AUTO_CELL_NOISE = 0.2
 # a received (class, cell) mean is a point of its own when its noise, σ·√k / n̂, is at most
 # this (``fitting.cell_points``); a class's other cells are pooled into one mean
@@ -158,8 +157,7 @@ class SessionTerms(BaseModel):
         points, each with the noise of its own count (``dpda.dp.mechanisms.row_cells``).
         None: a source-space job on raw rows the source standardizes asks for the largest
         K ≤ ``AUTO_CELLS`` whose cell means keep noise ≤ ``AUTO_CELL_NOISE`` at the source's
-        rows per class (``dpda.target_party.view.auto_cells``), 1 otherwise; ``AUTO_CELLS``
-        is 1, so a job that leaves ``cells`` out releases one point a class.
+        rows per class (``dpda.target_party.view.auto_cells``), 1 otherwise.
     preprocessing : {'none', 'standardize'}, default 'none'
         Source-space releases: ``standardize``, the source learns each column's location and
         scale and the row bound C from its own rows under DP (one more ledger entry, from
@@ -313,8 +311,9 @@ class SessionTerms(BaseModel):
         "releases one noisy sum and count per (class, cell): a class made of several clusters "
         "keeps several points at the same ε (one record still moves one row: the sensitivity "
         "is the per-class release's), each with the noise of its own count; 1: one point "
-        "per class. Default: one point a class (the rule that would pick more from the "
-        "source's rows per class is off: docs/results.md#cells)",
+        "per class. Default: for raw rows the source standardizes, the most cells (at most 3) "
+        "whose means the release's noise leaves precise enough, from the source's rows per "
+        "class; 1 otherwise",
     )
     release: ReleaseKind = Field(
         default="prototypes",

@@ -91,7 +91,7 @@ def test_the_rehearsal_reports_every_arm_and_keeps_the_best_scored_one(monkeypat
     import dpda.target_party.choice as choice
     from dpda.data.devsuite import pair
     from dpda.simulation import simulate
-    from dpda.target_party.choice import COUNT_GATE, CRITERION
+    from dpda.target_party.choice import CRITERION, STANDARDIZED_VOTE
     from dpda.target_party.view import AdaptConfig
 
     monkeypatch.setattr(choice, "RULE", "criterion")  # one arm, the best scored
@@ -100,11 +100,13 @@ def test_the_rehearsal_reports_every_arm_and_keeps_the_best_scored_one(monkeypat
     data = out.to_json(_terms())
     ch = data["choice"]
     assert ch["rule"] == ch["criterion"] == CRITERION and len(ch["arms"]) >= 6
+    gate = ch["count_gate"]
+    assert gate == STANDARDIZED_VOTE.gate  # raw rows the source standardizes
     fine = [a for a in ch["arms"] if not a["collapsed"] and a["score"] is not None]
-    near = [a for a in fine if 1 - a["scores"]["counts"] <= COUNT_GATE] or fine
+    near = [a for a in fine if 1 - a["scores"]["counts"] <= gate] or fine
     kept = next(a for a in ch["arms"] if a["arm"] == ch["kept"])
     assert kept["score"] == max(a["score"] for a in near)  # the best of those near the counts
-    assert 1 - kept["scores"]["counts"] <= COUNT_GATE or near == fine
+    assert 1 - kept["scores"]["counts"] <= gate or near == fine
     assert data["accuracy"]["kept"] == kept["accuracy"] == out.dpda.accuracy
     assert {"dpda", "dp_no_adaptation", "source_only", "source_only_logistic", "otda"} <= set(
         data["accuracy"]
@@ -295,24 +297,31 @@ def test_the_bench_replays_the_jobs_rule_and_scores_it_against_the_oracle() -> N
 def test_the_job_keeps_the_vote_of_the_adapted_arms_near_the_noisy_counts() -> None:
     from dpda.data.devsuite import pair
     from dpda.simulation import simulate
-    from dpda.target_party.choice import COUNT_GATE, VOTE_TEMPERATURE, voters
+    from dpda.target_party.choice import STANDARDIZED_VOTE, voters
     from dpda.target_party.view import AdaptConfig
 
+    how = STANDARDIZED_VOTE  # raw rows the source standardizes
     s, t = pair("iris", 0)
     terms = _terms(cells=1)  # one point a class: the arms this test names
     out = simulate(s, t, terms, "raw", AdaptConfig(seed=0), seed=0, scaling_mode="auto")
     data = out.to_json(terms)
     ch = data["choice"]
     assert ch["rule"] == "vote" and ch["kept_adapts"] and ch["guard"] is None
-    members = [ch["arms"][i] for i in voters(ch["arms"])]
+    assert data["preprocessing"]["mode"] == "standardize"
+    assert ch["count_gate"] == how.gate
+    assert ch["vote_rule"]["cut_temperature"] == how.cut_temperature
+    members = [ch["arms"][i] for i in voters(ch["arms"], how.gate)]
     assert ch["vote"]["members"][0] == "dpda/uniform/4/1nn"  # the job's own arm breaks ties
     assert sorted(ch["vote"]["members"]) == sorted(a["arm"] for a in members)
     assert all(a["adapt"] and not a["collapsed"] for a in members)
-    assert all(1 - a["scores"]["counts"] <= COUNT_GATE for a in members)
+    assert all(1 - a["scores"]["counts"] <= how.gate for a in members)
     by_name = {a["arm"]: a for a in members}
+    best = max(a["scores"]["silhouette"] for a in members)
     for name, w in zip(ch["vote"]["members"], ch["vote"]["weights"], strict=True):
         tv = 1.0 - by_name[name]["scores"]["counts"]  # nearer the noisy counts, more weight
-        assert w == pytest.approx(np.exp(-tv / VOTE_TEMPERATURE))
+        cut = best - by_name[name]["scores"]["silhouette"]  # a cleaner cut, more weight
+        assert w == pytest.approx(np.exp(-tv / how.temperature - cut / how.cut_temperature))
+    assert max(ch["vote"]["weights"]) <= 1.0 and len(set(ch["vote"]["weights"])) > 1
     assert ch["kept"] == f"vote of {len(members)} adapted arms"
     assert data["accuracy"]["kept"] == ch["vote"]["accuracy"] == out.dpda.accuracy
     assert out.dpda.adaptation["kept"] == "dpda"
@@ -375,6 +384,37 @@ def test_a_weighted_vote_lets_a_heavier_voter_outvote_two_lighter_ones() -> None
         vote([a.pred, b.pred, c.pred], 3, [1.0, 1.0])
 
 
+def test_a_voters_weight_falls_with_its_count_distance_and_on_standardized_rows_its_cut() -> None:
+    from dpda.target_party.choice import (
+        PER_ROW_VOTE,
+        STANDARDIZED_VOTE,
+        vote_rule_of,
+        vote_weights,
+    )
+    from dpda.terms import SessionTerms
+
+    def row(counts: float, silhouette: float | None) -> dict:
+        return {"scores": {"counts": counts, "silhouette": silhouette}}
+
+    t_row, t_cut = PER_ROW_VOTE.temperature, STANDARDIZED_VOTE.cut_temperature
+    assert PER_ROW_VOTE.cut_temperature is None and t_cut is not None
+    assert STANDARDIZED_VOTE.gate > PER_ROW_VOTE.gate  # label shift: see the module docstring
+    rows = [row(0.9, 0.30), row(0.9, 0.20), row(1.0, 0.20), row(0.9, None), row(0.9, 0.30)]
+    plain = vote_weights(rows, [0, 1, 2, 3])  # per-row representations: the counts alone
+    assert plain == pytest.approx(np.exp(-np.array([0.1, 0.1, 0.0, 0.1]) / t_row))
+    w = vote_weights(rows, [0, 1, 2, 3], STANDARDIZED_VOTE)  # the best cut among them: 0.30
+    t = STANDARDIZED_VOTE.temperature
+    assert w[0] == pytest.approx(np.exp(-0.1 / t))
+    assert w[1] == pytest.approx(w[0] * np.exp(-0.1 / t_cut))
+    assert w[2] == pytest.approx(np.exp(-0.1 / t_cut))  # on the counts
+    assert w[3] == pytest.approx(w[0] * np.exp(-1.3 / t_cut))  # undefined: the floor, −1
+    assert vote_weights(rows, [1, 2], STANDARDIZED_VOTE) == pytest.approx([np.exp(-0.1 / t), 1.0])
+    assert vote_weights(rows, [], STANDARDIZED_VOTE) == []
+    raw = SessionTerms(dataset="d", epsilon=8.0, delta=1e-6, preprocessing="standardize")
+    assert vote_rule_of(raw) is STANDARDIZED_VOTE
+    assert vote_rule_of(raw.model_copy(update={"preprocessing": "none"})) is PER_ROW_VOTE
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_shared_neighbour_order_gives_scikit_learns_cross_validated_knn_score(seed) -> None:
     """``consistency`` reads one neighbour order for every arm; it is the score
@@ -415,3 +455,32 @@ def test_a_large_target_is_chosen_for_on_a_subsample_and_every_row_is_labeled(mo
     pred = np.asarray(out.dpda.predictions)  # the kept model's, on every row
     assert pred.shape == (t.x.shape[0],)
     assert data["accuracy"]["kept"] == pytest.approx(100.0 * np.mean(pred == t.labels()))
+
+
+def test_on_the_examples_label_shift_the_correct_labellings_still_vote() -> None:
+    """The shipped example's target holds its classes in other shares than the source (a label
+    shift of about 0.2 in total variation), so a labelling that gets every row right sits about
+    0.2 from the source's noisy counts. On this draw of the noise such arms fall just outside
+    the per-row gate; on the standardized rows the example's job runs on, they vote, and the
+    job keeps nearly every row right."""
+    from dpda.cli.demo import DEMO_DELTA
+    from dpda.data.synthetic import two_domains
+    from dpda.simulation import simulate
+    from dpda.target_party.choice import PER_ROW_VOTE, voters
+    from dpda.target_party.view import AdaptConfig
+    from dpda.terms import SessionTerms
+
+    src, tgt = two_domains()
+    shares = [np.bincount(d.y, minlength=5) / d.y.size for d in (src, tgt)]
+    assert 0.5 * np.abs(shares[0] - shares[1]).sum() > 0.15  # the example's label shift
+    terms = SessionTerms(dataset="synthetic", epsilon=8.0, delta=DEMO_DELTA)
+    out = simulate(src, tgt, terms, "raw", AdaptConfig(seed=21), seed=1014, baselines=False)
+    data = out.to_json(terms)
+    ch, arms = data["choice"], data["choice"]["arms"]
+    assert data["cells"] == 3 and data["preprocessing"]["mode"] == "standardize"
+    right = {a["arm"] for a in arms if a["adapt"] and a["accuracy"] >= 98.0}
+    outside = {a["arm"] for a in arms if 1 - a["scores"]["counts"] > PER_ROW_VOTE.gate}
+    assert right & outside  # correct labellings the per-row gate would leave out ...
+    assert not right & outside & {arms[i]["arm"] for i in voters(arms, PER_ROW_VOTE.gate)}
+    assert right & outside & set(ch["vote"]["members"])  # ... vote under the job's gate
+    assert data["accuracy"]["kept"] >= 97.0
