@@ -17,6 +17,10 @@ function of its name and ``seed`` (the split and the shift are drawn from it).
   (≈ 2,000 rows a domain); the target's vocabulary drifts (some words' rates change);
 - ``images``: 20 classes × 36 rows of 1,024 non-negative "pixels" (row norms ≈ 14); the target
   is the same templates under another gain, offset and a blur.
+
+``SEVERAL`` holds families of three sources and one target (``text-sources``,
+``image-sources``), to choose and check a job over several sources on data other than
+Office-Caltech's.
 """
 
 from __future__ import annotations
@@ -106,31 +110,80 @@ def skada_covariate(seed: int) -> tuple[Domain, Domain]:
     )
 
 
+def _topics(rng: np.random.Generator, words: int, strength: float) -> np.ndarray:
+    """Two topics' word rates: a shared background plus each topic's 40 own words."""
+    background = rng.gamma(0.3, 0.05, size=words)
+    topics = np.vstack([background.copy(), background.copy()])
+    for c in range(2):
+        own = rng.choice(words, size=40, replace=False)
+        topics[c, own] += rng.gamma(1.0, strength, size=40)
+    return topics
+
+
+def _drift(rng: np.random.Generator, words: int) -> np.ndarray:
+    """A fifth of the vocabulary's rates, each times a factor in [0.3, 3]."""
+    drift = np.ones(words)
+    moved = rng.choice(words, size=words // 5, replace=False)
+    drift[moved] = np.exp(rng.uniform(np.log(0.3), np.log(3.0), size=moved.size))
+    return drift
+
+
+def _documents(
+    rng: np.random.Generator, n: int, share: float, rates: np.ndarray, lengths: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` documents, topic 1 with probability ``share``: term frequencies and topics."""
+    y = (rng.random(n) < share).astype(np.int64)
+    length = rng.integers(*lengths, size=n)[:, None]
+    counts = rng.poisson(rates[y] * length / rates.sum(axis=1, keepdims=True)[y] * 3.0)
+    x = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    return x.astype(float), y
+
+
 def text(seed: int, n: int = 2000, words: int = 500) -> tuple[Domain, Domain]:
     """Two topics of word counts (Poisson rates from a shared background plus each topic's own
     words), each row divided by its total: term frequencies in [0, 1], most of them 0. In the
     target a fifth of the vocabulary changes rate by a factor in [0.3, 3] and the topics'
     shares are 35/65 instead of 50/50."""
     rng = np.random.default_rng([seed, 41])
-    background = rng.gamma(0.3, 0.05, size=words)
-    topics = np.vstack([background.copy(), background.copy()])
-    for c in range(2):
-        own = rng.choice(words, size=40, replace=False)
-        topics[c, own] += rng.gamma(1.0, 0.02, size=40)
-    drift = np.ones(words)
-    moved = rng.choice(words, size=words // 5, replace=False)
-    drift[moved] = np.exp(rng.uniform(np.log(0.3), np.log(3.0), size=moved.size))
-
-    def draw(share: float, rates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        y = (rng.random(n) < share).astype(np.int64)
-        length = rng.integers(20, 80, size=n)[:, None]
-        counts = rng.poisson(rates[y] * length / rates.sum(axis=1, keepdims=True)[y] * 3.0)
-        x = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
-        return x.astype(float), y
-
-    xs, ys = draw(0.5, topics)
-    xt, yt = draw(0.65, topics * drift)
+    topics = _topics(rng, words, 0.02)
+    drift = _drift(rng, words)
+    xs, ys = _documents(rng, n, 0.5, topics, (20, 80))
+    xt, yt = _documents(rng, n, 0.65, topics * drift, (20, 80))
     return Domain("text:source", xs, ys, 2), Domain("text:target", xt, yt, 2)
+
+
+def _templates(rng: np.random.Generator, q: int, side: int) -> np.ndarray:
+    """``q`` smooth random templates of ``side²`` pixels, each of norm 1."""
+    base = rng.random((q, side, side))
+    for _ in range(3):  # smooth each template
+        base = (base + np.roll(base, 1, axis=1) + np.roll(base, 1, axis=2)) / 3.0
+    templates = base.reshape(q, side * side)
+    return np.asarray(templates / np.linalg.norm(templates, axis=1, keepdims=True))
+
+
+def _pictures(
+    rng: np.random.Generator,
+    templates: np.ndarray,
+    per_class: int,
+    look: tuple[float, float, bool, int],
+    scale: float = 12.0,
+    noise: float = 0.25,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``per_class`` rows of each template under ``look`` = (gain, offset, a 3-pixel
+    horizontal blur, a vertical shift in pixels), each row's gain in [0.8, 1.2] × gain, pixel
+    noise ``noise``, clipped at 0."""
+    gain, offset, blur, shift = look
+    q, k = templates.shape
+    side = int(round(np.sqrt(k)))
+    y = np.repeat(np.arange(q), per_class)
+    g = rng.uniform(0.8, 1.2, size=(y.size, 1)) * gain
+    x = templates[y] * scale * g + rng.normal(0.0, noise, size=(y.size, k))
+    if blur or shift:
+        img = x.reshape(-1, side, side)
+        if blur:
+            img = (img + np.roll(img, 1, axis=2) + np.roll(img, -1, axis=2)) / 3.0
+        x = np.roll(img, shift, axis=1).reshape(-1, k)
+    return np.maximum(x + offset, 0.0), y.astype(np.int64)
 
 
 def images(seed: int, q: int = 20, per_class: int = 36, side: int = 32) -> tuple[Domain, Domain]:
@@ -138,25 +191,41 @@ def images(seed: int, q: int = 20, per_class: int = 36, side: int = 32) -> tuple
     random template, each row its template under a random gain plus pixel noise (row norms
     ≈ 14). The target: gain × 0.8, an offset of 0.1 and a 3-pixel horizontal blur."""
     rng = np.random.default_rng([seed, 43])
-    k = side * side
-    base = rng.random((q, side, side))
-    for _ in range(3):  # smooth each template
-        base = (base + np.roll(base, 1, axis=1) + np.roll(base, 1, axis=2)) / 3.0
-    templates = base.reshape(q, k)
-    templates /= np.linalg.norm(templates, axis=1, keepdims=True)
-
-    def draw(gain: float, offset: float, blur: bool) -> tuple[np.ndarray, np.ndarray]:
-        y = np.repeat(np.arange(q), per_class)
-        g = rng.uniform(0.8, 1.2, size=(y.size, 1)) * gain
-        x = templates[y] * 12.0 * g + rng.normal(0.0, 0.25, size=(y.size, k))
-        if blur:
-            img = x.reshape(-1, side, side)
-            x = ((img + np.roll(img, 1, axis=2) + np.roll(img, -1, axis=2)) / 3.0).reshape(-1, k)
-        return np.maximum(x + offset, 0.0), y.astype(np.int64)
-
-    xs, ys = draw(1.0, 0.0, False)
-    xt, yt = draw(0.8, 0.1, True)
+    templates = _templates(rng, q, side)
+    xs, ys = _pictures(rng, templates, per_class, (1.0, 0.0, False, 0))
+    xt, yt = _pictures(rng, templates, per_class, (0.8, 0.1, True, 0))
     return Domain("images:source", xs, ys, q), Domain("images:target", xt, yt, q)
+
+
+def text_sources(seed: int, n: int = 1500, words: int = 400) -> tuple[dict[str, Domain], Domain]:
+    """Three sources of short documents of two weakly separated topics (8–30 words each),
+    each source with a vocabulary drift of its own and topic shares 50/50, 40/60 and 60/40;
+    the target with another drift and shares 35/65."""
+    rng = np.random.default_rng([seed, 141])
+    topics = _topics(rng, words, 0.006)
+    sources = {}
+    for name, share in (("s1", 0.5), ("s2", 0.4), ("s3", 0.6)):
+        x, y = _documents(rng, n, share, topics * _drift(rng, words), (8, 30))
+        sources[name] = Domain(f"text-sources:{name}", x, y, 2)
+    x, y = _documents(rng, n, 0.65, topics * _drift(rng, words), (8, 30))
+    return sources, Domain("text-sources:target", x, y, 2)
+
+
+def image_sources(
+    seed: int, q: int = 20, per_class: int = 36, side: int = 16
+) -> tuple[dict[str, Domain], Domain]:
+    """Three sources of ``q`` classes × ``per_class`` noisy ``side²``-pixel pictures of the same
+    templates, each under a look of its own (gain, offset, blur, a one-row shift); the target
+    under another (gain 0.8, offset 0.1, blurred and shifted)."""
+    rng = np.random.default_rng([seed, 143])
+    templates = _templates(rng, q, side)
+    looks = {"s1": (1.0, 0.0, False, 0), "s2": (1.1, 0.05, False, 1), "s3": (0.9, 0.0, True, 0)}
+    sources = {}
+    for name, look in looks.items():
+        x, y = _pictures(rng, templates, per_class, look, scale=9.0, noise=0.4)
+        sources[name] = Domain(f"image-sources:{name}", x, y, q)
+    x, y = _pictures(rng, templates, per_class, (0.8, 0.1, True, 1), scale=9.0, noise=0.4)
+    return sources, Domain("image-sources:target", x, y, q)
 
 
 def _wine(seed: int) -> tuple[Domain, Domain]:
@@ -189,6 +258,14 @@ PAIRS: dict[str, Callable[[int], tuple[Domain, Domain]]] = {
 
 # the per-row representation each pair is run under: what a user would pick from the shape
 REPRESENTATION = {name: "raw" for name in PAIRS}
+
+# several sources for one target (a job over several sources refuses DP standardization, so
+# each family runs under the per-row representation its shape suggests)
+SEVERAL: dict[str, Callable[[int], tuple[dict[str, Domain], Domain]]] = {
+    "text-sources": text_sources,
+    "image-sources": image_sources,
+}
+SEVERAL_REPRESENTATION = {"text-sources": "sqrt", "image-sources": "l2"}
 
 
 def pair(name: str, seed: int = 0) -> tuple[Domain, Domain]:

@@ -359,11 +359,18 @@ def run_bench_accuracy(args: argparse.Namespace) -> int:
     from tests.bench.accuracy_tpami import summarize_tpami, tpami_pair
 
     jobs = args.jobs or os.cpu_count() or 1
-    if args.protocol == ["devsuite"]:  # the offline suite: no benchmark data needed
+    offline = {"devsuite", "consortium-devsuite"}
+    if set(args.protocol) <= offline:  # the offline suite: no benchmark data needed
+        from tests.bench.consortium import run_several
         from tests.bench.devsuite import run_devsuite
 
+        out: dict[str, Any] = {}
         with ProcessPoolExecutor(jobs, initializer=worker_init) as pool:
-            write_json(args, {"devsuite": run_devsuite(pool, args)})
+            if "devsuite" in args.protocol:
+                out["devsuite"] = run_devsuite(pool, args)
+            if "consortium-devsuite" in args.protocol:
+                out["consortium_devsuite"] = run_several(pool, args.seeds, args.epsilons[0])
+        write_json(args, out)
         return 0
     data_dir = require_data_dir(args.data_dir)
     pairs = parse_pairs(args.pairs)
@@ -417,6 +424,10 @@ def run_bench_accuracy(args: argparse.Namespace) -> int:
             from tests.bench.consortium import run_consortium
 
             result["consortium"] = run_consortium(pool, str(data_dir), args.seeds, args.epsilons[0])
+        if "consortium-devsuite" in args.protocol:
+            from tests.bench.consortium import run_several
+
+            result["consortium_devsuite"] = run_several(pool, args.seeds, args.epsilons[0])
         if "otda-tpami" in args.protocol:
             tasks = [
                 pool.submit(tpami_pair, str(data_dir), s, t, run)
@@ -439,13 +450,23 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--protocol",
         nargs="+",
-        choices=["dpda-paper", "otda-tpami", "whole-batch", "defaults", "devsuite", "consortium"],
+        choices=[
+            "dpda-paper",
+            "otda-tpami",
+            "whole-batch",
+            "defaults",
+            "devsuite",
+            "consortium",
+            "consortium-devsuite",
+        ],
         default=["dpda-paper", "otda-tpami"],
         help="whole-batch: ε = --epsilon, one whole-dataset release; defaults: the job's own "
-        "defaults at each of --epsilons beside every fair baseline; devsuite (alone): the "
+        "defaults at each of --epsilons beside every fair baseline; devsuite (offline): the "
         "same on the offline development suite (--pairs: its names), with the label-free "
         "criteria against an oracle; consortium: Office-Caltech's four leave-one-domain-out "
-        "jobs over three sources at the first of --epsilons each, beside the one-source jobs",
+        "jobs over three sources at the first of --epsilons each, beside the one-source jobs; "
+        "consortium-devsuite (offline): the same job on the development suite's several-source "
+        "families",
     )
     s.add_argument(
         "--record-release",

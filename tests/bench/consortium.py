@@ -1,5 +1,7 @@
 """``dpda bench accuracy --protocol consortium``: several private sources for one target on
-Office-Caltech, leave one domain out (the three other domains as sources of the fourth).
+Office-Caltech, leave one domain out (the three other domains as sources of the fourth);
+``--protocol consortium-devsuite``: the same job on the development suite's several-source
+families (``dpda.data.devsuite.SEVERAL``), data other than Office-Caltech's.
 
 Each cell is what ``dpda simulate --dataset office-caltech --source X --source Y --source Z
 --target T --seed N --json OUT`` prints and writes (the contract's command, run in process),
@@ -52,6 +54,79 @@ def consortium_cell(data_dir: str, target: str, seed: int, epsilon: float) -> di
         "missing": data["consortium"]["missing"],
         "choice_kept": (data.get("choice") or {}).get("kept"),
     }
+
+
+def several_cell(name: str, seed: int, epsilon: float) -> dict[str, Any]:
+    """One job of the development suite's several-source family ``name`` at ``seed``, through
+    the CLI on the family's tables written as CSV files: ``dpda simulate --source-file S1
+    --source-file S2 --source-file S3 --target-file T --label-column label --representation R
+    --references``."""
+    from dpda.cli.main import main
+    from dpda.data.devsuite import SEVERAL, SEVERAL_REPRESENTATION, write_csv
+
+    sources, target = SEVERAL[name](seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["simulate"]
+        for part, d in [*sources.items(), ("target", target)]:
+            path = write_csv(d, Path(tmp) / f"{part}.csv")
+            args += ["--target-file" if part == "target" else "--source-file", str(path)]
+        out = Path(tmp) / "run.json"
+        args += ["--label-column", "label", "--seed", str(seed), "--epsilon", f"{epsilon:g}"]
+        args += ["--representation", SEVERAL_REPRESENTATION[name], "--references"]
+        args += ["--json", str(out)]
+        with contextlib.redirect_stdout(io.StringIO()):
+            if main(args) != 0:
+                raise RuntimeError(f"dpda {' '.join(args)} failed")
+        data = json.loads(out.read_text())
+    acc = data["accuracy"]
+    return {
+        "family": name,
+        "seed": seed,
+        "epsilon": epsilon,
+        **{k: acc.get(k) for k in COLUMNS},
+        "epsilon_spent_by_source": data["epsilon_spent_by_source"],
+        "choice_kept": (data.get("choice") or {}).get("kept"),
+    }
+
+
+def run_several(pool: Any, seeds: int, epsilon: float) -> dict[str, Any]:
+    """Every several-source family of the development suite at every seed."""
+    from dpda.data.devsuite import SEVERAL
+
+    cells = gather(
+        [pool.submit(several_cell, name, seed, epsilon)
+         for name in SEVERAL for seed in range(seeds)],
+        "several-source development runs",
+    )  # fmt: skip
+    table = summarize_several(cells)
+    print_several(table, epsilon)
+    return {"epsilon": epsilon, "runs": cells, "table": table}
+
+
+def summarize_several(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per family (in the order the cells first name them): the means over seeds of
+    ``COLUMNS`` and the largest ε any source spent."""
+    table: dict[str, Any] = {}
+    for name in dict.fromkeys(c["family"] for c in cells):
+        runs = [c for c in cells if c["family"] == name]
+        table[name] = {k: mean_of([r[k] for r in runs]) for k in COLUMNS}
+        table[name]["largest_epsilon_spent"] = max(
+            max(r["epsilon_spent_by_source"].values()) for r in runs
+        )
+    return table
+
+
+def print_several(table: dict[str, Any], epsilon: float) -> None:
+    print(f"\nSeveral-source development families, ε = {epsilon:g} at each (mean over seeds)")
+    print(f"{'family':<14} {'DPDA':>6} {'kept':>6} {'pooled':>7} {'1-NN':>6} {'LR':>6} "
+          f"{'OTDA':>6}  max ε")  # fmt: skip
+    for name, r in table.items():
+        print(
+            f"{name:<14} {cell(r['dpda']):>6} {cell(r['kept']):>6} "
+            f"{cell(r['dp_no_adaptation']):>7} {cell(r['source_only']):>6} "
+            f"{cell(r['source_only_logistic']):>6} {cell(r['otda']):>6}  "
+            f"{r['largest_epsilon_spent']:.3f}"
+        )
 
 
 def single_cell(data_dir: str, source: str, target: str, seed: int, epsilon: float) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench.consortium import summarize_consortium
+from tests.bench.consortium import summarize_consortium, summarize_several
 
 
 def _cell(target: str, seed: int, kept: float, pooled: float) -> dict:
@@ -37,3 +37,20 @@ def test_the_summary_compares_each_task_with_its_best_source_and_the_pooled_rele
     # one-source job ran (a best of nothing is no bar: 0)
     assert t["kept_at_least_best_single_source"] == 2
     assert t["kept_at_least_pooled_no_adaptation"] == 2 and t["n_tasks"] == 3
+
+
+def test_the_several_source_families_table_averages_each_familys_seeds() -> None:
+    def run(family: str, kept: float, spent: float) -> dict:
+        return {
+            "family": family, "dpda": kept - 5, "kept": kept, "dp_no_adaptation": 40.0,
+            "source_only": None, "source_only_logistic": 50.0, "otda": 55.0,
+            "epsilon_spent_by_source": {"s1": spent, "s2": 7.0},
+        }  # fmt: skip
+
+    cells = [run("text", 70.0, 7.9), run("images", 50.0, 7.5), run("text", 72.0, 7.99)]
+    t = summarize_several(cells)
+    assert list(t) == ["text", "images"]
+    assert t["text"]["kept"] == pytest.approx(71.0) and t["text"]["dpda"] == pytest.approx(66.0)
+    assert t["text"]["largest_epsilon_spent"] == pytest.approx(7.99)
+    assert t["text"]["source_only"] is None  # no reference ran: no mean made up
+    assert t["images"]["kept"] == pytest.approx(50.0)

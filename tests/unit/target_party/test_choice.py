@@ -275,6 +275,23 @@ def test_the_development_suite_is_small_offline_and_a_function_of_its_seed() -> 
         pair("mnist", 0)
 
 
+def test_the_several_source_families_are_three_shifted_sources_and_a_target() -> None:
+    from dpda.data.devsuite import MAX_ROWS, SEVERAL, SEVERAL_REPRESENTATION
+
+    assert set(SEVERAL_REPRESENTATION) == set(SEVERAL)
+    for name, make in SEVERAL.items():
+        sources, target = make(0)
+        assert len(sources) == 3, name
+        for src in sources.values():
+            assert src.x.shape[1] == target.x.shape[1] and src.n_classes == target.n_classes
+            assert src.x.shape[0] <= MAX_ROWS and src.x.min() >= 0.0, name  # per-row bounds
+            assert not np.allclose(src.x.mean(axis=0), target.x.mean(axis=0)), name
+        a, b = list(sources.values())[:2]
+        assert not np.allclose(a.x.mean(axis=0), b.x.mean(axis=0)), name  # each its own shift
+        again, other = make(0)[1], make(1)[1]
+        assert np.array_equal(again.x, target.x) and not np.array_equal(other.x, target.x)
+
+
 def test_the_bench_replays_the_jobs_rule_and_scores_it_against_the_oracle() -> None:
     from tests.bench.devsuite import criteria_table
 
