@@ -71,7 +71,8 @@ CRITERIA = ("silhouette", "entropy", "snd", "consistency", "counts")
 # sums (docs/results.md#devsuite)
 CRITERION = "silhouette"
 # what the job keeps: the weighted vote of the adapted arms near the noisy counts ("vote"; in a
-# job over several sources the arms of the pooled release without adaptation vote too),
+# job over several sources the arms of the pooled release without adaptation vote too, and the
+# sources' class images averaged class by class are adapted arms of their own),
 # or the one arm ``CRITERION`` scores best (any other value). Chosen on the development suite
 # and Office-Caltech (docs/results.md#devsuite)
 RULE = "vote"
@@ -126,10 +127,15 @@ class Arm:
     collapsed: bool = False
     largest_share: float = 0.0
     accuracy: float | None = None
+    # a job over several sources: the sources' class images averaged class by class, at the
+    # job's transport step ("step") or at the full barycentric image ("full"); None otherwise
+    pooled: str | None = None
 
     @property
     def name(self) -> str:
         what = "dpda" if self.adapt else "dp_no_adaptation"
+        if self.pooled is not None:
+            what = f"dpda_pooled_{self.pooled}"
         return f"{what}/{self.scaling}/{self.dim}/{self.classifier}"
 
     def to_json(self, criterion: str) -> dict[str, Any]:
@@ -352,19 +358,66 @@ def _no_adaptation(s: JobSession, fits: list[Any]) -> tuple[object, np.ndarray]:
     return model, np.asarray(model.predict(s.view.x))
 
 
-def _arms_of(s: JobSession, done: Fitted, mode: str, dim: int, job: Scaling) -> list[Arm]:
+def _pooled_images(s: JobSession, fits: list[Any], full: bool) -> tuple[object, np.ndarray]:
+    """A 1-NN model (and its labels of ``view.x``; the target's own labeled rows join its
+    training set as in ``Fitted.train``) on the sources' class images averaged class
+    by class (each source's image weighted by its noisy count), then refined toward the
+    target's rows as a job's aggregate points are (``self_label_step``, ``cfg.refine``).
+    ``full``: each image is the barycentric image itself; otherwise the point the job's
+    ``transport_step`` moves to. Each source's release is still transported by its own fit:
+    the average leaves each source's own shift behind where the sources disagree."""
+    from dpda.target_party.fitting import self_label_step, train_classifier
+
+    step = s.cfg.transport_step
+    to_ot = s.space.basis if s.space is not None else s.info.projection
+    back = np.linalg.pinv(to_ot)
+    moved = []
+    for f in fits:
+        if not full:
+            moved.append(f.mapped)
+            continue
+        # the fit's point is (1 − step)·(the release point) + step·(its image): solve for
+        # the image (``full`` is asked for only when the step is above 0)
+        lifted = f.points[:, : s.xt_proj.shape[1]] @ back
+        moved.append(lifted + (f.mapped - lifted) / step)
+    pts = np.vstack(moved)
+    labels = np.concatenate([f.labels for f in fits])
+    w = np.concatenate([f.weights for f in fits])
+    classes = np.unique(labels)
+    means = np.vstack(
+        [np.average(pts[labels == c], axis=0, weights=w[labels == c] + 1e-300) for c in classes]
+    )
+    means = self_label_step(means, s.view.x, s.cfg.refine)
+    model, pred = train_classifier(s.view, means, classes, replace(s.cfg, classifier="1nn"))
+    return model, np.asarray(pred)
+
+
+def _arms_of(
+    s: JobSession, done: Fitted, mode: str, dim: int, job: Scaling, pooled: bool = False
+) -> list[Arm]:
     """The arms of one (scaling, ℓ): DPDA and the release without adaptation, each with
-    every classifier of ``ARM_CLASSIFIERS``."""
+    every classifier of ``ARM_CLASSIFIERS``; ``pooled`` (a job over several sources, aggregate
+    releases): also the sources' class images averaged class by class (``_pooled_images``) at
+    the job's transport step and, where that step is above 0 and below 1, at the full image."""
     from dpda.target_party.fitting import Fitted, row_confidence
 
     fits = s.fit_all(done.releases, s.view)
     trial = Fitted(releases=done.releases, fits=fits, aggregate=done.aggregate)
     trial.train(s.view, replace(s.cfg, classifier="1nn"))
     assert trial.pred is not None
-    conf = row_confidence(np.sum([f.class_mass for f in fits], axis=0), trial.pred)
-    bases = [(True, trial.model, trial.pred, conf), (False, *_no_adaptation(s, fits), None)]
+    mass = np.sum([f.class_mass for f in fits], axis=0)
+    conf = row_confidence(mass, trial.pred)
+    bases: list[tuple[bool, str | None, object, np.ndarray, np.ndarray | None]] = [
+        (True, None, trial.model, trial.pred, conf),
+        (False, None, *_no_adaptation(s, fits), None),
+    ]
+    if pooled and done.aggregate and len(fits) > 1:
+        step = s.cfg.transport_step
+        for kind_of in ("step", "full") if 0.0 < step < 1.0 else ("step",):
+            model, pred = _pooled_images(s, fits, kind_of == "full")
+            bases.append((True, kind_of, model, pred, row_confidence(mass, pred)))
     arms = []
-    for adapt, model, pred, confidence in bases:
+    for adapt, how, model, pred, confidence in bases:
         for kind in ARM_CLASSIFIERS:
             got = (model, pred) if kind not in ROW_CLASSIFIERS else None
             if kind in ROW_CLASSIFIERS:
@@ -372,7 +425,7 @@ def _arms_of(s: JobSession, done: Fitted, mode: str, dim: int, job: Scaling) -> 
             if got is None:
                 continue
             wrapped = _Rescaled.wrap(got[0], job, s.view.scaling)
-            arms.append(Arm(adapt, mode, dim, kind, wrapped, np.asarray(got[1])))
+            arms.append(Arm(adapt, mode, dim, kind, wrapped, np.asarray(got[1]), pooled=how))
     return arms
 
 
@@ -435,10 +488,10 @@ def choose(
     "vote", ``voters``), or the best arm by ``criterion`` after the collapse guard (any other
     ``rule``, and where the vote collapses or has no voter); leaves the kept model and
     predictions in ``done``. ``pooled``: the job holds the releases of several sources, and
-    the arms of those releases pooled without adaptation vote beside the adapted ones (each
-    source's release is adapted on its own; pooled, the sources' shifts average out, and on
-    Office-Caltech's leave-one-domain-out jobs that arm is often the best one:
-    docs/results.md#consortium). Returns the choice as the job reports it."""
+    the arms of those releases pooled without adaptation vote beside the adapted ones, as do
+    the sources' class images averaged class by class (each source's release is adapted on
+    its own; pooled, the sources' shifts average out: docs/results.md#consortium). Returns the
+    choice as the job reports it."""
     rule = RULE if rule is None else rule
     from dpda.target_party.training import accuracy
 
@@ -467,7 +520,7 @@ def choose(
         own = (mode, dim) == (own_mode, ell)
         try:
             v = s if own else _variant(s, mode, dim)
-            arms += _arms_of(v, done, mode, dim, job)
+            arms += _arms_of(v, done, mode, dim, job, pooled)
         except SolverFailed as e:  # another space's transport: that variant is not an arm
             if own:
                 raise

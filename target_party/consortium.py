@@ -6,7 +6,10 @@ its own; nothing one source sends changes what another charges. The target takes
 source's releases as the batches of one job: each release is transported onto the target's
 rows by its own fit, and the classifier trains on the union of what the fits map (the way a
 job's minibatches are combined). The same releases, pooled, are the job's release without
-adaptation, so the label-free choice weighs adapting against not adapting on all of them.
+adaptation, so the label-free choice weighs adapting against not adapting on all of them; and
+the sources' class images, averaged class by class, vote as adapted arms of their own (where
+one source's shift puts its image of a class astray, the average follows the sources that
+agree: ``choice._pooled_images``).
 
 A source that refuses the session or fails to open it leaves the job with the others, and
 the job says which one is missing (``missing``); with none left, the job stops. A source that

@@ -104,6 +104,46 @@ def test_the_rehearsal_reports_each_sources_spend_and_pools_the_references() -> 
     arms = ch["arms"]
     pooled = {arms[i]["arm"] for i in voters(arms, pooled=True)}
     assert set(ch["vote"]["members"]) == pooled
+    # the sources' class images averaged class by class are adapted arms of every space,
+    # at the job's transport step and at the full image
+    spaces = {(a["scaling"], a["dim"]) for a in arms}
+    for what in ("dpda_pooled_step", "dpda_pooled_full"):
+        got = [a for a in arms if a["arm"].startswith(what + "/")]
+        assert got and all(a["adapt"] for a in got)
+        assert {(a["scaling"], a["dim"]) for a in got} == spaces
+
+
+def test_the_pooled_images_average_each_classs_images_by_the_sources_counts() -> None:
+    from types import SimpleNamespace
+
+    from dpda.target_party.choice import _pooled_images
+
+    basis = np.eye(4)[:, :2]  # the OT space: the view's first two columns
+    x = np.array([[0.0, 0.0, 0, 0], [1.0, 0.0, 0, 0], [0.0, 3.0, 0, 0], [1.0, 3.0, 0, 0]])
+    cfg = AdaptConfig(transport_step=0.5, refine=0.0)
+    s = SimpleNamespace(
+        cfg=cfg,
+        space=SimpleNamespace(basis=basis),
+        xt_proj=x @ basis,
+        view=SimpleNamespace(x=x, known=np.full(4, -1)),
+    )
+    points = np.array([[0.0, 0.0], [1.0, 0.0]])  # each source's two class points (OT space)
+
+    def fit(image_y: float, weight: float) -> SimpleNamespace:
+        image = np.array([[0.0, image_y, 0, 0], [1.0, image_y, 0, 0]])
+        mapped = 0.5 * points @ basis.T + 0.5 * image  # what the job's step makes of them
+        return SimpleNamespace(
+            mapped=mapped, points=points, labels=np.array([0, 1]), weights=np.full(2, weight)
+        )
+
+    fits = [fit(4.0, 1.0), fit(2.0, 3.0)]  # images at height 4 and 2, counts 1 : 3
+    for full, height in ((True, 2.5), (False, 1.25)):
+        model, pred = _pooled_images(s, fits, full)  # type: ignore[arg-type]
+        for c, at in enumerate(([0.0, height, 0, 0], [1.0, height, 0, 0])):
+            dist, _ = model.kneighbors(np.array([at]), 1)  # type: ignore[attr-defined]
+            assert dist[0, 0] == pytest.approx(0.0, abs=1e-12)
+            assert model.predict(np.array([at]))[0] == c  # type: ignore[attr-defined]
+        assert pred.tolist() == [0, 1, 0, 1]
 
 
 def test_the_pooled_vote_counts_the_arms_without_adaptation_near_the_counts() -> None:
