@@ -26,10 +26,18 @@ DOMAINS = "ACDW"
 COLUMNS = ("dpda", "kept", "dp_no_adaptation", "source_only", "source_only_logistic", "otda")
 
 
-def consortium_cell(data_dir: str, target: str, seed: int, epsilon: float) -> dict[str, Any]:
-    """One leave-one-domain-out job at ``seed`` and ``epsilon`` per source, through the CLI."""
+def _simulated(args: list[str], out: Path) -> dict[str, Any]:
+    """What ``dpda ARGS`` (a ``simulate`` writing its JSON to ``out``) wrote, run in process."""
     from dpda.cli.main import main
 
+    with contextlib.redirect_stdout(io.StringIO()):
+        if main(args) != 0:
+            raise RuntimeError(f"dpda {' '.join(args)} failed")
+    return dict(json.loads(out.read_text()))
+
+
+def consortium_cell(data_dir: str, target: str, seed: int, epsilon: float) -> dict[str, Any]:
+    """One leave-one-domain-out job at ``seed`` and ``epsilon`` per source, through the CLI."""
     sources = [d for d in DOMAINS if d != target]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
@@ -38,10 +46,7 @@ def consortium_cell(data_dir: str, target: str, seed: int, epsilon: float) -> di
             args += ["--source", s]
         args += ["--target", target, "--seed", str(seed), "--epsilon", f"{epsilon:g}"]
         args += ["--references", "--predictions", str(Path(tmp) / "p.csv"), "--json", str(out)]
-        with contextlib.redirect_stdout(io.StringIO()):
-            if main(args) != 0:
-                raise RuntimeError(f"dpda {' '.join(args)} failed")
-        data = json.loads(out.read_text())
+        data = _simulated(args, out)
     acc = data["accuracy"]
     return {
         "target": target,
@@ -61,7 +66,6 @@ def several_cell(name: str, seed: int, epsilon: float) -> dict[str, Any]:
     the CLI on the family's tables written as CSV files: ``dpda simulate --source-file S1
     --source-file S2 --source-file S3 --target-file T --label-column label --representation R
     --references``."""
-    from dpda.cli.main import main
     from dpda.data.devsuite import SEVERAL, SEVERAL_REPRESENTATION, write_csv
 
     sources, target = SEVERAL[name](seed)
@@ -73,11 +77,7 @@ def several_cell(name: str, seed: int, epsilon: float) -> dict[str, Any]:
         out = Path(tmp) / "run.json"
         args += ["--label-column", "label", "--seed", str(seed), "--epsilon", f"{epsilon:g}"]
         args += ["--representation", SEVERAL_REPRESENTATION[name], "--references"]
-        args += ["--json", str(out)]
-        with contextlib.redirect_stdout(io.StringIO()):
-            if main(args) != 0:
-                raise RuntimeError(f"dpda {' '.join(args)} failed")
-        data = json.loads(out.read_text())
+        data = _simulated([*args, "--json", str(out)], out)
     acc = data["accuracy"]
     return {
         "family": name,
