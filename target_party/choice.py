@@ -94,7 +94,8 @@ class VoteRule:
 PER_ROW_VOTE = VoteRule(gate=0.2, temperature=0.2, cut_temperature=None)
 # On rows the source standardizes (raw tables): the silhouette factor too, and a wider gate.
 # Chosen on the development suite at ε 8 (seeds 0–2, checked on 3–5) and the shipped example's
-# job (129 draws of its noise), replaying the recorded arms of every run (docs/results.md#cells)
+# job (160 draws of its noise), replaying the recorded arms of every run
+# (docs/results.md#standardized-vote)
 STANDARDIZED_VOTE = VoteRule(gate=0.25, temperature=0.2, cut_temperature=0.05)
 COUNT_GATE = PER_ROW_VOTE.gate  # ``pick``'s default gate
 SCALINGS = ("uniform", "zscore")  # the target's column scalings an arm may use
@@ -346,16 +347,29 @@ def label_rows(model: Any, x: np.ndarray) -> np.ndarray:
 def _no_adaptation(s: JobSession, fits: list[Any]) -> tuple[object, np.ndarray]:
     from sklearn.neighbors import KNeighborsClassifier
 
-    pts = np.vstack([f.points for f in fits])[:, : s.xt_proj.shape[1]]
+    classes, means = _class_means([_lifted(s, f) for f in fits], fits)
+    model = KNeighborsClassifier(n_neighbors=1).fit(means, classes)
+    return model, np.asarray(model.predict(s.view.x))
+
+
+def _lifted(s: JobSession, f: Any) -> np.ndarray:
+    """A fit's release points in the target's space ``view.x``, untransported: its OT-space
+    points back through the OT space's basis (or the session's projection)."""
+    to_ot = s.space.basis if s.space is not None else s.info.projection
+    return np.asarray(f.points[:, : s.xt_proj.shape[1]] @ np.linalg.pinv(to_ot))
+
+
+def _class_means(pts: list[np.ndarray], fits: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(The classes, each one's mean point): ``pts`` (one array per fit, row for row its
+    points) averaged class by class, each point weighted by its fit's mass."""
+    x = np.vstack(pts)
     labels = np.concatenate([f.labels for f in fits])
     w = np.concatenate([f.weights for f in fits])
     classes = np.unique(labels)
     means = np.vstack(
-        [np.average(pts[labels == c], axis=0, weights=w[labels == c] + 1e-300) for c in classes]
+        [np.average(x[labels == c], axis=0, weights=w[labels == c] + 1e-300) for c in classes]
     )
-    to_ot = s.space.basis if s.space is not None else s.info.projection
-    model = KNeighborsClassifier(n_neighbors=1).fit(means @ np.linalg.pinv(to_ot), classes)
-    return model, np.asarray(model.predict(s.view.x))
+    return classes, means
 
 
 def _pooled_images(s: JobSession, fits: list[Any], full: bool) -> tuple[object, np.ndarray]:
@@ -369,24 +383,13 @@ def _pooled_images(s: JobSession, fits: list[Any], full: bool) -> tuple[object, 
     from dpda.target_party.fitting import self_label_step, train_classifier
 
     step = s.cfg.transport_step
-    to_ot = s.space.basis if s.space is not None else s.info.projection
-    back = np.linalg.pinv(to_ot)
-    moved = []
-    for f in fits:
-        if not full:
-            moved.append(f.mapped)
-            continue
-        # the fit's point is (1 − step)·(the release point) + step·(its image): solve for
-        # the image (``full`` is asked for only when the step is above 0)
-        lifted = f.points[:, : s.xt_proj.shape[1]] @ back
-        moved.append(lifted + (f.mapped - lifted) / step)
-    pts = np.vstack(moved)
-    labels = np.concatenate([f.labels for f in fits])
-    w = np.concatenate([f.weights for f in fits])
-    classes = np.unique(labels)
-    means = np.vstack(
-        [np.average(pts[labels == c], axis=0, weights=w[labels == c] + 1e-300) for c in classes]
-    )
+    moved = [f.mapped for f in fits]
+    if full:
+        # each fit's point is (1 − step)·(the release point) + step·(its image): solve for the
+        # image (``full`` is asked for only when the step is above 0)
+        lifted = [_lifted(s, f) for f in fits]
+        moved = [p + (m - p) / step for p, m in zip(lifted, moved, strict=True)]
+    classes, means = _class_means(moved, fits)
     means = self_label_step(means, s.view.x, s.cfg.refine)
     model, pred = train_classifier(s.view, means, classes, replace(s.cfg, classifier="1nn"))
     return model, np.asarray(pred)
