@@ -98,6 +98,10 @@ PER_ROW_VOTE = VoteRule(gate=0.2, temperature=0.2, cut_temperature=None)
 # (docs/results.md#standardized-vote)
 STANDARDIZED_VOTE = VoteRule(gate=0.25, temperature=0.2, cut_temperature=0.05)
 COUNT_GATE = PER_ROW_VOTE.gate  # ``pick``'s default gate
+# the smallest transport step the full image is solved back from (dividing by the step): below
+# it the fit's point and the release point agree to rounding, and the quotient amplifies that
+# rounding instead of recovering the image
+IMAGE_STEP_FLOOR = 1e-6
 SCALINGS = ("uniform", "zscore")  # the target's column scalings an arm may use
 DIMS = (10, 20, 50)  # the OT space's ℓ an arm may use (at most what the data allow)
 ARM_CLASSIFIERS = ("1nn", "target-logistic", "target-spread")
@@ -386,7 +390,7 @@ def _pooled_images(s: JobSession, fits: list[Any], full: bool) -> tuple[object, 
     moved = [f.mapped for f in fits]
     if full:
         # each fit's point is (1 − step)·(the release point) + step·(its image): solve for the
-        # image (``full`` is asked for only when the step is above 0)
+        # image (``full`` is asked for only when the step is at least IMAGE_STEP_FLOOR)
         lifted = [_lifted(s, f) for f in fits]
         moved = [p + (m - p) / step for p, m in zip(lifted, moved, strict=True)]
     classes, means = _class_means(moved, fits)
@@ -401,7 +405,8 @@ def _arms_of(
     """The arms of one (scaling, ℓ): DPDA and the release without adaptation, each with
     every classifier of ``ARM_CLASSIFIERS``; ``pooled`` (a job over several sources, aggregate
     releases): also the sources' class images averaged class by class (``_pooled_images``) at
-    the job's transport step and, where that step is above 0 and below 1, at the full image."""
+    the job's transport step and, where that step is in [``IMAGE_STEP_FLOOR``, 1), at the full
+    image."""
     from dpda.target_party.fitting import Fitted, row_confidence
 
     fits = s.fit_all(done.releases, s.view)
@@ -416,7 +421,8 @@ def _arms_of(
     ]
     if pooled and done.aggregate and len(fits) > 1:
         step = s.cfg.transport_step
-        for kind_of in ("step", "full") if 0.0 < step < 1.0 else ("step",):
+        solvable = IMAGE_STEP_FLOOR <= step < 1.0  # the full image differs and is well posed
+        for kind_of in ("step", "full") if solvable else ("step",):
             model, pred = _pooled_images(s, fits, kind_of == "full")
             bases.append((True, kind_of, model, pred, row_confidence(mass, pred)))
     arms = []

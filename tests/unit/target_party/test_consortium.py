@@ -253,3 +253,18 @@ def test_a_job_whose_every_source_fails_mid_job_says_so() -> None:
             con.spent,
         )
     assert set(con.missing) == {"s0", "s1"}
+
+
+@pytest.mark.parametrize("step", [0.0, 1e-300, 1e-7, 1.0])
+def test_a_transport_step_the_full_image_cannot_be_solved_from_leaves_only_the_step_arm(
+    step: float,
+) -> None:
+    domains = {f"s{k}": two_domains(120, 80, k=6, seed=k)[0] for k in range(2)}
+    _, target = two_domains(120, 80, k=6, seed=9)
+    terms = TERMS.model_copy(update={"projection_dim": 4})
+    cfg = AdaptConfig(transport_step=step)
+    out = simulate_consortium(domains, target, terms, "raw", cfg, seed=0).to_json(terms)
+    names = [a["arm"] for a in out["choice"]["arms"]]
+    assert any(n.startswith("dpda_pooled_step/") for n in names)
+    assert not any(n.startswith("dpda_pooled_full/") for n in names)
+    assert 0.0 <= out["accuracy"]["kept"] <= 100.0  # finite labels: no image blown up by 1/step
