@@ -19,8 +19,9 @@ function of its name and ``seed`` (the split and the shift are drawn from it).
   is the same templates under another gain, offset and a blur.
 
 ``SEVERAL`` holds families of three sources and one target (``text-sources``,
-``image-sources``), to choose and check a job over several sources on data other than
-Office-Caltech's.
+``image-sources``, ``near-sources``), to choose and check a job over several sources on data
+other than Office-Caltech's; ``near-sources`` is a small target that one source nearly
+matches (the shape of Office-Caltech's DSLR and webcam targets).
 """
 
 from __future__ import annotations
@@ -228,6 +229,24 @@ def image_sources(
     return sources, Domain("image-sources:target", x, y, q)
 
 
+def near_sources(
+    seed: int, q: int = 10, per_class: int = 36, target_per_class: int = 15, side: int = 16
+) -> tuple[dict[str, Domain], Domain]:
+    """Three sources of ``q`` classes × ``per_class`` noisy pictures of the same templates, and
+    a small target (``target_per_class`` rows a class) whose look one source nearly shares
+    (gain 0.85 against 0.8, the same offset, blur and shift); the other two sources' looks are
+    further off (brighter and sharp; shifted the other way)."""
+    rng = np.random.default_rng([seed, 145])
+    templates = _templates(rng, q, side)
+    looks = {"s1": (0.85, 0.1, True, 1), "s2": (1.2, 0.0, False, 0), "s3": (1.0, 0.05, False, -1)}
+    sources = {}
+    for name, look in looks.items():
+        x, y = _pictures(rng, templates, per_class, look, scale=9.0, noise=0.4)
+        sources[name] = Domain(f"near-sources:{name}", x, y, q)
+    x, y = _pictures(rng, templates, target_per_class, (0.8, 0.1, True, 1), scale=9.0, noise=0.4)
+    return sources, Domain("near-sources:target", x, y, q)
+
+
 def _wine(seed: int) -> tuple[Domain, Domain]:
     from sklearn.datasets import load_wine
 
@@ -264,8 +283,9 @@ REPRESENTATION = {name: "raw" for name in PAIRS}
 SEVERAL: dict[str, Callable[[int], tuple[dict[str, Domain], Domain]]] = {
     "text-sources": text_sources,
     "image-sources": image_sources,
+    "near-sources": near_sources,
 }
-SEVERAL_REPRESENTATION = {"text-sources": "sqrt", "image-sources": "l2"}
+SEVERAL_REPRESENTATION = {"text-sources": "sqrt", "image-sources": "l2", "near-sources": "l2"}
 
 
 def pair(name: str, seed: int = 0) -> tuple[Domain, Domain]:

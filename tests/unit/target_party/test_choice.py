@@ -292,6 +292,29 @@ def test_the_several_source_families_are_three_shifted_sources_and_a_target() ->
         assert np.array_equal(again.x, target.x) and not np.array_equal(other.x, target.x)
 
 
+def test_near_sources_is_a_small_target_that_one_source_nearly_matches() -> None:
+    from dpda.data.devsuite import SEVERAL
+
+    sources, target = SEVERAL["near-sources"](0)
+    y = target.labels()
+
+    def gap(d) -> float:  # the mean distance between its class means and the target's
+        yd = d.labels()
+        return float(
+            np.mean(
+                [
+                    np.linalg.norm(d.x[yd == c].mean(axis=0) - target.x[y == c].mean(axis=0))
+                    for c in range(target.n_classes)
+                ]
+            )
+        )
+
+    gaps = {name: gap(d) for name, d in sources.items()}
+    assert min(gaps, key=gaps.__getitem__) == "s1"
+    assert 2 * gaps["s1"] < min(gaps["s2"], gaps["s3"]), gaps
+    assert all(target.x.shape[0] < d.x.shape[0] / 2 for d in sources.values())
+
+
 def test_the_bench_replays_the_jobs_rule_and_scores_it_against_the_oracle() -> None:
     from tests.bench.devsuite import criteria_table
 
