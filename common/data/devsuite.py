@@ -212,6 +212,26 @@ def text_sources(seed: int, n: int = 1500, words: int = 400) -> tuple[dict[str, 
     return sources, Domain("text-sources:target", x, y, 2)
 
 
+def _picture_family(
+    family: str,
+    rng: np.random.Generator,
+    templates: np.ndarray,
+    looks: dict[str, tuple[float, float, bool, int]],
+    per_class: tuple[int, int],
+) -> tuple[dict[str, Domain], Domain]:
+    """A several-source family of pictures of ``templates``: each source under its look
+    (``looks``, the target's under ``"target"``), ``per_class`` = (a source's rows a class, the
+    target's), scale 9 and pixel noise 0.4; drawn source by source, then the target."""
+    q = templates.shape[0]
+    sources = {}
+    for name, look in looks.items():
+        if name != "target":
+            x, y = _pictures(rng, templates, per_class[0], look, scale=9.0, noise=0.4)
+            sources[name] = Domain(f"{family}:{name}", x, y, q)
+    x, y = _pictures(rng, templates, per_class[1], looks["target"], scale=9.0, noise=0.4)
+    return sources, Domain(f"{family}:target", x, y, q)
+
+
 def image_sources(
     seed: int, q: int = 20, per_class: int = 36, side: int = 16
 ) -> tuple[dict[str, Domain], Domain]:
@@ -220,13 +240,13 @@ def image_sources(
     under another (gain 0.8, offset 0.1, blurred and shifted)."""
     rng = np.random.default_rng([seed, 143])
     templates = _templates(rng, q, side)
-    looks = {"s1": (1.0, 0.0, False, 0), "s2": (1.1, 0.05, False, 1), "s3": (0.9, 0.0, True, 0)}
-    sources = {}
-    for name, look in looks.items():
-        x, y = _pictures(rng, templates, per_class, look, scale=9.0, noise=0.4)
-        sources[name] = Domain(f"image-sources:{name}", x, y, q)
-    x, y = _pictures(rng, templates, per_class, (0.8, 0.1, True, 1), scale=9.0, noise=0.4)
-    return sources, Domain("image-sources:target", x, y, q)
+    looks = {
+        "s1": (1.0, 0.0, False, 0),
+        "s2": (1.1, 0.05, False, 1),
+        "s3": (0.9, 0.0, True, 0),
+        "target": (0.8, 0.1, True, 1),
+    }
+    return _picture_family("image-sources", rng, templates, looks, (per_class, per_class))
 
 
 def near_sources(
@@ -238,13 +258,13 @@ def near_sources(
     further off (brighter and sharp; shifted the other way)."""
     rng = np.random.default_rng([seed, 145])
     templates = _templates(rng, q, side)
-    looks = {"s1": (0.85, 0.1, True, 1), "s2": (1.2, 0.0, False, 0), "s3": (1.0, 0.05, False, -1)}
-    sources = {}
-    for name, look in looks.items():
-        x, y = _pictures(rng, templates, per_class, look, scale=9.0, noise=0.4)
-        sources[name] = Domain(f"near-sources:{name}", x, y, q)
-    x, y = _pictures(rng, templates, target_per_class, (0.8, 0.1, True, 1), scale=9.0, noise=0.4)
-    return sources, Domain("near-sources:target", x, y, q)
+    looks = {
+        "s1": (0.85, 0.1, True, 1),
+        "s2": (1.2, 0.0, False, 0),
+        "s3": (1.0, 0.05, False, -1),
+        "target": (0.8, 0.1, True, 1),
+    }
+    return _picture_family("near-sources", rng, templates, looks, (per_class, target_per_class))
 
 
 def _wine(seed: int) -> tuple[Domain, Domain]:
