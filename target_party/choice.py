@@ -26,7 +26,9 @@ when none is that close — and each one's weight is ``exp(−TV / temperature)`
 total-variation distance to the noisy counts', times, on rows the source standardizes,
 ``exp(−(s* − s) / cut_temperature)``, s its silhouette and s* the best voter's: an arm whose
 labels disagree with the release's class shares, or cut the target's rows less cleanly than the
-best voter's, counts for less (``vote_weights``). The noisy counts are the *source's* class
+best voter's, counts for less; in a job over several sources, each weight also grows with the
+arm's OT-space dimension ℓ, as log(1 + ℓ) (``vote_weights``, ``POOLED_DIM_WEIGHT``). The noisy
+counts are the *source's* class
 shares; a target whose classes are mixed otherwise (a label shift) has correct labellings as
 far as 0.2 from them, which is why the gate on standardized rows is wider. One arm's labels
 carry its own space's errors; arms fitted in other scalings and dimensions err on different
@@ -98,6 +100,14 @@ PER_ROW_VOTE = VoteRule(gate=0.2, temperature=0.2, cut_temperature=None)
 # (docs/results.md#standardized-vote)
 STANDARDIZED_VOTE = VoteRule(gate=0.25, temperature=0.2, cut_temperature=0.05)
 COUNT_GATE = PER_ROW_VOTE.gate  # ``pick``'s default gate
+# In a job over several sources, a voter's weight also grows with its OT space's dimension ℓ,
+# as log(1 + ℓ) (``vote_weights``): there the voters of ℓ 50 label the most target rows right
+# on five of the seven several-source families and Office-Caltech tasks, those of ℓ 10 the
+# fewest on six. Of the weights replayed on the recorded arms of those jobs at seeds 0–2
+# (equal, ℓ, √ℓ, ℓ², the largest ℓ alone, ℓ ≥ 20: ``dpda bench accuracy --protocol
+# consortium-replay``), the one that keeps at least what equal weights keep on all seven;
+# checked on Office-Caltech's seeds 3–8 (docs/results.md#consortium)
+POOLED_DIM_WEIGHT = True
 # the smallest transport step the full image is solved back from (dividing by the step): below
 # it the fit's point and the release point agree to rounding, and the quotient amplifies that
 # rounding instead of recovering the image
@@ -608,20 +618,28 @@ def vote_rule_of(terms: SessionTerms) -> VoteRule:
 
 
 def vote_weights(
-    rows: list[dict[str, Any]], members: list[int], how: VoteRule = PER_ROW_VOTE
+    rows: list[dict[str, Any]],
+    members: list[int],
+    how: VoteRule = PER_ROW_VOTE,
+    pooled: bool = False,
 ) -> list[float]:
     """Each voter's weight (``Arm.to_json`` rows): ``exp(−TV / how.temperature)``, TV the
     total-variation distance of its predicted class shares to the noisy counts'; with a
     ``how.cut_temperature``, times ``exp(−(s* − s) / how.cut_temperature)``, s its silhouette
     and s* the best silhouette among the voters (an undefined silhouette scores −1, the
     criterion's floor): the best-cut voter weighs its count factor alone, and one whose labels
-    cut the target's rows less cleanly counts for less."""
+    cut the target's rows less cleanly counts for less. ``pooled`` (a job over several
+    sources): times ``log(1 + ℓ) / log(1 + ℓ*)``, ℓ its OT space's dimension and ℓ* the
+    largest among the voters (``POOLED_DIM_WEIGHT``)."""
     tv = np.array([1.0 - rows[i]["scores"]["counts"] for i in members], dtype=float)
     weights = np.exp(-tv / how.temperature)
     if how.cut_temperature is not None and members:
         cut = np.array([rows[i]["scores"].get("silhouette") for i in members], dtype=float)
         cut = np.where(np.isfinite(cut), cut, -1.0)
         weights = weights * np.exp(-(cut.max() - cut) / how.cut_temperature)
+    if pooled and POOLED_DIM_WEIGHT and members:
+        room = np.log1p(np.array([max(int(rows[i]["dim"]), 1) for i in members], dtype=float))
+        weights = weights * room / room.max()
     return [float(w) for w in weights]
 
 
@@ -648,7 +666,7 @@ def _vote(
         if arms[i].adapt and (arms[i].scaling, arms[i].dim, arms[i].classifier) == own
     ]
     members = mine + [i for i in members if i not in mine]
-    weights = vote_weights(rows, members, how)
+    weights = vote_weights(rows, members, how, pooled)
     pred = vote([arms[i].pred for i in members], count_share.size, weights)
     share, top, collapsed = class_shares(pred, count_share)
     adapted = sum(arms[i].adapt for i in members)

@@ -428,6 +428,12 @@ def run_bench_accuracy(args: argparse.Namespace) -> int:
             from tests.bench.consortium import run_several
 
             result["consortium_devsuite"] = run_several(pool, args.seeds, args.epsilons[0])
+        if "consortium-replay" in args.protocol:
+            from tests.bench.consortium_replay import run_replay
+
+            result["consortium_replay"] = run_replay(
+                pool, str(data_dir), args.seeds, args.epsilons[0]
+            )
         if "otda-tpami" in args.protocol:
             tasks = [
                 pool.submit(tpami_pair, str(data_dir), s, t, run)
@@ -458,6 +464,7 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
             "devsuite",
             "consortium",
             "consortium-devsuite",
+            "consortium-replay",
         ],
         default=["dpda-paper", "otda-tpami"],
         help="whole-batch: ε = --epsilon, one whole-dataset release; defaults: the job's own "
@@ -466,7 +473,8 @@ def register_accuracy(bsub: argparse._SubParsersAction) -> None:
         "criteria against an oracle; consortium: Office-Caltech's four leave-one-domain-out "
         "jobs over three sources at the first of --epsilons each, beside the one-source jobs; "
         "consortium-devsuite (offline): the same job on the development suite's several-source "
-        "families",
+        "families; consortium-replay: both, with each source alone recorded as arms, and the "
+        "vote replayed on the recorded arms under ways of choosing among the sources",
     )
     s.add_argument(
         "--record-release",

@@ -160,6 +160,31 @@ def test_the_pooled_vote_counts_the_arms_without_adaptation_near_the_counts() ->
     assert voters(far) == [0] and voters(far, pooled=True) == [0, 1]  # none near: every one
 
 
+def test_the_pooled_vote_weighs_each_voter_by_its_spaces_dimension_and_one_source_does_not() -> (
+    None
+):
+    from dpda.target_party.choice import PER_ROW_VOTE, STANDARDIZED_VOTE, vote_weights
+
+    def arm(dim: int, counts: float) -> dict:
+        return {"dim": dim, "scores": {"counts": counts, "silhouette": 0.2}}
+
+    rows = [arm(10, 1.0), arm(20, 1.0), arm(50, 0.9), arm(1, 1.0)]
+    plain = vote_weights(rows, [0, 1, 2, 3])
+    t = PER_ROW_VOTE.temperature
+    assert plain == pytest.approx([1.0, 1.0, np.exp(-0.1 / t), 1.0])  # one source: the counts
+    several = vote_weights(rows, [0, 1, 2, 3], pooled=True)
+    room = np.log1p([10, 20, 50, 1]) / np.log1p(50)  # the largest space among the voters: 1
+    assert several == pytest.approx(np.array(plain) * room)
+    assert several[3] > 0  # a one-dimensional space still votes
+    # the factor is relative to the voters' largest space, and composes with the cut factor
+    assert vote_weights(rows, [0, 1], pooled=True) == pytest.approx(
+        [np.log1p(10) / np.log1p(20), 1]
+    )
+    cut = vote_weights(rows, [0, 2], STANDARDIZED_VOTE)
+    both = vote_weights(rows, [0, 2], STANDARDIZED_VOTE, pooled=True)
+    assert both == pytest.approx(np.array(cut) * np.log1p([10, 50]) / np.log1p(50))
+
+
 def test_only_a_job_holding_several_sources_lets_the_pooled_release_vote() -> None:
     from dpda.target_party.consortium import pooled_job
 

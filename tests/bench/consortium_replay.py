@@ -1,0 +1,243 @@
+"""``dpda bench accuracy --protocol consortium-replay``: how a consortium job might choose among
+its sources, measured on the job's own arms (docs/results.md#consortium, "Measured and not
+shipped").
+
+Each job is the bench's own (``consortium_cell``: Office-Caltech's leave-one-domain-out tasks;
+``several_cell``: the development suite's several-source families), run with the label-free
+choice's arms recorded. Beside the job's arms, each source's release alone is recorded as
+arms of its own: adapted by its own fit and not adapted, with every classifier of
+``choice.ARM_CLASSIFIERS``, in every space the job's arms use. The job itself keeps what it
+keeps: its vote never counts the recorded one-source arms (its JSON lists them among the
+arms, and it keeps its vote wherever the vote does not collapse). The vote is then replayed on the
+recorded labels under each variant of ``VARIANTS``, with the job's own gate, weights and
+order (``choice.voters``, ``choice.vote_weights``, the job's own arm first), and scored
+against the target's labels (a rehearsal's; never read by any variant's choice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+from unittest import mock
+
+import numpy as np
+
+from tests.bench.accuracy import mean_of
+from tests.bench.consortium import DOMAINS
+
+# how the job's own voters weigh across OT spaces of dimension ℓ (the first is the job's rule,
+# ``choice.POOLED_DIM_WEIGHT``), by row label of the table, and the factor each applies
+BY_DIM: dict[str, Callable[[int, int], float]] = {
+    "the job's vote (× log(1 + ℓ)), replayed": lambda d, top: 1.0,
+    "equal weights across ℓ": lambda d, top: 1.0 / np.log1p(d),
+    "× ℓ": lambda d, top: d / np.log1p(d),
+    "× √ℓ": lambda d, top: np.sqrt(d) / np.log1p(d),
+    "× ℓ²": lambda d, top: d * d / np.log1p(d),
+    "the largest ℓ's voters alone": lambda d, top: float(d == top),
+    "the voters of ℓ ≥ 20 alone": lambda d, top: float(d >= 20),
+}
+# what each variant adds to the job's vote, or how it chooses among the sources
+AMONG = (
+    "each source alone, adapted and not, as arms of their own",
+    "the same, each source's arms at weight 1/3",
+    "the arms without adaptation at weight 3",
+) + tuple(f"the all-source or one source's vote, by {c}" for c in ("silhouette", "entropy",
+          "snd", "consistency", "counts"))  # fmt: skip
+VARIANTS = (*BY_DIM, *AMONG)
+
+
+def _one_source_arms(s: Any, done: Any, mode: str, dim: int, job: Any) -> list[Any]:
+    """Each source's release alone as arms of one (scaling, ℓ): adapted by its own fit and
+    without adaptation, each with every classifier of ``ARM_CLASSIFIERS`` (``Arm.pooled``
+    ``one<k>a`` / ``one<k>n``, k the source's place in the job)."""
+    from dpda.target_party import choice as ch
+    from dpda.target_party.fitting import Fitted, row_confidence
+    from dpda.target_party.training import ROW_CLASSIFIERS, fit_on_rows
+
+    fits = s.fit_all(done.releases, s.view)
+    arms = []
+    for k, f in enumerate(fits):
+        one = Fitted(releases=[done.releases[k]], fits=[f], aggregate=done.aggregate)
+        one.train(s.view, replace(s.cfg, classifier="1nn"))
+        assert one.pred is not None
+        bases: list[tuple[bool, str, object, np.ndarray, np.ndarray | None]] = [
+            (True, f"one{k}a", one.model, one.pred, row_confidence(f.class_mass, one.pred)),
+            (False, f"one{k}n", *ch._no_adaptation(s, [f]), None),
+        ]
+        for adapt, tag, model, pred, confidence in bases:
+            for kind in ch.ARM_CLASSIFIERS:
+                got: tuple[object, np.ndarray] | None = (model, pred)
+                if kind in ROW_CLASSIFIERS:
+                    got = fit_on_rows(s.view.x, pred, confidence, kind, s.cfg.seed)
+                if got is None:
+                    continue
+                wrapped = ch._Rescaled.wrap(got[0], job, s.view.scaling)
+                arms.append(ch.Arm(adapt, mode, dim, kind, wrapped, np.asarray(got[1]), pooled=tag))
+    return arms
+
+
+def _recorded(run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``run()``'s result and its last choice's arms: names, labels of the target's rows,
+    JSON rows, the noisy counts' shares, the target's labels, the job's own arm, its vote rule
+    and the rows the criteria read. The job's vote sees its own arms only."""
+    from dpda.target_party import choice as ch
+
+    seen: dict[str, Any] = {}
+    arms_of, vote_of = ch._arms_of, ch._vote
+
+    def arms(s: Any, done: Any, mode: str, dim: int, job: Any, pooled: bool = False) -> list:
+        out = arms_of(s, done, mode, dim, job, pooled)
+        return out + _one_source_arms(s, done, mode, dim, job) if pooled else out
+
+    def vote(arms: list, rows: list, own: tuple, count_share: np.ndarray, s: Any, how: Any,
+             pooled: bool = False) -> Any:  # fmt: skip
+        job = [i for i, a in enumerate(arms) if not (a.pooled or "").startswith("one")]
+        seen.update(
+            names=[a.name for a in arms], preds=[a.pred for a in arms], rows=rows,
+            count_share=count_share, labels=s.view.labels, own=own, how=how, x=s.xt_proj,
+            seed=s.cfg.seed,
+        )  # fmt: skip
+        return vote_of([arms[i] for i in job], [rows[i] for i in job], own, count_share, s,
+                       how, pooled)  # fmt: skip
+
+    with mock.patch.object(ch, "_arms_of", arms), mock.patch.object(ch, "_vote", vote):
+        result = run()
+    return result, seen
+
+
+def _group(name: str) -> str:
+    """The arm's group: ``all`` (the job's own arms) or ``one<k>`` (source k alone)."""
+    head = name.split("/")[0]
+    return head[len("dpda_pooled_") : -1] if head.startswith("dpda_pooled_one") else "all"
+
+
+def replay(rec: dict[str, Any]) -> dict[str, float]:
+    """Each variant of ``VARIANTS``'s accuracy (%) on the recorded arms ``rec``."""
+    from dpda.target_party import choice as ch
+    from dpda.target_party.training import vote
+
+    names, rows, how, y = rec["names"], rec["rows"], rec["how"], rec["labels"]
+    q = rec["count_share"].size
+    own = tuple(rec["own"])
+    groups: dict[str, list[int]] = {}
+    for i, n in enumerate(names):
+        groups.setdefault(_group(n), []).append(i)
+
+    def vote_over(idx: list[int], scale: Callable[[int], float] = lambda i: 1.0) -> np.ndarray:
+        """The job's vote over the arms ``idx``, each voter's weight times ``scale`` of its
+        index (the voters that weigh 0 left out, so that the job's own arm leads only if it
+        votes)."""
+        sub = [rows[i] for i in idx]
+        members = ch.voters(sub, how.gate, True)
+        members = [m for m in members if scale(idx[m]) > 0] or members
+        mine = [
+            m for m in members
+            if sub[m]["adapt"] and _group(names[idx[m]]) == "all" and "pooled" not in sub[m]["arm"]
+            and (sub[m]["scaling"], sub[m]["dim"], sub[m]["classifier"]) == own
+        ]  # fmt: skip
+        members = mine + [m for m in members if m not in mine]
+        w = ch.vote_weights(sub, members, how, True)
+        w = [wi * scale(idx[m]) for wi, m in zip(w, members, strict=True)]
+        return vote([rec["preds"][idx[m]] for m in members], q, w)
+
+    def acc(p: np.ndarray) -> float:
+        return 100.0 * float(np.mean(p == y))
+
+    job = groups["all"]
+    top = max(int(rows[i]["dim"]) for i in job)
+    out = {
+        label: acc(vote_over(job, lambda i, f=f: f(int(rows[i]["dim"]), top)))  # type: ignore[misc]
+        for label, f in BY_DIM.items()
+    }
+    k = max(len(groups) - 1, 1)
+    everything = list(range(len(names)))
+    out[AMONG[0]] = acc(vote_over(everything))
+    out[AMONG[1]] = acc(
+        vote_over(everything, lambda i: 1.0 if _group(names[i]) == "all" else 1 / k)
+    )
+    out[AMONG[2]] = acc(
+        vote_over(job, lambda i: 3.0 if names[i].startswith("dp_no_adaptation") else 1.0)
+    )
+    by_group = {g: vote_over(idx) for g, idx in groups.items()}
+    scores = {
+        g: ch.scores_of(np.asarray(rec["x"]), p, rec["count_share"], rec["seed"])
+        for g, p in by_group.items()
+    }
+    for variant, criterion in zip(AMONG[3:], ch.CRITERIA, strict=True):
+        best = max(
+            by_group, key=lambda g: np.nan_to_num(scores[g].get(criterion, np.nan), nan=-np.inf)
+        )
+        out[variant] = acc(by_group[best])
+    return out
+
+
+def voters_by_dim(rec: dict[str, Any]) -> dict[str, float]:
+    """The mean accuracy (%) of the job's voters in each OT space's dimension ℓ (its own
+    arms that the vote counts, ``choice.voters``), by ℓ."""
+    from dpda.target_party import choice as ch
+
+    job = [i for i, n in enumerate(rec["names"]) if _group(n) == "all"]
+    sub = [rec["rows"][i] for i in job]
+    members = [job[m] for m in ch.voters(sub, rec["how"].gate, True)]
+    out: dict[str, float] = {}
+    for d in sorted({int(rec["rows"][i]["dim"]) for i in members}):
+        at = [i for i in members if int(rec["rows"][i]["dim"]) == d]
+        out[str(d)] = float(
+            np.mean([100.0 * np.mean(rec["preds"][i] == rec["labels"]) for i in at])
+        )
+    return out
+
+
+def replay_cell(data_dir: str | None, what: str, seed: int, epsilon: float) -> dict[str, Any]:
+    """One job (an Office-Caltech target letter, or a several-source family's name) at
+    ``seed``, recorded and replayed."""
+    from tests.bench.consortium import consortium_cell, several_cell
+
+    if what in DOMAINS:
+        assert data_dir is not None
+        result, rec = _recorded(lambda: consortium_cell(data_dir, what, seed, epsilon))
+    else:
+        result, rec = _recorded(lambda: several_cell(what, seed, epsilon))
+    return {
+        "job": what, "seed": seed, "epsilon": epsilon, "kept": result["kept"],
+        "dp_no_adaptation": result["dp_no_adaptation"], "variants": replay(rec),
+        "voters_by_dim": voters_by_dim(rec),
+    }  # fmt: skip
+
+
+def run_replay(pool: Any, data_dir: str, seeds: int, epsilon: float) -> dict[str, Any]:
+    """Every Office-Caltech task and several-source family at every seed, replayed."""
+    from dpda.data.devsuite import SEVERAL
+    from tests.bench.harness import cell, gather
+
+    jobs = [*DOMAINS, *SEVERAL]
+    cells = gather(
+        [
+            pool.submit(replay_cell, data_dir, j, seed, epsilon)
+            for j in jobs
+            for seed in range(seeds)
+        ],
+        "recorded consortium runs",
+    )
+    table = {
+        j: {
+            "kept": mean_of([c["kept"] for c in cells if c["job"] == j]),
+            "dp_no_adaptation": mean_of([c["dp_no_adaptation"] for c in cells if c["job"] == j]),
+            **{v: mean_of([c["variants"][v] for c in cells if c["job"] == j]) for v in VARIANTS},
+            **{
+                f"voters of ℓ = {d} (mean accuracy)": mean_of(
+                    [c["voters_by_dim"].get(d) for c in cells if c["job"] == j]
+                )
+                for d in sorted({d for c in cells for d in c["voters_by_dim"]}, key=int)
+            },
+        }
+        for j in jobs
+    }
+    print(f"\nThe vote over several sources, replayed on the recorded arms, ε = {epsilon:g} "
+          "(mean over seeds)")  # fmt: skip
+    heads = [f"→ {j}" if j in DOMAINS else j.split("-")[0] for j in jobs]
+    print(f"{'':58}" + "".join(f"{h:>8}" for h in heads))
+    for label in table[jobs[0]]:
+        print(f"{label[:58]:58}" + "".join(f"{cell(table[j].get(label)):>8}" for j in jobs))
+    return {"epsilon": epsilon, "runs": cells, "table": table}
