@@ -1,17 +1,17 @@
-"""``dpda bench accuracy --protocol consortium-replay``: how a consortium job might choose among
-its sources, measured on the job's own arms (docs/results.md#consortium, "Measured and not
-shipped").
+"""``dpda bench accuracy --protocol consortium-replay``: how a consortium job might weigh its
+voters and choose among its sources, measured on the job's own arms
+(docs/results.md#consortium-replay).
 
 Each job is the bench's own (``consortium_cell``: Office-Caltech's leave-one-domain-out tasks;
 ``several_cell``: the development suite's several-source families), run with the label-free
 choice's arms recorded. Beside the job's arms, each source's release alone is recorded as
 arms of its own: adapted by its own fit and not adapted, with every classifier of
-``choice.ARM_CLASSIFIERS``, in every space the job's arms use. The job itself keeps what it
-keeps: its vote never counts the recorded one-source arms (its JSON lists them among the
-arms, and it keeps its vote wherever the vote does not collapse). The vote is then replayed on the
-recorded labels under each variant of ``VARIANTS``, with the job's own gate, weights and
-order (``choice.voters``, ``choice.vote_weights``, the job's own arm first), and scored
-against the target's labels (a rehearsal's; never read by any variant's choice).
+``choice.ARM_CLASSIFIERS``, in every space the job's arms use, scored as the job scores its
+own. The job never sees them: its choice, its vote and what it keeps are the same as without
+the recording. The vote is then replayed on the recorded labels under each variant of
+``VARIANTS``, with the job's own gate and order (``choice.voters``, the job's own arms first,
+as ``choice._vote`` puts them), and scored against the target's labels (a rehearsal's; never
+read by any variant's choice).
 """
 
 from __future__ import annotations
@@ -26,14 +26,17 @@ import numpy as np
 from tests.bench.accuracy import mean_of
 from tests.bench.consortium import DOMAINS
 
-# how the job's own voters weigh across OT spaces of dimension ℓ (the first is the job's rule,
-# ``choice.POOLED_DIM_WEIGHT``), by row label of the table, and the factor each applies
+# how the job's own voters weigh across OT spaces of dimension ℓ, by row label of the table:
+# the factor each applies to a voter's weight without the ℓ factor
+# (``choice.vote_weights(..., pooled=False)``), given its ℓ and the largest ℓ among the voters;
+# the first row is the job's own vote, whatever its rule (``choice.POOLED_DIM_WEIGHT``)
+JOB = "the job's vote, replayed"
 BY_DIM: dict[str, Callable[[int, int], float]] = {
-    "the job's vote (× log(1 + ℓ)), replayed": lambda d, top: 1.0,
-    "equal weights across ℓ": lambda d, top: 1.0 / np.log1p(d),
-    "× ℓ": lambda d, top: d / np.log1p(d),
-    "× √ℓ": lambda d, top: np.sqrt(d) / np.log1p(d),
-    "× ℓ²": lambda d, top: d * d / np.log1p(d),
+    "equal weights across ℓ": lambda d, top: 1.0,
+    "× log(1 + ℓ)": lambda d, top: float(np.log1p(d)),
+    "× ℓ": lambda d, top: float(d),
+    "× √ℓ": lambda d, top: float(np.sqrt(d)),
+    "× ℓ²": lambda d, top: float(d * d),
     "the largest ℓ's voters alone": lambda d, top: float(d == top),
     "the voters of ℓ ≥ 20 alone": lambda d, top: float(d >= 20),
 }
@@ -44,7 +47,7 @@ AMONG = (
     "the arms without adaptation at weight 3",
 ) + tuple(f"the all-source or one source's vote, by {c}" for c in ("silhouette", "entropy",
           "snd", "consistency", "counts"))  # fmt: skip
-VARIANTS = (*BY_DIM, *AMONG)
+VARIANTS = (JOB, *BY_DIM, *AMONG)
 
 
 def _one_source_arms(s: Any, done: Any, mode: str, dim: int, job: Any) -> list[Any]:
@@ -84,22 +87,30 @@ def _recorded(run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], dict[s
     from dpda.target_party import choice as ch
 
     seen: dict[str, Any] = {}
+    extra: list[Any] = []  # each source alone: recorded, never shown to the job
     arms_of, vote_of = ch._arms_of, ch._vote
 
     def arms(s: Any, done: Any, mode: str, dim: int, job: Any, pooled: bool = False) -> list:
         out = arms_of(s, done, mode, dim, job, pooled)
-        return out + _one_source_arms(s, done, mode, dim, job) if pooled else out
+        if pooled:
+            extra.extend(_one_source_arms(s, done, mode, dim, job))
+        return out
 
     def vote(arms: list, rows: list, own: tuple, count_share: np.ndarray, s: Any, how: Any,
              pooled: bool = False) -> Any:  # fmt: skip
-        job = [i for i, a in enumerate(arms) if not (a.pooled or "").startswith("one")]
+        scored = ch.ScoreRows.of(s.xt_proj, s.cfg.seed)
+        for a in extra:  # scored as ``choose`` scores the job's arms
+            a.scores = ch.scores_of(s.xt_proj, a.pred, count_share, s.cfg.seed, scored)
+            share, top, a.collapsed = ch.class_shares(a.pred, count_share)
+            a.largest_share = float(share[top])
+        every = arms + extra
         seen.update(
-            names=[a.name for a in arms], preds=[a.pred for a in arms], rows=rows,
-            count_share=count_share, labels=s.view.labels, own=own, how=how, x=s.xt_proj,
-            seed=s.cfg.seed,
+            names=[a.name for a in every], preds=[a.pred for a in every],
+            rows=rows + [a.to_json(ch.CRITERION) for a in extra], count_share=count_share,
+            labels=s.view.labels, own=own, how=how, x=s.xt_proj, seed=s.cfg.seed,
+            pooled=pooled, dim_weight=ch.POOLED_DIM_WEIGHT,
         )  # fmt: skip
-        return vote_of([arms[i] for i in job], [rows[i] for i in job], own, count_share, s,
-                       how, pooled)  # fmt: skip
+        return vote_of(arms, rows, own, count_share, s, how, pooled)
 
     with mock.patch.object(ch, "_arms_of", arms), mock.patch.object(ch, "_vote", vote):
         result = run()
@@ -112,8 +123,17 @@ def _group(name: str) -> str:
     return head[len("dpda_pooled_") : -1] if head.startswith("dpda_pooled_one") else "all"
 
 
-def replay(rec: dict[str, Any]) -> dict[str, float]:
-    """Each variant of ``VARIANTS``'s accuracy (%) on the recorded arms ``rec``."""
+def replay(rec: dict[str, Any]) -> dict[str, float | None]:
+    """Each variant of ``VARIANTS``'s accuracy (%) on the recorded arms ``rec``; None for a
+    variant that leaves no voter. The job's weights are the recorded job's
+    (``choice.POOLED_DIM_WEIGHT`` as it ran)."""
+    from dpda.target_party import choice as ch
+
+    with mock.patch.object(ch, "POOLED_DIM_WEIGHT", rec["dim_weight"]):
+        return _replayed(rec)
+
+
+def _replayed(rec: dict[str, Any]) -> dict[str, float | None]:
     from dpda.target_party import choice as ch
     from dpda.target_party.training import vote
 
@@ -124,32 +144,42 @@ def replay(rec: dict[str, Any]) -> dict[str, float]:
     for i, n in enumerate(names):
         groups.setdefault(_group(n), []).append(i)
 
-    def vote_over(idx: list[int], scale: Callable[[int], float] = lambda i: 1.0) -> np.ndarray:
-        """The job's vote over the arms ``idx``, each voter's weight times ``scale`` of its
-        index (the voters that weigh 0 left out, so that the job's own arm leads only if it
-        votes)."""
+    def vote_over(
+        idx: list[int], scale: Callable[[int], float] | None = None, by_dim: bool = True
+    ) -> np.ndarray | None:
+        """The vote over the arms ``idx`` as the job's would be: its voters, its own arms
+        first (``choice._vote``), its weights (``by_dim`` False: without the ℓ factor), each
+        times ``scale`` of the arm's index (voters at 0 left out)."""
         sub = [rows[i] for i in idx]
-        members = ch.voters(sub, how.gate, True)
-        members = [m for m in members if scale(idx[m]) > 0] or members
+        members = ch.voters(sub, how.gate, rec["pooled"])
+        if scale is not None:
+            members = [m for m in members if scale(idx[m]) > 0]
+        if not members:
+            return None
         mine = [
             m for m in members
-            if sub[m]["adapt"] and _group(names[idx[m]]) == "all" and "pooled" not in sub[m]["arm"]
+            if sub[m]["adapt"] and _group(names[idx[m]]) == "all"
             and (sub[m]["scaling"], sub[m]["dim"], sub[m]["classifier"]) == own
         ]  # fmt: skip
         members = mine + [m for m in members if m not in mine]
-        w = ch.vote_weights(sub, members, how, True)
-        w = [wi * scale(idx[m]) for wi, m in zip(w, members, strict=True)]
+        w = ch.vote_weights(sub, members, how, rec["pooled"] and by_dim)
+        if scale is not None:
+            w = [wi * scale(idx[m]) for wi, m in zip(w, members, strict=True)]
         return vote([rec["preds"][idx[m]] for m in members], q, w)
 
-    def acc(p: np.ndarray) -> float:
-        return 100.0 * float(np.mean(p == y))
+    def acc(p: np.ndarray | None) -> float | None:
+        return None if p is None else 100.0 * float(np.mean(p == y))
+
+    def dim(i: int) -> int:
+        return max(int(rows[i]["dim"]), 1)
 
     job = groups["all"]
-    top = max(int(rows[i]["dim"]) for i in job)
-    out = {
-        label: acc(vote_over(job, lambda i, f=f: f(int(rows[i]["dim"]), top)))  # type: ignore[misc]
-        for label, f in BY_DIM.items()
-    }
+    voting = [job[m] for m in ch.voters([rows[i] for i in job], how.gate, rec["pooled"])]
+    top = max((dim(i) for i in voting), default=1)
+    out: dict[str, float | None] = {JOB: acc(vote_over(job))}
+    for label, f in BY_DIM.items():
+        scaled = vote_over(job, lambda i, f=f: f(dim(i), top), by_dim=False)  # type: ignore[misc]
+        out[label] = acc(scaled)
     k = max(len(groups) - 1, 1)
     everything = list(range(len(names)))
     out[AMONG[0]] = acc(vote_over(everything))
@@ -159,7 +189,7 @@ def replay(rec: dict[str, Any]) -> dict[str, float]:
     out[AMONG[2]] = acc(
         vote_over(job, lambda i: 3.0 if names[i].startswith("dp_no_adaptation") else 1.0)
     )
-    by_group = {g: vote_over(idx) for g, idx in groups.items()}
+    by_group = {g: p for g, idx in groups.items() if (p := vote_over(idx)) is not None}
     scores = {
         g: ch.scores_of(np.asarray(rec["x"]), p, rec["count_share"], rec["seed"])
         for g, p in by_group.items()
@@ -179,7 +209,7 @@ def voters_by_dim(rec: dict[str, Any]) -> dict[str, float]:
 
     job = [i for i, n in enumerate(rec["names"]) if _group(n) == "all"]
     sub = [rec["rows"][i] for i in job]
-    members = [job[m] for m in ch.voters(sub, rec["how"].gate, True)]
+    members = [job[m] for m in ch.voters(sub, rec["how"].gate, rec["pooled"])]
     out: dict[str, float] = {}
     for d in sorted({int(rec["rows"][i]["dim"]) for i in members}):
         at = [i for i in members if int(rec["rows"][i]["dim"]) == d]
