@@ -28,9 +28,9 @@ total-variation distance to the noisy counts', times, on rows the source standar
 labels disagree with the release's class shares, or cut the target's rows less cleanly than the
 best voter's, counts for less; in a job over several sources, each weight also grows with the
 arm's OT-space dimension ℓ, as log(1 + ℓ) (``vote_weights``, ``POOLED_DIM_WEIGHT``). The noisy
-counts are the *source's* class
-shares; a target whose classes are mixed otherwise (a label shift) has correct labellings as
-far as 0.2 from them, which is why the gate on standardized rows is wider. One arm's labels
+counts are the *source's* class shares; a target whose classes are mixed otherwise (a label
+shift) has correct labellings as far as 0.2 from them, which is why the gate on standardized
+rows is wider. One arm's labels
 carry its own space's errors; arms fitted in other scalings and dimensions err on different
 rows: on the development suite and Office-Caltech their vote scores above the one arm any
 criterion keeps (``dpda bench accuracy --protocol devsuite`` and ``defaults``;
@@ -425,7 +425,7 @@ def _arms_of(
     assert trial.pred is not None
     mass = np.sum([f.class_mass for f in fits], axis=0)
     conf = row_confidence(mass, trial.pred)
-    bases: list[tuple[bool, str | None, object, np.ndarray, np.ndarray | None]] = [
+    bases: list[Base] = [
         (True, None, trial.model, trial.pred, conf),
         (False, None, *_no_adaptation(s, fits), None),
     ]
@@ -435,6 +435,17 @@ def _arms_of(
         for kind_of in ("step", "full") if solvable else ("step",):
             model, pred = _pooled_images(s, fits, kind_of == "full")
             bases.append((True, kind_of, model, pred, row_confidence(mass, pred)))
+    return arms_of_bases(s, bases, mode, dim, job)
+
+
+Base = tuple[bool, "str | None", object, np.ndarray, "np.ndarray | None"]
+
+
+def arms_of_bases(s: JobSession, bases: list[Base], mode: str, dim: int, job: Scaling) -> list[Arm]:
+    """Each base labelling ``(adapt, pooled, model, labels, confidence)`` of the rows of one
+    (scaling, ℓ) as arms, one for every classifier of ``ARM_CLASSIFIERS``: the base's own
+    model, and the row classifiers trained on its labels (none where they name one class);
+    each model wrapped to read the job view's rows."""
     arms = []
     for adapt, how, model, pred, confidence in bases:
         for kind in ARM_CLASSIFIERS:
@@ -608,6 +619,20 @@ def voters(
     return near or fine
 
 
+def own_first(
+    rows: list[dict[str, Any]], members: list[int], own: tuple[str, int, str]
+) -> list[int]:
+    """``members`` (indices of ``Arm.to_json`` rows) with the job's own arms first: the
+    adapted ones of the job's (scaling, ℓ, classifier) ``own``; the first voter's weight is
+    multiplied by ``ArmVote.FIRST_WEIGHT``, so that a tie goes to it."""
+    mine = [
+        i
+        for i in members
+        if rows[i]["adapt"] and (rows[i]["scaling"], rows[i]["dim"], rows[i]["classifier"]) == own
+    ]
+    return mine + [i for i in members if i not in mine]
+
+
 def vote_rule_of(terms: SessionTerms) -> VoteRule:
     """The job's ``VoteRule``: ``STANDARDIZED_VOTE`` on rows the source standardizes under DP
     (``preprocessing = "standardize"``: raw tables), where it was measured to help (the
@@ -660,12 +685,7 @@ def _vote(
     members = voters(rows, how.gate, pooled)
     if not members:
         return None
-    mine = [
-        i
-        for i in members
-        if arms[i].adapt and (arms[i].scaling, arms[i].dim, arms[i].classifier) == own
-    ]
-    members = mine + [i for i in members if i not in mine]
+    members = own_first(rows, members, own)
     weights = vote_weights(rows, members, how, pooled)
     pred = vote([arms[i].pred for i in members], count_share.size, weights)
     share, top, collapsed = class_shares(pred, count_share)

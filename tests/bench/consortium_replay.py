@@ -56,7 +56,6 @@ def _one_source_arms(s: Any, done: Any, mode: str, dim: int, job: Any) -> list[A
     ``one<k>a`` / ``one<k>n``, k the source's place in the job)."""
     from dpda.target_party import choice as ch
     from dpda.target_party.fitting import Fitted, row_confidence
-    from dpda.target_party.training import ROW_CLASSIFIERS, fit_on_rows
 
     fits = s.fit_all(done.releases, s.view)
     arms = []
@@ -64,19 +63,11 @@ def _one_source_arms(s: Any, done: Any, mode: str, dim: int, job: Any) -> list[A
         one = Fitted(releases=[done.releases[k]], fits=[f], aggregate=done.aggregate)
         one.train(s.view, replace(s.cfg, classifier="1nn"))
         assert one.pred is not None
-        bases: list[tuple[bool, str, object, np.ndarray, np.ndarray | None]] = [
+        bases: list[ch.Base] = [
             (True, f"one{k}a", one.model, one.pred, row_confidence(f.class_mass, one.pred)),
             (False, f"one{k}n", *ch._no_adaptation(s, [f]), None),
         ]
-        for adapt, tag, model, pred, confidence in bases:
-            for kind in ch.ARM_CLASSIFIERS:
-                got: tuple[object, np.ndarray] | None = (model, pred)
-                if kind in ROW_CLASSIFIERS:
-                    got = fit_on_rows(s.view.x, pred, confidence, kind, s.cfg.seed)
-                if got is None:
-                    continue
-                wrapped = ch._Rescaled.wrap(got[0], job, s.view.scaling)
-                arms.append(ch.Arm(adapt, mode, dim, kind, wrapped, np.asarray(got[1]), pooled=tag))
+        arms += ch.arms_of_bases(s, bases, mode, dim, job)
     return arms
 
 
@@ -156,12 +147,9 @@ def _replayed(rec: dict[str, Any]) -> dict[str, float | None]:
             members = [m for m in members if scale(idx[m]) > 0]
         if not members:
             return None
-        mine = [
-            m for m in members
-            if sub[m]["adapt"] and _group(names[idx[m]]) == "all"
-            and (sub[m]["scaling"], sub[m]["dim"], sub[m]["classifier"]) == own
-        ]  # fmt: skip
-        members = mine + [m for m in members if m not in mine]
+        # the job's own arms first, among the job's (``choice._vote``); a source alone's after
+        ours = [m for m in members if _group(names[idx[m]]) == "all"]
+        members = ch.own_first(sub, ours, own) + [m for m in members if m not in ours]
         w = ch.vote_weights(sub, members, how, rec["pooled"] and by_dim)
         if scale is not None:
             w = [wi * scale(idx[m]) for wi, m in zip(w, members, strict=True)]
